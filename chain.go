@@ -1,0 +1,452 @@
+package keysched
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+// A Task is the work for one event. Its context carries the values of the
+// context given to Submit, but not its cancellation or deadline; it is
+// cancelled by Completion.Cancel, when Close's context ends, when the attempt
+// returns, and at WithTaskTimeout's deadline. A task may submit to the
+// scheduler it runs on, its own key included: with the context it was given,
+// such a submission never waits (it fails with ErrKeyFull or ErrFull instead).
+type Task func(ctx context.Context) error
+
+// A Scheduler runs tasks so that tasks with the same key run one at a time,
+// in the order they were accepted, and tasks with different keys run
+// concurrently on one bounded pool of workers.
+//
+// Precisely: for two tasks accepted for one key in that order, the first
+// one's run (every attempt of it) happens before the second one's begins.
+// Nothing is promised between keys. Every accepted task ends in exactly one
+// terminal outcome (succeeded, failed, panicked, cancelled, aborted),
+// observable through its Completion and counted in Stats.
+//
+// A task that is not at the head of its key costs memory only (about 150
+// bytes): no goroutine, no worker, no timer. A blocked or slow key holds one
+// worker and delays only its own later tasks.
+//
+// All methods are safe for concurrent use. The zero Scheduler is not usable;
+// call New.
+type Scheduler[K comparable] struct {
+	core        core
+	cfg         config
+	maxKeyDepth int64
+	keyCheck    bool // K can hold values that fail as map keys
+	dlq         func(DeadLetter[K])
+
+	tails   tailMap[K]
+	pending pendingBound
+	keyMu   sync.Mutex // guards chain.wake
+	ready   readyQueue[K]
+	workers *workers
+	parked  parkedKeys[K]
+
+	closing   chan struct{} // closed when Close starts: wakes waiting submitters
+	closeOnce sync.Once
+	closed    chan struct{} // closed when the first Close returns
+	closeErr  error
+}
+
+// node is one accepted task: a link of its key's chain and its Completion.
+// Completion must stay the first field: nodeOf converts back.
+type node[K comparable] struct {
+	Completion
+	key       K
+	next      atomic.Pointer[node[K]] // set inside the Compute that appends the successor
+	readyNext *node[K]                // link in the ready queue, under its lock
+	chain     *chain[K]
+}
+
+// nodeOf returns the node whose Completion c is (c is its first field).
+func nodeOf[K comparable](c *Completion) *node[K] { return (*node[K])(unsafe.Pointer(c)) }
+
+// chain is the header shared by the tasks of one key while the key is live
+// (from the task that finds it absent to the one that removes it).
+type chain[K comparable] struct {
+	head    atomic.Pointer[node[K]] // the oldest unfinished task, or one just behind it
+	depth   atomic.Int64            // queued + running tasks of the key
+	waiters atomic.Int32            // submitters waiting for room on the key
+	wake    chan struct{}           // closed to wake them; guarded by Scheduler.keyMu
+}
+
+// core is the part of a scheduler that Completions reach: counters, the abort
+// flag and the registry of task contexts someone waits on.
+type core struct {
+	aborting     atomic.Bool
+	running      atomic.Int64
+	submitted    paddedCounter
+	rejected     paddedCounter
+	retried      paddedCounter
+	deadLettered paddedCounter
+	outcomes     [numOutcomes]paddedCounter
+
+	watchMu sync.Mutex
+	watched map[*attemptState]struct{}
+
+	// wakeStalled moves a key on after Cancel or Close's abort took its
+	// waiting or parked head (it needs the key type, which core has not).
+	wakeStalled func(c *Completion, from uint32)
+}
+
+type paddedCounter struct {
+	atomic.Uint64
+	_ [56]byte // one cache line each: submitters and workers update different ones
+}
+
+// finish records c's outcome and releases everyone waiting on it. The caller
+// owns c: it moved c to stFinishing, or it is the runner of c.
+func (k *core) finish(c *Completion, outcome int, err error) {
+	c.err = err
+	c.state.Store(stDone)
+	c.done.close()
+	k.outcomes[outcome].Add(1)
+}
+
+// watch registers an attempt whose context someone waits on, so that Close's
+// abort can cancel it. See endAttempt for the other half of the handshake.
+func (k *core) watch(a *attemptState) {
+	k.watchMu.Lock()
+	if a.bits.Or(attWatched)&attEnded == 0 {
+		k.watched[a] = struct{}{}
+	}
+	k.watchMu.Unlock()
+}
+
+func (k *core) unwatch(a *attemptState) {
+	k.watchMu.Lock()
+	delete(k.watched, a)
+	k.watchMu.Unlock()
+}
+
+// cancelWatched cancels the context of every running attempt someone waits on.
+func (k *core) cancelWatched() {
+	k.watchMu.Lock()
+	for a := range k.watched {
+		a.cancel()
+	}
+	k.watchMu.Unlock()
+}
+
+// New returns a scheduler for keys of type K, configured by opts.
+// It fails (with an error wrapping ErrInvalidOption) for a bad or
+// contradictory option. The scheduler starts its own ants pool of
+// DefaultWorkers workers unless WithWorkers or WithPool says otherwise; call
+// Close to release it.
+func New[K comparable](opts ...Option) (*Scheduler[K], error) {
+	cfg := defaultConfig()
+	for i, o := range opts {
+		if o == nil {
+			return nil, optionError("option %d is nil", i)
+		}
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.pool != nil && cfg.workers != 0 {
+		return nil, optionError("WithWorkers and WithPool both given: the pool's size is the caller's")
+	}
+	s := &Scheduler[K]{
+		cfg:         cfg,
+		maxKeyDepth: int64(cfg.maxKeyDepth),
+		keyCheck:    keyNeedsCheck(reflect.TypeFor[K]()),
+		tails:       newTailMap[K](),
+		closing:     make(chan struct{}),
+		closed:      make(chan struct{}),
+	}
+	if cfg.deadLetter != nil {
+		fn, ok := cfg.deadLetter.(func(DeadLetter[K]))
+		if !ok {
+			return nil, optionError("WithDeadLetter's function takes %s, the scheduler's keys are %s",
+				reflect.TypeOf(cfg.deadLetter).In(0), reflect.TypeFor[DeadLetter[K]]())
+		}
+		s.dlq = fn
+	}
+	s.pending.max = int64(cfg.maxPending)
+	s.parked.m = make(map[K]*node[K])
+	s.core.watched = make(map[*attemptState]struct{})
+	s.core.wakeStalled = s.wakeStalled
+	w, err := newWorkers(&s.cfg, s.runLoop)
+	if err != nil {
+		return nil, err
+	}
+	s.workers = w
+	return s, nil
+}
+
+// Submit accepts task for key, waiting while the key is at its depth bound
+// (WithMaxKeyDepth) or the scheduler at its pending bound (WithMaxPending),
+// until there is room or ctx ends. It returns the task's Completion.
+//
+// ctx bounds admission only: when it ends first, Submit returns an error that
+// wraps ctx's error (and ErrKeyFull or ErrFull), and nothing was enqueued. The
+// task's own context keeps ctx's values but not its cancellation.
+//
+// With the context a task received (or one derived from it), Submit never
+// waits: it returns ErrKeyFull or ErrFull at once when there is no room, since
+// waiting on the scheduler the task runs on can deadlock.
+//
+// Other errors: ErrNilTask, ErrInvalidKey, ErrNilContext, ErrClosed (once
+// Close has started), or ctx's error when it had ended already.
+func (s *Scheduler[K]) Submit(ctx context.Context, key K, task Task) (*Completion, error) {
+	return s.submit(ctx, key, task, true)
+}
+
+// TrySubmit is Submit without waiting: it fails at once with ErrKeyFull,
+// ErrFull or ErrClosed when the task cannot be accepted now.
+func (s *Scheduler[K]) TrySubmit(ctx context.Context, key K, task Task) (*Completion, error) {
+	return s.submit(ctx, key, task, false)
+}
+
+func (s *Scheduler[K]) submit(ctx context.Context, key K, task Task, wait bool) (*Completion, error) {
+	if err := s.check(ctx, key, task); err != nil {
+		s.core.rejected.Add(1)
+		return nil, err
+	}
+	if wait && inTask(ctx) {
+		wait = false
+	}
+	n := &node[K]{key: key}
+	n.core, n.task, n.parent = &s.core, task, withValues(ctx)
+	n.first.c = &n.Completion
+	for {
+		if err := s.pending.acquire(ctx, wait, s.closing); err != nil {
+			s.core.rejected.Add(1)
+			return nil, err
+		}
+		s.core.submitted.Add(1)
+		head, full := s.tails.append(n, s.maxKeyDepth)
+		if full == nil {
+			if s.core.aborting.Load() {
+				// Close's abort may have walked this key before n was linked;
+				// either it saw n, or n sees the flag here.
+				s.abortNode(n)
+			}
+			if head {
+				s.ready.push(n)
+				s.workers.kick(wait)
+			}
+			return &n.Completion, nil
+		}
+		s.core.submitted.Add(^uint64(0))
+		s.pending.release()
+		if !wait {
+			s.core.rejected.Add(1)
+			return nil, ErrKeyFull
+		}
+		if err := s.waitKey(ctx, full); err != nil {
+			s.core.rejected.Add(1)
+			return nil, err
+		}
+	}
+}
+
+func (s *Scheduler[K]) check(ctx context.Context, key K, task Task) error {
+	if ctx == nil {
+		return ErrNilContext
+	}
+	if task == nil {
+		return ErrNilTask
+	}
+	if s.keyCheck && !validKey(key) {
+		return fmt.Errorf("%w: a %T key that is not comparable, or not equal to itself (NaN)", ErrInvalidKey, key)
+	}
+	return ctx.Err()
+}
+
+// KeyDepth returns the key's queued plus running tasks: the quantity
+// WithMaxKeyDepth bounds. It is 0 for a key with none (and for an invalid
+// key). A cancelled task still counts until its key's chain reaches it.
+func (s *Scheduler[K]) KeyDepth(key K) int {
+	if s.keyCheck && !validKey(key) {
+		return 0
+	}
+	tail, ok := s.tails.load(key)
+	if !ok {
+		return 0
+	}
+	return int(tail.chain.depth.Load())
+}
+
+// Drain waits until every task accepted so far has finished, or ctx ends.
+// With submitters still at work it may also wait for tasks accepted while it
+// waits: it returns when none is pending. Parked keys (FailurePolicy Park)
+// hold unfinished tasks: Drain waits for them to be resumed or skipped.
+// When ctx ends first it returns an error wrapping ctx's error that says how
+// many tasks are unfinished. With a task's context it returns ErrInsideTask.
+func (s *Scheduler[K]) Drain(ctx context.Context) error {
+	if ctx == nil {
+		return ErrNilContext
+	}
+	if inTask(ctx) {
+		return ErrInsideTask
+	}
+	if err := s.pending.waitIdle(ctx); err != nil {
+		return fmt.Errorf("keysched: drain: %d tasks unfinished, %d keys parked: %w",
+			s.pending.count(), s.parkedCount(), err)
+	}
+	return nil
+}
+
+// Close shuts the scheduler down. From the moment it starts, Submit and
+// TrySubmit fail with ErrClosed (decided atomically with the enqueue: a task
+// is either accepted, and then run or aborted, or refused) and waiting
+// submitters are woken with it. Accepted tasks finish; then Close releases
+// the scheduler's own pool (not one given with WithPool) and returns nil.
+//
+// If ctx ends first, Close cancels the contexts of running tasks, completes
+// every task that has not started (including retries waiting out a backoff
+// and parked keys) with ErrAborted, hands those to the dead-letter function,
+// and returns an error wrapping ErrAborted and ctx's error that says how many
+// did not run. A task that ignores its context keeps its worker until it
+// returns.
+//
+// Close is idempotent: later calls wait for the first to finish (or their own
+// ctx to end) and return its result. With a task's context it returns
+// ErrInsideTask and does nothing.
+func (s *Scheduler[K]) Close(ctx context.Context) error {
+	if ctx == nil {
+		return ErrNilContext
+	}
+	if inTask(ctx) {
+		return ErrInsideTask
+	}
+	first := false
+	s.closeOnce.Do(func() { first = true })
+	if !first {
+		select {
+		case <-s.closed:
+			return s.closeErr
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	s.pending.close()
+	close(s.closing)
+	var err error
+	if werr := s.pending.waitIdle(ctx); werr != nil {
+		notRun := s.abort()
+		err = fmt.Errorf("keysched: close: %d accepted tasks did not run (%w), %d still running: %w",
+			notRun, ErrAborted, s.core.running.Load(), werr)
+		_ = s.workers.release(nil)
+	} else if rerr := s.workers.release(ctx); rerr != nil {
+		err = fmt.Errorf("keysched: close: releasing the pool: %w", rerr)
+	}
+	s.closeErr = err
+	close(s.closed)
+	return err
+}
+
+// abort gives up on every task that has not started: Close's context ended.
+// It returns how many it completed with ErrAborted.
+func (s *Scheduler[K]) abort() int {
+	s.core.aborting.Store(true)
+	s.core.cancelWatched()
+	count := 0
+	s.tails.m.Range(func(_ K, tail *node[K]) bool {
+		count += s.abortChain(tail.chain)
+		return true
+	})
+	return count
+}
+
+// abortChain aborts the unstarted tasks of one chain, from its head on. The
+// head pointer may lag behind a runner that is moving the key on, and a
+// finished node's next is cleared; so on reaching a finished node without a
+// successor, look at the head again.
+func (s *Scheduler[K]) abortChain(ch *chain[K]) int {
+	count := 0
+	n := ch.head.Load()
+	for n != nil {
+		if s.abortNode(n) {
+			count++
+		}
+		next := n.next.Load()
+		if next == nil {
+			if st := n.state.Load(); st == stDone || st == stFinishing {
+				if h := ch.head.Load(); h != n {
+					next = h
+				}
+			}
+		}
+		n = next
+	}
+	return count
+}
+
+// abortNode completes n with ErrAborted if it has not started. It reports
+// whether it did.
+func (s *Scheduler[K]) abortNode(n *node[K]) bool {
+	c := &n.Completion
+	for {
+		switch st := c.state.Load(); st {
+		case stQueued, stWaiting, stParked:
+			if !c.state.CompareAndSwap(st, stFinishing) {
+				continue
+			}
+			s.deadLetter(n, ErrAborted)
+			s.core.finish(c, outAborted, ErrAborted)
+			if st != stQueued {
+				s.wakeStalled(c, st)
+			}
+			return true
+		default:
+			return false
+		}
+	}
+}
+
+// Stats is a snapshot of a scheduler's state and counters. The fields are
+// read one by one while tasks run, so they agree with each other only when
+// the scheduler is idle: after Drain or Close returns,
+// Submitted == Succeeded + Failed + Panicked + Cancelled + Aborted and
+// Pending == 0.
+type Stats struct {
+	Keys    int // keys with queued or running tasks now
+	Pending int // accepted tasks not yet finished (and not yet passed by their key)
+	Running int // tasks running now
+	// ParkedKeys is the number of keys parked now (FailurePolicy Park).
+	ParkedKeys int
+
+	Submitted uint64 // tasks accepted since New
+	Succeeded uint64 // tasks that returned nil
+	Failed    uint64 // tasks that failed for good (dead-lettered, or skipped)
+	Panicked  uint64 // tasks whose last attempt panicked
+	Cancelled uint64 // tasks withdrawn by Completion.Cancel
+	Aborted   uint64 // tasks Close gave up on
+	Rejected  uint64 // Submit and TrySubmit calls that returned an error
+	// Retried counts retries scheduled (attempts after the first).
+	Retried uint64
+	// DeadLettered counts deliveries to the dead letter (or the log).
+	DeadLettered uint64
+}
+
+// Stats returns a snapshot of the scheduler's state and counters.
+func (s *Scheduler[K]) Stats() Stats {
+	k := &s.core
+	return Stats{
+		Keys:         s.tails.m.Size(),
+		Pending:      int(s.pending.count()),
+		Running:      int(k.running.Load()),
+		ParkedKeys:   s.parkedCount(),
+		Submitted:    k.submitted.Load(),
+		Succeeded:    k.outcomes[outSucceeded].Load(),
+		Failed:       k.outcomes[outFailed].Load(),
+		Panicked:     k.outcomes[outPanicked].Load(),
+		Cancelled:    k.outcomes[outCancelled].Load(),
+		Aborted:      k.outcomes[outAborted].Load(),
+		Rejected:     k.rejected.Load(),
+		Retried:      k.retried.Load(),
+		DeadLettered: k.deadLettered.Load(),
+	}
+}
+
+var _ = errors.Is
+var _ = slog.Default

@@ -1,0 +1,173 @@
+package keysched
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+)
+
+// This file holds the bounds: the per-key depth (queued plus running tasks of
+// a key, kept in its chain header) and the scheduler's pending count, with the
+// waiting that Submit does when either is at its bound.
+//
+// Every wait here follows one pattern, so that no wake-up is lost:
+//
+//	waiter:  register (waiters++) -> re-check the bound -> sleep on the channel
+//	room:    free a slot          -> if waiters > 0, close the channel
+//
+// Both sides use sequentially consistent atomics, so either the waiter's
+// re-check sees the freed slot, or the freer sees the registered waiter.
+
+// gate is a broadcast wake-up: waiters sleep on a channel, wake closes it.
+type gate struct {
+	waiters atomic.Int32
+	mu      sync.Mutex
+	ch      chan struct{}
+}
+
+// register counts the caller as a waiter and returns the channel to sleep on.
+// The caller must re-check its condition after register and call unregister
+// when it stops waiting.
+func (g *gate) register() <-chan struct{} {
+	g.mu.Lock()
+	if g.ch == nil {
+		g.ch = make(chan struct{})
+	}
+	ch := g.ch
+	g.waiters.Add(1)
+	g.mu.Unlock()
+	return ch
+}
+
+func (g *gate) unregister() { g.waiters.Add(-1) }
+
+// wake releases every registered waiter; cheap when there are none.
+func (g *gate) wake() {
+	if g.waiters.Load() == 0 {
+		return
+	}
+	g.mu.Lock()
+	if g.ch != nil {
+		close(g.ch)
+		g.ch = nil
+	}
+	g.mu.Unlock()
+}
+
+// pendingBound counts accepted, unfinished tasks, with the closed flag in the
+// same word: "is the scheduler closed?" and "take a slot" are one
+// CompareAndSwap, so no task is accepted once Close has started.
+type pendingBound struct {
+	word atomic.Int64 // count | closedBit
+	max  int64
+	room gate // Submit waiting for a slot
+	idle gate // Drain and Close waiting for zero
+}
+
+const closedBit = int64(1) << 62
+
+func (b *pendingBound) tryAcquire() error {
+	for {
+		w := b.word.Load()
+		if w&closedBit != 0 {
+			return ErrClosed
+		}
+		if w >= b.max {
+			return ErrFull
+		}
+		if b.word.CompareAndSwap(w, w+1) {
+			return nil
+		}
+	}
+}
+
+// acquire takes a slot, waiting for one when wait is set, until ctx ends or
+// the scheduler closes (closing is closed when Close starts).
+func (b *pendingBound) acquire(ctx context.Context, wait bool, closing <-chan struct{}) error {
+	err := b.tryAcquire()
+	if err != ErrFull || !wait {
+		return err
+	}
+	for {
+		ch := b.room.register()
+		err = b.tryAcquire()
+		if err != ErrFull {
+			b.room.unregister()
+			return err
+		}
+		select {
+		case <-ch:
+		case <-closing:
+		case <-ctx.Done():
+			b.room.unregister()
+			return fmt.Errorf("%w (waited for room until the context ended): %w", ErrFull, ctx.Err())
+		}
+		b.room.unregister()
+	}
+}
+
+func (b *pendingBound) release() {
+	w := b.word.Add(-1)
+	b.room.wake()
+	if w&^closedBit == 0 {
+		b.idle.wake()
+	}
+}
+
+func (b *pendingBound) count() int64 { return b.word.Load() &^ closedBit }
+
+// close sets the closed flag; it reports whether this call set it.
+func (b *pendingBound) close() bool { return b.word.Or(closedBit)&closedBit == 0 }
+
+// waitIdle waits until no task is pending, or ctx ends.
+func (b *pendingBound) waitIdle(ctx context.Context) error {
+	for {
+		ch := b.idle.register()
+		if b.count() == 0 {
+			b.idle.unregister()
+			return nil
+		}
+		select {
+		case <-ch:
+			b.idle.unregister()
+		case <-ctx.Done():
+			b.idle.unregister()
+			return ctx.Err()
+		}
+	}
+}
+
+// waitKey waits until ch, a full chain, has room (or has drained), ctx ends,
+// or Close starts. The caller then retries the append from the start.
+func (s *Scheduler[K]) waitKey(ctx context.Context, ch *chain[K]) error {
+	s.keyMu.Lock()
+	if ch.wake == nil {
+		ch.wake = make(chan struct{})
+	}
+	wake := ch.wake
+	ch.waiters.Add(1)
+	s.keyMu.Unlock()
+	defer ch.waiters.Add(-1)
+	if ch.depth.Load() < s.maxKeyDepth {
+		return nil
+	}
+	select {
+	case <-wake:
+		return nil
+	case <-s.closing:
+		return nil // the retry sees the closed flag
+	case <-ctx.Done():
+		return fmt.Errorf("%w (waited for room until the context ended): %w", ErrKeyFull, ctx.Err())
+	}
+}
+
+// wakeKey releases the submitters waiting for room on ch.
+func (s *Scheduler[K]) wakeKey(ch *chain[K]) {
+	s.keyMu.Lock()
+	if ch.wake != nil {
+		close(ch.wake)
+		ch.wake = nil
+	}
+	s.keyMu.Unlock()
+}

@@ -1,0 +1,96 @@
+package keysched
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors. Compare with errors.Is: the errors returned by this package
+// often wrap one of these together with a cause (a context's error, say).
+var (
+	// ErrClosed is returned by Submit and TrySubmit once Close has started,
+	// and by Resume and Skip after Close gave up on unfinished tasks.
+	ErrClosed = errors.New("keysched: scheduler closed")
+	// ErrKeyFull means the key already holds WithMaxKeyDepth queued and
+	// running tasks. TrySubmit and submissions made from inside a task return
+	// it at once; Submit returns it (wrapped with ctx's error) when ctx ends
+	// before room appeared.
+	ErrKeyFull = errors.New("keysched: key at its depth bound")
+	// ErrFull means the scheduler already holds WithMaxPending accepted,
+	// unfinished tasks. Returned like ErrKeyFull.
+	ErrFull = errors.New("keysched: scheduler at its pending bound")
+	// ErrAborted is the outcome of an accepted task that never ran because
+	// Close's context ended first. Close's own error wraps it too.
+	ErrAborted = errors.New("keysched: task aborted by Close before it ran")
+	// ErrNilTask is returned when the task is nil. Nothing is enqueued.
+	ErrNilTask = errors.New("keysched: nil task")
+	// ErrInvalidKey is returned for a key that cannot be used as a map key:
+	// an interface key whose dynamic value is not comparable (a slice, a map,
+	// a func, or a struct holding one), or a key that is not equal to itself
+	// (a floating-point NaN anywhere in it). Nothing is enqueued, and the
+	// scheduler keeps working for every other key.
+	ErrInvalidKey = errors.New("keysched: invalid key")
+	// ErrNilContext is returned when a nil context.Context is passed.
+	ErrNilContext = errors.New("keysched: nil context")
+	// ErrInsideTask is returned by Drain and Close when called with the
+	// context a task received: the call would wait for the very task that
+	// makes it, a deadlock.
+	ErrInsideTask = errors.New("keysched: called from inside a task of this scheduler; it would wait for itself")
+	// ErrNotParked is returned by Resume and Skip for a key that is not parked.
+	ErrNotParked = errors.New("keysched: key is not parked")
+	// ErrInvalidOption is wrapped by every error New returns for a bad option.
+	ErrInvalidOption = errors.New("keysched: invalid option")
+)
+
+// PanicError is the outcome (Completion.Err, DeadLetter.Err) of a task that
+// panicked. The panic is recovered on the worker, the worker lives on, and the
+// key goes on with its next task. Retrieve it with errors.As.
+type PanicError struct {
+	// Value is the value passed to panic. A task that called runtime.Goexit
+	// (testing.T.FailNow does) is reported as a panic with a Value that is
+	// an error saying so.
+	Value any
+	// Stack is the panicking goroutine's stack trace, as runtime/debug.Stack
+	// formats it.
+	Stack []byte
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("keysched: task panicked: %v", e.Value) }
+
+// Unwrap returns the panic value when it is an error, so errors.Is and
+// errors.As see through a panic(err).
+func (e *PanicError) Unwrap() error {
+	if err, ok := e.Value.(error); ok {
+		return err
+	}
+	return nil
+}
+
+// errGoexit is the PanicError value of a task that called runtime.Goexit.
+var errGoexit = errors.New("keysched: task called runtime.Goexit (t.FailNow, t.SkipNow or similar)")
+
+// permanentError marks an error that must not be retried.
+type permanentError struct{ err error }
+
+func (p *permanentError) Error() string { return p.err.Error() }
+func (p *permanentError) Unwrap() error { return p.err }
+
+// Permanent wraps err so that a retry policy does not retry it: the task goes
+// straight to the dead letter (or, without one, the log) after the attempt
+// that returned it. errors.Is(Permanent(e), e) holds. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err: err}
+}
+
+// IsPermanent reports whether err, or any error it wraps, was made by Permanent.
+func IsPermanent(err error) bool {
+	var p *permanentError
+	return errors.As(err, &p)
+}
+
+func optionError(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
+}

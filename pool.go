@@ -1,0 +1,186 @@
+package keysched
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/panjf2000/ants/v2"
+)
+
+// This file holds the workers: the ants pool (the scheduler's own, or one the
+// caller shares), the ready queue of keys whose head task may run, and the
+// runners that drain it.
+//
+// A runner is one function running on one pool worker: it pops a ready task,
+// runs it and its key's successors (up to keyBudget), and repeats until the
+// ready queue is empty. At most max runners exist at once. Only a party that
+// reserves a runner slot ever calls the pool's Submit, so the scheduler never
+// asks its own pool for more workers than it has, and a worker never blocks in
+// Submit waiting for itself.
+
+// readyQueue is a FIFO of runnable heads, linked through node.readyNext.
+type readyQueue[K comparable] struct {
+	mu         sync.Mutex
+	head, tail *node[K]
+	n          atomic.Int64
+}
+
+func (q *readyQueue[K]) push(n *node[K]) {
+	q.mu.Lock()
+	n.readyNext = nil
+	if q.tail == nil {
+		q.head = n
+	} else {
+		q.tail.readyNext = n
+	}
+	q.tail = n
+	q.n.Add(1)
+	q.mu.Unlock()
+}
+
+func (q *readyQueue[K]) pop() *node[K] {
+	if q.n.Load() == 0 {
+		return nil
+	}
+	q.mu.Lock()
+	n := q.head
+	if n != nil {
+		q.head = n.readyNext
+		if q.head == nil {
+			q.tail = nil
+		}
+		n.readyNext = nil
+		q.n.Add(-1)
+	}
+	q.mu.Unlock()
+	return n
+}
+
+func (q *readyQueue[K]) nonEmpty() bool { return q.n.Load() > 0 }
+
+// workers starts runners on the pool.
+type workers struct {
+	pool   *ants.Pool
+	own    bool
+	max    int32
+	active atomic.Int32
+	run    func() // the scheduler's runner loop; one func value, made once
+	log    *slog.Logger
+	warned atomic.Bool
+}
+
+func newWorkers(cfg *config, run func()) (*workers, error) {
+	w := &workers{run: run, log: cfg.logger}
+	size := cfg.workers
+	if cfg.pool != nil {
+		w.pool = cfg.pool
+		size = cfg.pool.Cap()
+		if size < 0 { // an unbounded ants pool
+			size = DefaultWorkers
+		}
+	} else {
+		if size == 0 {
+			size = DefaultWorkers
+		}
+		p, err := ants.NewPool(size)
+		if err != nil {
+			return nil, optionError("ants.NewPool(%d): %v", size, err)
+		}
+		w.pool, w.own = p, true
+	}
+	if cfg.maxConcurrency > 0 && cfg.maxConcurrency < size {
+		size = cfg.maxConcurrency
+	}
+	w.max = int32(size)
+	return w, nil
+}
+
+// kick starts a runner if fewer than max are active. mayBlock says whether
+// the caller may wait for a worker of a shared pool: a caller that is itself
+// on a pool worker (a task submitting) or that promised not to wait
+// (TrySubmit) must not.
+func (w *workers) kick(mayBlock bool) {
+	for {
+		a := w.active.Load()
+		if a >= w.max {
+			return
+		}
+		if w.active.CompareAndSwap(a, a+1) {
+			w.start(mayBlock)
+			return
+		}
+	}
+}
+
+func (w *workers) start(mayBlock bool) {
+	// The scheduler's own pool has a worker for every runner slot (at most a
+	// worker still on its way back to the pool), so Submit returns at once.
+	// A shared pool may be full of other work for as long as that work runs.
+	if w.own || mayBlock {
+		w.submit()
+		return
+	}
+	go w.submit()
+}
+
+func (w *workers) submit() {
+	err := w.pool.Submit(w.run)
+	switch {
+	case err == nil:
+	case errors.Is(err, ants.ErrPoolOverload):
+		// A shared non-blocking pool is full: try again shortly. The runner
+		// slot stays reserved, so the queued work is not forgotten.
+		w.warn("keysched: shared ants pool is full; retrying", err)
+		time.AfterFunc(time.Millisecond, w.submit)
+	default:
+		// The pool was released under us (a shared pool released by its
+		// owner, or ours after Close gave up): run on a plain goroutine
+		// rather than strand accepted work.
+		w.warn("keysched: ants pool refused work; running it on a plain goroutine", err)
+		go w.run()
+	}
+}
+
+func (w *workers) warn(msg string, err error) {
+	if w.warned.CompareAndSwap(false, true) {
+		w.log.Warn(msg, "err", err)
+	}
+}
+
+// retire gives up the caller's runner slot unless more work is ready and no
+// other runner would take it. It reports whether the runner should exit.
+func (w *workers) retire(more func() bool) bool {
+	w.active.Add(-1)
+	// A push that happened before the decrement saw active at max and
+	// started nobody: it is this runner's to take.
+	for more() {
+		a := w.active.Load()
+		if a >= w.max {
+			return true
+		}
+		if w.active.CompareAndSwap(a, a+1) {
+			return false
+		}
+	}
+	return true
+}
+
+// release releases the scheduler's own pool, waiting for its workers to exit
+// until ctx ends (nil: do not wait). A shared pool is left alone.
+func (w *workers) release(ctx context.Context) error {
+	if !w.own {
+		return nil
+	}
+	if ctx == nil {
+		w.pool.Release()
+		return nil
+	}
+	if err := w.pool.ReleaseContext(ctx); err != nil && !errors.Is(err, ants.ErrPoolClosed) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,278 @@
+package keysched
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// RetryPolicy makes delivery at-least-once: a failed attempt is retried, with
+// exponential backoff and full jitter, up to MaxAttempts attempts in total;
+// then the task is dead-lettered. A handler can therefore run more than once
+// for one task: it must be idempotent.
+//
+// The delay before attempt n (n >= 2) is uniformly random in
+// [0, min(MaxBackoff, InitialBackoff * Multiplier^(n-2))]: "full jitter", as
+// described in the AWS Architecture Blog's "Exponential Backoff and Jitter"
+// (2015), so that keys failing together do not retry in lockstep.
+//
+// While a task waits out its delay, its key's later tasks wait too (order
+// holds), but the wait holds no worker and no goroutine: a timer hands the
+// key back to the pool.
+type RetryPolicy struct {
+	MaxAttempts    int           // attempts in total, the first included; 0 or 1: never retry
+	InitialBackoff time.Duration // ceiling of the delay before the second attempt; > 0 when MaxAttempts > 1
+	MaxBackoff     time.Duration // cap on any one delay; 0: no cap beyond the growth
+	Multiplier     float64       // growth of the ceiling per attempt, >= 1; 0 means 2
+}
+
+func (p RetryPolicy) validate() error {
+	switch {
+	case p.MaxAttempts < 0:
+		return optionError("RetryPolicy.MaxAttempts %d < 0", p.MaxAttempts)
+	case p.InitialBackoff < 0 || p.MaxBackoff < 0:
+		return optionError("RetryPolicy backoffs must not be negative (%v, %v)", p.InitialBackoff, p.MaxBackoff)
+	case p.MaxAttempts > 1 && p.InitialBackoff == 0:
+		return optionError("RetryPolicy.InitialBackoff must be > 0 when retrying")
+	case p.MaxBackoff > 0 && p.MaxBackoff < p.InitialBackoff:
+		return optionError("RetryPolicy.MaxBackoff %v < InitialBackoff %v", p.MaxBackoff, p.InitialBackoff)
+	case p.Multiplier != 0 && (p.Multiplier < 1 || math.IsNaN(p.Multiplier) || math.IsInf(p.Multiplier, 0)):
+		return optionError("RetryPolicy.Multiplier %v: need >= 1 (or 0 for 2)", p.Multiplier)
+	}
+	return nil
+}
+
+// ceiling is the upper end of the jitter window before attempt n (n >= 2).
+func (p RetryPolicy) ceiling(n int) time.Duration {
+	m := p.Multiplier
+	if m == 0 {
+		m = 2
+	}
+	c := float64(p.InitialBackoff) * math.Pow(m, float64(n-2))
+	limit := float64(math.MaxInt64 / 2)
+	if p.MaxBackoff > 0 {
+		limit = float64(p.MaxBackoff)
+	}
+	if c > limit || math.IsInf(c, 0) || math.IsNaN(c) {
+		c = limit
+	}
+	return time.Duration(c)
+}
+
+// delay draws the full-jitter delay before attempt n (n >= 2).
+func (p RetryPolicy) delay(n int) time.Duration {
+	c := p.ceiling(n)
+	if c <= 0 {
+		return 0
+	}
+	return time.Duration(rand.Int64N(int64(c) + 1))
+}
+
+// WithRetry sets the retry policy (default: none, one attempt: at-most-once
+// execution). See RetryPolicy. Errors made with Permanent, panics (unless
+// WithRetryPanics) and attempts whose context was cancelled (Completion.Cancel,
+// Close's context ending) are never retried. A timed-out attempt
+// (WithTaskTimeout) is.
+func WithRetry(p RetryPolicy) Option {
+	return func(c *config) error {
+		if err := p.validate(); err != nil {
+			return err
+		}
+		c.retry, c.retrySet = p, true
+		return nil
+	}
+}
+
+// WithRetryPanics makes a panicking attempt count as a retryable failure
+// instead of going straight to the dead letter.
+func WithRetryPanics() Option {
+	return func(c *config) error { c.retryPanics = true; return nil }
+}
+
+// WithTaskTimeout gives each attempt's context a deadline d after the attempt
+// starts; an attempt that overruns sees ctx.Err() == context.DeadlineExceeded
+// and, if it returns an error, counts as a failed (and retryable) attempt.
+// A task that ignores its context cannot be stopped: it keeps its worker and
+// its key until it returns. d > 0.
+func WithTaskTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return optionError("WithTaskTimeout(%v): need > 0", d)
+		}
+		c.taskTimeout = d
+		return nil
+	}
+}
+
+// A DeadLetter describes a task that failed for good: its attempts ran out,
+// its error was Permanent, it panicked, its running attempt was cancelled, or
+// Close's context ended before it ran (then Attempts may be 0 and Err is
+// ErrAborted).
+type DeadLetter[K comparable] struct {
+	Key      K
+	Task     Task  // the original work, so it can be replayed on purpose
+	Attempts int   // attempts made, since the last Resume for a parked key
+	Err      error // the last attempt's error
+	// Errors holds every attempt's error, oldest first (Err is the last).
+	Errors []error
+	// FirstAttempt and LastAttempt are when the first and the last failed
+	// attempts ended (zero for a task that never ran).
+	FirstAttempt, LastAttempt time.Time
+}
+
+// WithDeadLetter sets the function that receives every task that failed for
+// good. It is called once per such task (once per Park, for a parked key),
+// on the worker that ran the last attempt, with no scheduler lock held; it may
+// submit to the scheduler (with a context it has, not the task's) but should
+// be quick, as the key waits for it. A panic in fn is recovered and logged.
+// Without it, each such task is logged (log/slog) with its key and error.
+// K must be the scheduler's key type, or New fails.
+func WithDeadLetter[K comparable](fn func(DeadLetter[K])) Option {
+	return func(c *config) error {
+		if fn == nil {
+			return optionError("WithDeadLetter(nil)")
+		}
+		c.deadLetter = fn
+		return nil
+	}
+}
+
+// FailurePolicy says what a key does after one of its tasks failed for good.
+type FailurePolicy int
+
+const (
+	// Continue moves the key on to its next task (the default). The failed
+	// task counts as failed (or panicked) and is dead-lettered.
+	Continue FailurePolicy = iota
+	// Park stops the key: the failed task is dead-lettered but stays at the
+	// head of its key, unfinished; the key's later tasks queue behind it
+	// (within its depth bound); Parked lists the key, and only Resume (run
+	// the head again) or Skip (give it up as failed) moves it. Other keys are
+	// not affected. Drain waits for parked keys too.
+	Park
+)
+
+func (p FailurePolicy) String() string {
+	switch p {
+	case Continue:
+		return "Continue"
+	case Park:
+		return "Park"
+	}
+	return fmt.Sprintf("FailurePolicy(%d)", int(p))
+}
+
+// WithFailurePolicy sets what a key does after a task failed for good
+// (default Continue).
+func WithFailurePolicy(p FailurePolicy) Option {
+	return func(c *config) error {
+		if p != Continue && p != Park {
+			return optionError("WithFailurePolicy(%d): unknown policy", int(p))
+		}
+		c.failure = p
+		return nil
+	}
+}
+
+// failureRecord is made on a task's first failed attempt.
+type failureRecord struct {
+	errs        []error
+	first, last time.Time
+	base        int         // attempts made before the last Resume
+	timer       *time.Timer // the retry backoff; written before state stWaiting
+}
+
+// parkedKeys holds the parked head of each parked key.
+type parkedKeys[K comparable] struct {
+	mu sync.Mutex
+	m  map[K]*node[K]
+}
+
+// Parked returns the keys now parked (FailurePolicy Park), in no order.
+func (s *Scheduler[K]) Parked() []K {
+	s.parked.mu.Lock()
+	defer s.parked.mu.Unlock()
+	keys := make([]K, 0, len(s.parked.m))
+	for k := range s.parked.m {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// Resume runs a parked key's head task again, with a fresh attempt budget;
+// if it then succeeds the key goes on. It returns ErrNotParked when the key is
+// not parked, ErrInvalidKey for an unusable key.
+func (s *Scheduler[K]) Resume(key K) error {
+	n, err := s.unpark(key)
+	if err != nil {
+		return err
+	}
+	c := &n.Completion
+	c.fail.base = int(c.attempt.Load())
+	if c.state.CompareAndSwap(stParked, stWaiting) {
+		s.requeue(n)
+	} // else Cancel or Close's abort took it and moves the key on
+	return nil
+}
+
+// Skip gives up a parked key's head task (its outcome: failed, or panicked,
+// with its last error; it was dead-lettered when it parked) and moves the key
+// on to its next task. It returns ErrNotParked when the key is not parked.
+func (s *Scheduler[K]) Skip(key K) error {
+	n, err := s.unpark(key)
+	if err != nil {
+		return err
+	}
+	c := &n.Completion
+	if c.state.CompareAndSwap(stParked, stFinishing) {
+		out := outFailed
+		if _, panicked := c.fail.errs[len(c.fail.errs)-1].(*PanicError); panicked {
+			out = outPanicked
+		}
+		s.core.finish(c, out, c.fail.errs[len(c.fail.errs)-1])
+		s.requeue(n) // a runner skips the finished head and moves the key on
+	}
+	return nil
+}
+
+func (s *Scheduler[K]) unpark(key K) (*node[K], error) {
+	if s.keyCheck && !validKey(key) {
+		return nil, fmt.Errorf("%w: %T value", ErrInvalidKey, key)
+	}
+	s.parked.mu.Lock()
+	n, ok := s.parked.m[key]
+	if ok {
+		delete(s.parked.m, key)
+	}
+	s.parked.mu.Unlock()
+	if !ok {
+		return nil, ErrNotParked
+	}
+	return n, nil
+}
+
+// park stops n's key with n at its head.
+func (s *Scheduler[K]) park(n *node[K]) {
+	s.parked.mu.Lock()
+	// State and map change together, so Cancel (which may take the node the
+	// moment its state says parked) finds it in the map when it removes it.
+	n.state.Store(stParked)
+	s.parked.m[n.key] = n
+	s.parked.mu.Unlock()
+}
+
+func (s *Scheduler[K]) dropParked(n *node[K]) {
+	s.parked.mu.Lock()
+	if s.parked.m[n.key] == n {
+		delete(s.parked.m, n.key)
+	}
+	s.parked.mu.Unlock()
+}
+
+func (s *Scheduler[K]) parkedCount() int {
+	s.parked.mu.Lock()
+	defer s.parked.mu.Unlock()
+	return len(s.parked.m)
+}

@@ -1,0 +1,260 @@
+package keysched
+
+import (
+	"runtime/debug"
+	"time"
+)
+
+// This file runs tasks: the runner loop, one attempt of a task, what follows
+// a failure (retry, dead letter, park), and handing a key on to its next task.
+
+// runLoop is the function every runner executes on a pool worker.
+func (s *Scheduler[K]) runLoop() {
+	var cur *node[K] // the task being run, for the Goexit path below
+	clean := false
+	defer func() {
+		if !clean {
+			// Only runtime.Goexit inside a task gets here (panics are
+			// recovered in call): the worker goroutine is ending, so finish
+			// its task and hand its key and its runner slot on.
+			s.goexit(cur)
+		}
+	}()
+	for {
+		n := s.ready.pop()
+		if n == nil {
+			if s.workers.retire(s.ready.nonEmpty) {
+				clean = true
+				return
+			}
+			continue
+		}
+		// Run n and its key's successors on this worker, in a loop (never by
+		// recursion: a chain may be millions long), then yield the key.
+		for budget := keyBudget; ; budget-- {
+			cur = n
+			if !s.step(n) {
+				break // waiting for a retry, or parked: the key is held
+			}
+			next := s.advance(n)
+			if next == nil {
+				break
+			}
+			if budget == 1 {
+				s.ready.push(next) // back of the queue: other keys go first
+				break
+			}
+			n = next
+		}
+	}
+}
+
+// step runs n if it is still to run. It reports whether n is finished, so
+// that its key moves on; false means n holds its key (retry wait or parked).
+func (s *Scheduler[K]) step(n *node[K]) bool {
+	c := &n.Completion
+	from := c.state.Load()
+	if (from != stQueued && from != stWaiting) || !c.state.CompareAndSwap(from, stRunning) {
+		// Cancelled or aborted while queued: a tombstone, just move on.
+		return true
+	}
+	if s.core.aborting.Load() {
+		s.core.finish(c, outAborted, ErrAborted)
+		s.deadLetter(n, ErrAborted)
+		return true
+	}
+	return s.attempt(n)
+}
+
+// attempt runs one attempt of n, which this runner owns (stRunning).
+func (s *Scheduler[K]) attempt(n *node[K]) bool {
+	c := &n.Completion
+	num := c.attempt.Add(1)
+	a := &c.first
+	if num > 1 {
+		a = new(attemptState) // a fresh context: the last one stays cancelled
+	}
+	a.c, a.n = c, num
+	if d := s.cfg.taskTimeout; d > 0 {
+		a.timer = &timeoutTimer{deadline: time.Now().Add(d)}
+		a.timer.t = time.AfterFunc(d, a.expire)
+	}
+	c.cur.Store(a)
+
+	s.core.running.Add(1)
+	err, panicked := call(c.task, a)
+	s.core.running.Add(-1)
+	s.endAttempt(a)
+
+	if err == nil {
+		s.core.finish(c, outSucceeded, nil)
+		return true
+	}
+	return s.failed(n, err, panicked)
+}
+
+// call runs the task, turning a panic into a *PanicError.
+func call(t Task, a *attemptState) (err error, panicked bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			err, panicked = &PanicError{Value: r, Stack: debug.Stack()}, true
+		}
+	}()
+	return t(taskContext{a}), false
+}
+
+// endAttempt cancels the attempt's context, as net/http does when a handler
+// returns, and forgets it.
+func (s *Scheduler[K]) endAttempt(a *attemptState) {
+	if a.timer != nil {
+		a.timer.t.Stop()
+	}
+	old := a.bits.Or(attCancelled | attEnded)
+	a.done.close()
+	if old&attWatched != 0 {
+		s.core.unwatch(a)
+	}
+}
+
+// failed decides what follows a failed attempt. It reports whether n is
+// finished (false: n waits for a retry or is parked, holding its key).
+func (s *Scheduler[K]) failed(n *node[K], err error, panicked bool) bool {
+	c := &n.Completion
+	now := time.Now()
+	rec := c.fail
+	if rec == nil {
+		rec = &failureRecord{first: now}
+		c.fail = rec
+	}
+	rec.last = now
+	rec.errs = append(rec.errs, err)
+
+	// Cancelled (Completion.Cancel) or aborted (Close's context ended) while
+	// running: never retried.
+	if c.cancelReq.Load() {
+		s.deadLetter(n, err)
+		s.core.finish(c, outCancelled, err)
+		return true
+	}
+	if s.core.aborting.Load() {
+		s.deadLetter(n, err)
+		s.core.finish(c, outAborted, err)
+		return true
+	}
+	retryable := !IsPermanent(err) && (!panicked || s.cfg.retryPanics)
+	made := int(c.attempt.Load()) - rec.base
+	if retryable && made < s.cfg.retry.MaxAttempts {
+		s.core.retried.Add(1)
+		// Create the timer stopped, publish it, then publish the state: a
+		// Cancel that takes the waiting task finds the timer to stop.
+		rec.timer = time.AfterFunc(time.Duration(1<<62), func() { s.requeue(n) })
+		c.state.Store(stWaiting)
+		rec.timer.Reset(s.cfg.retry.delay(made + 1))
+		return false
+	}
+	s.deadLetter(n, err)
+	if s.cfg.failure == Park {
+		s.park(n)
+		return false
+	}
+	out := outFailed
+	if panicked {
+		out = outPanicked
+	}
+	s.core.finish(c, out, err)
+	return true
+}
+
+// deadLetter hands a task that failed for good to the dead-letter function,
+// or logs it when there is none. No scheduler lock is held.
+func (s *Scheduler[K]) deadLetter(n *node[K], err error) {
+	s.core.deadLettered.Add(1)
+	c := &n.Completion
+	if s.dlq == nil {
+		s.cfg.logger.Warn("keysched: task failed", "key", n.key, "attempts", int(c.attempt.Load()), "err", err)
+		return
+	}
+	dl := DeadLetter[K]{Key: n.key, Task: c.task, Err: err}
+	if rec := c.fail; rec != nil {
+		dl.Attempts = int(c.attempt.Load()) - rec.base
+		dl.Errors = append([]error(nil), rec.errs...)
+		dl.FirstAttempt, dl.LastAttempt = rec.first, rec.last
+	} else {
+		dl.Attempts = int(c.attempt.Load())
+		dl.Errors = []error{err}
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			s.cfg.logger.Error("keysched: dead-letter function panicked", "key", n.key, "panic", r, "err", err)
+		}
+	}()
+	s.dlq(dl)
+}
+
+// advance hands n's key on after n finished: to n's successor, or, when n was
+// the tail, removes the key. It releases n's depth and pending slots and
+// returns the successor to run next (nil if none).
+func (s *Scheduler[K]) advance(n *node[K]) *node[K] {
+	ch := n.chain
+	next := n.next.Load()
+	if next == nil {
+		next = s.tails.removeIfTail(n)
+	}
+	if next != nil {
+		ch.head.Store(next)
+	}
+	// n is behind the head now: drop what it holds, so that a Completion a
+	// caller keeps does not keep the task, its context or its key's later
+	// tasks alive.
+	n.next.Store(nil)
+	n.task, n.parent = nil, nil
+	ch.depth.Add(-1)
+	if ch.waiters.Load() > 0 {
+		s.wakeKey(ch)
+	}
+	s.pending.release()
+	return next
+}
+
+// requeue hands a task that waited (a retry timer fired, Resume, or a Cancel
+// or abort that took a waiting or parked task) back to a runner.
+func (s *Scheduler[K]) requeue(n *node[K]) {
+	s.ready.push(n)
+	s.workers.kick(false)
+}
+
+// wakeStalled is called when Cancel or Close's abort took a task that was
+// waiting for a retry or parked, so its key moves on now.
+func (s *Scheduler[K]) wakeStalled(c *Completion, from uint32) {
+	n := nodeOf[K](c)
+	switch from {
+	case stWaiting:
+		if c.fail.timer.Stop() {
+			s.requeue(n)
+		} // else the timer fired and requeues it itself
+	case stParked:
+		s.dropParked(n)
+		s.requeue(n)
+	}
+}
+
+// goexit finishes cur, whose task called runtime.Goexit, and hands on its key
+// and the runner slot of the exiting worker.
+func (s *Scheduler[K]) goexit(cur *node[K]) {
+	if cur != nil && cur.state.Load() == stRunning {
+		c := &cur.Completion
+		s.core.running.Add(-1)
+		if a := c.cur.Load(); a != nil {
+			s.endAttempt(a)
+		}
+		if s.failed(cur, &PanicError{Value: errGoexit, Stack: debug.Stack()}, true) {
+			if next := s.advance(cur); next != nil {
+				s.ready.push(next)
+			}
+		}
+	}
+	s.workers.active.Add(-1)
+	if s.ready.nonEmpty() {
+		s.workers.kick(false)
+	}
+}
