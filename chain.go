@@ -2,13 +2,13 @@ package keysched
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"log/slog"
 	"reflect"
 	"sync"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/puzpuzpuz/xsync/v3"
 )
 
 // A Task is the work for one event. Its context carries the values of the
@@ -56,81 +56,86 @@ type Scheduler[K comparable] struct {
 }
 
 // node is one accepted task: a link of its key's chain and its Completion.
-// Completion must stay the first field: nodeOf converts back.
+// Completion must stay the first field: nodeOf converts back. With an int key
+// a node is 80 bytes, with a string key 88 (the 96-byte size class).
 type node[K comparable] struct {
 	Completion
 	key       K
 	next      atomic.Pointer[node[K]] // set inside the Compute that appends the successor
 	readyNext *node[K]                // link in the ready queue, under its lock
-	chain     *chain[K]
 }
 
 // nodeOf returns the node whose Completion c is (c is its first field).
 func nodeOf[K comparable](c *Completion) *node[K] { return (*node[K])(unsafe.Pointer(c)) }
 
-// chain is the header shared by the tasks of one key while the key is live
-// (from the task that finds it absent to the one that removes it).
-type chain[K comparable] struct {
-	head    atomic.Pointer[node[K]] // the oldest unfinished task, or one just behind it
-	depth   atomic.Int64            // queued + running tasks of the key
-	waiters atomic.Int32            // submitters waiting for room on the key
-	wake    chan struct{}           // closed to wake them; guarded by Scheduler.keyMu
+// chainHdr is the header shared by the tasks of one key while the key is
+// live: from the task that finds the key absent to the one that removes it.
+type chainHdr struct {
+	core    *core
+	head    atomic.Pointer[Completion] // the oldest unfinished task, or one just behind it
+	depth   atomic.Int64               // queued + running tasks of the key
+	waiters atomic.Int32               // submitters waiting for room on the key
+	wake    chan struct{}              // closed to wake them; guarded by Scheduler.keyMu
 }
 
 // core is the part of a scheduler that Completions reach: counters, the abort
 // flag and the registry of task contexts someone waits on.
 type core struct {
-	aborting     atomic.Bool
-	running      atomic.Int64
-	submitted    paddedCounter
-	rejected     paddedCounter
-	retried      paddedCounter
-	deadLettered paddedCounter
-	outcomes     [numOutcomes]paddedCounter
+	aborting atomic.Bool
+	// The counters that every task touches are striped (xsync.Counter), so
+	// that workers on different cores do not contend for one cache line.
+	running      *xsync.Counter
+	submitted    *xsync.Counter
+	outcomes     [numOutcomes]*xsync.Counter
+	rejected     atomic.Uint64
+	retried      atomic.Uint64
+	deadLettered atomic.Uint64
 
 	watchMu sync.Mutex
-	watched map[*attemptState]struct{}
+	watched map[*lazyChan]struct{}
 
 	// wakeStalled moves a key on after Cancel or Close's abort took its
 	// waiting or parked head (it needs the key type, which core has not).
 	wakeStalled func(c *Completion, from uint32)
 }
 
-type paddedCounter struct {
-	atomic.Uint64
-	_ [56]byte // one cache line each: submitters and workers update different ones
-}
-
 // finish records c's outcome and releases everyone waiting on it. The caller
 // owns c: it moved c to stFinishing, or it is the runner of c.
 func (k *core) finish(c *Completion, outcome int, err error) {
-	c.err = err
+	if err != nil {
+		c.extra().err = err
+	}
 	c.state.Store(stDone)
-	c.done.close()
-	k.outcomes[outcome].Add(1)
+	if g := c.sig.Load(); g != nil { // else Done, when called, sees stDone
+		g.done.close()
+	}
+	k.outcomes[outcome].Inc()
 }
 
-// watch registers an attempt whose context someone waits on, so that Close's
-// abort can cancel it. See endAttempt for the other half of the handshake.
-func (k *core) watch(a *attemptState) {
+// watch registers an attempt context's Done channel, so that Close's abort
+// can close it. The flags word makes a handshake with endAttempt: the attempt
+// is registered only if it has not ended, and endAttempt unregisters it if it
+// was registered.
+func (k *core) watch(bits *atomic.Uint32, done *lazyChan) {
 	k.watchMu.Lock()
-	if a.bits.Or(attWatched)&attEnded == 0 {
-		k.watched[a] = struct{}{}
+	if bits.Or(ctxWatched)&ctxEnded == 0 {
+		k.watched[done] = struct{}{}
 	}
 	k.watchMu.Unlock()
 }
 
-func (k *core) unwatch(a *attemptState) {
+func (k *core) unwatch(done *lazyChan) {
 	k.watchMu.Lock()
-	delete(k.watched, a)
+	delete(k.watched, done)
 	k.watchMu.Unlock()
 }
 
-// cancelWatched cancels the context of every running attempt someone waits on.
+// cancelWatched closes the Done channel of every running attempt someone
+// waits on. (Their Err already reports the abort: see ctxErr.)
 func (k *core) cancelWatched() {
 	k.watchMu.Lock()
-	for a := range k.watched {
-		a.cancel()
+	for done := range k.watched {
+		done.close()
 	}
 	k.watchMu.Unlock()
 }
@@ -171,7 +176,12 @@ func New[K comparable](opts ...Option) (*Scheduler[K], error) {
 	}
 	s.pending.max = int64(cfg.maxPending)
 	s.parked.m = make(map[K]*node[K])
-	s.core.watched = make(map[*attemptState]struct{})
+	s.core.watched = make(map[*lazyChan]struct{})
+	s.core.running, s.core.submitted = xsync.NewCounter(), xsync.NewCounter()
+	for i := range s.core.outcomes {
+		s.core.outcomes[i] = xsync.NewCounter()
+	}
+	s.pending.freed = xsync.NewCounter()
 	s.core.wakeStalled = s.wakeStalled
 	w, err := newWorkers(&s.cfg, s.runLoop)
 	if err != nil {
@@ -214,15 +224,14 @@ func (s *Scheduler[K]) submit(ctx context.Context, key K, task Task, wait bool) 
 		wait = false
 	}
 	n := &node[K]{key: key}
-	n.core, n.task, n.parent = &s.core, task, withValues(ctx)
-	n.first.c = &n.Completion
+	n.task, n.parent = task, withValues(ctx)
 	for {
 		if err := s.pending.acquire(ctx, wait, s.closing); err != nil {
 			s.core.rejected.Add(1)
 			return nil, err
 		}
-		s.core.submitted.Add(1)
-		head, full := s.tails.append(n, s.maxKeyDepth)
+		s.core.submitted.Inc()
+		head, full := s.tails.append(n, s.maxKeyDepth, &s.core)
 		if full == nil {
 			if s.core.aborting.Load() {
 				// Close's abort may have walked this key before n was linked;
@@ -235,7 +244,7 @@ func (s *Scheduler[K]) submit(ctx context.Context, key K, task Task, wait bool) 
 			}
 			return &n.Completion, nil
 		}
-		s.core.submitted.Add(^uint64(0))
+		s.core.submitted.Dec()
 		s.pending.release()
 		if !wait {
 			s.core.rejected.Add(1)
@@ -272,7 +281,7 @@ func (s *Scheduler[K]) KeyDepth(key K) int {
 	if !ok {
 		return 0
 	}
-	return int(tail.chain.depth.Load())
+	return int(tail.hdr.depth.Load())
 }
 
 // Drain waits until every task accepted so far has finished, or ctx ends.
@@ -334,7 +343,7 @@ func (s *Scheduler[K]) Close(ctx context.Context) error {
 	if werr := s.pending.waitIdle(ctx); werr != nil {
 		notRun := s.abort()
 		err = fmt.Errorf("keysched: close: %d accepted tasks did not run (%w), %d still running: %w",
-			notRun, ErrAborted, s.core.running.Load(), werr)
+			notRun, ErrAborted, s.core.running.Value(), werr)
 		_ = s.workers.release(nil)
 	} else if rerr := s.workers.release(ctx); rerr != nil {
 		err = fmt.Errorf("keysched: close: releasing the pool: %w", rerr)
@@ -351,7 +360,7 @@ func (s *Scheduler[K]) abort() int {
 	s.core.cancelWatched()
 	count := 0
 	s.tails.m.Range(func(_ K, tail *node[K]) bool {
-		count += s.abortChain(tail.chain)
+		count += s.abortChain(tail.hdr)
 		return true
 	})
 	return count
@@ -361,9 +370,12 @@ func (s *Scheduler[K]) abort() int {
 // head pointer may lag behind a runner that is moving the key on, and a
 // finished node's next is cleared; so on reaching a finished node without a
 // successor, look at the head again.
-func (s *Scheduler[K]) abortChain(ch *chain[K]) int {
+func (s *Scheduler[K]) abortChain(ch *chainHdr) int {
 	count := 0
-	n := ch.head.Load()
+	var n *node[K]
+	if h := ch.head.Load(); h != nil {
+		n = nodeOf[K](h)
+	}
 	for n != nil {
 		if s.abortNode(n) {
 			count++
@@ -371,8 +383,8 @@ func (s *Scheduler[K]) abortChain(ch *chain[K]) int {
 		next := n.next.Load()
 		if next == nil {
 			if st := n.state.Load(); st == stDone || st == stFinishing {
-				if h := ch.head.Load(); h != n {
-					next = h
+				if h := ch.head.Load(); h != nil && h != &n.Completion {
+					next = nodeOf[K](h)
 				}
 			}
 		}
@@ -434,19 +446,16 @@ func (s *Scheduler[K]) Stats() Stats {
 	return Stats{
 		Keys:         s.tails.m.Size(),
 		Pending:      int(s.pending.count()),
-		Running:      int(k.running.Load()),
+		Running:      int(k.running.Value()),
 		ParkedKeys:   s.parkedCount(),
-		Submitted:    k.submitted.Load(),
-		Succeeded:    k.outcomes[outSucceeded].Load(),
-		Failed:       k.outcomes[outFailed].Load(),
-		Panicked:     k.outcomes[outPanicked].Load(),
-		Cancelled:    k.outcomes[outCancelled].Load(),
-		Aborted:      k.outcomes[outAborted].Load(),
+		Submitted:    uint64(k.submitted.Value()),
+		Succeeded:    uint64(k.outcomes[outSucceeded].Value()),
+		Failed:       uint64(k.outcomes[outFailed].Value()),
+		Panicked:     uint64(k.outcomes[outPanicked].Value()),
+		Cancelled:    uint64(k.outcomes[outCancelled].Value()),
+		Aborted:      uint64(k.outcomes[outAborted].Value()),
 		Rejected:     k.rejected.Load(),
 		Retried:      k.retried.Load(),
 		DeadLettered: k.deadLettered.Load(),
 	}
 }
-
-var _ = errors.Is
-var _ = slog.Default

@@ -58,51 +58,123 @@ func (l *lazyChan) close() {
 	}
 }
 
+// Context flags of an attempt (Completion.ctxBits for the first attempt,
+// attemptState.bits for the others).
+const (
+	ctxCancelled uint32 = 1 << iota // Cancel, Close's abort, or the attempt returned
+	ctxTimedOut                     // WithTaskTimeout's deadline passed
+	ctxEnded                        // the attempt returned
+	ctxWatched                      // its Done channel is registered with core.watch
+	ctxCancelReq                    // Completion only: Cancel was called
+	ctxStarted                      // Completion only: the first attempt started
+)
+
 // A Completion is the handle of one accepted task: it tells when the task
 // reached its terminal outcome and what that was. It is the task's queue node
 // too, so it costs nothing beyond the task itself; its Done channel is made
 // only if somebody asks for it. All methods are safe for concurrent use.
+//
+// Keeping a Completion keeps its task's outcome, not its task: the function
+// and the key's later tasks are let go once it finishes.
 type Completion struct {
-	core      *core
-	state     atomic.Uint32
-	attempt   atomic.Int32 // attempts made so far; the running one included
-	cancelReq atomic.Bool  // Cancel was called
-	done      lazyChan
-	err       error // the outcome; written once before state becomes stDone
-	task      Task
-	parent    context.Context // values only: see withValues
-	first     attemptState    // the first attempt's context, inline
-	cur       atomic.Pointer[attemptState]
-	fail      *failureRecord // made on the first failed attempt
+	hdr     *chainHdr // its key's chain header; hdr.core is the scheduler's
+	state   atomic.Uint32
+	ctxBits atomic.Uint32 // the first attempt's context flags, and ctxCancelReq
+	sig     atomic.Pointer[signals]
+	task    Task
+	parent  context.Context // values only: see withValues
+	more    atomic.Pointer[taskExtra]
 }
+
+// signals holds the channels a Completion makes only when asked: Done, and
+// the first attempt's context's Done. Most tasks never need either.
+type signals struct {
+	done    lazyChan // closed when the task is done
+	ctxDone lazyChan // the first attempt's context's Done
+}
+
+func (c *Completion) signals() *signals {
+	if g := c.sig.Load(); g != nil {
+		return g
+	}
+	g := new(signals)
+	if c.sig.CompareAndSwap(nil, g) {
+		return g
+	}
+	return c.sig.Load()
+}
+
+// taskExtra holds what only retried or timed tasks need, made on demand so
+// the common task stays small.
+type taskExtra struct {
+	err      error                        // the outcome, when not nil; written before state becomes stDone
+	attempts atomic.Int32                 // attempts started, when > 1 or timed
+	cur      atomic.Pointer[attemptState] // the running attempt's context, when not the inline one
+	fail     failureRecord
+}
+
+// extra returns the task's extra part, making it. Only the task's owner
+// calls it: its runner, or whoever moved it to stFinishing.
+func (c *Completion) extra() *taskExtra {
+	if x := c.more.Load(); x != nil {
+		return x
+	}
+	x := new(taskExtra)
+	if c.ctxBits.Load()&ctxStarted != 0 {
+		x.attempts.Store(1)
+	}
+	c.more.Store(x)
+	return x
+}
+
+// attempts returns how many attempts of the task have started.
+func (c *Completion) attempts() int {
+	if x := c.more.Load(); x != nil {
+		return int(x.attempts.Load())
+	}
+	if c.ctxBits.Load()&ctxStarted != 0 {
+		return 1
+	}
+	return 0
+}
+
+func (c *Completion) core() *core { return c.hdr.core }
 
 // Done returns a channel closed once the task has reached its terminal
 // outcome. The channel is made on the first call.
 func (c *Completion) Done() <-chan struct{} {
-	ch, _ := c.done.get()
+	g := c.signals()
+	ch, made := g.done.get()
+	if made && c.state.Load() == stDone {
+		// finish may have looked for the channel before it existed.
+		g.done.close()
+	}
 	return ch
 }
 
 // Err returns nil until the task is done, then its outcome: nil when it
 // succeeded; the error it returned (the last attempt's, with retries); a
-// *PanicError when it panicked; context.Canceled when Cancel stopped it before
-// it ran; ErrAborted when Close's context ended before it ran.
+// *PanicError when it panicked; context.Canceled when Cancel withdrew it
+// before it ran; ErrAborted when Close's context ended before it ran.
 func (c *Completion) Err() error {
 	if c.state.Load() != stDone {
 		return nil
 	}
-	return c.err
+	if x := c.more.Load(); x != nil {
+		return x.err
+	}
+	return nil
 }
 
 // Wait blocks until the task is done and returns Err, or returns ctx's error
 // if ctx ends first (the task is not affected).
 func (c *Completion) Wait(ctx context.Context) error {
 	if c.state.Load() == stDone {
-		return c.err
+		return c.Err()
 	}
 	select {
 	case <-c.Done():
-		return c.err
+		return c.Err()
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -115,26 +187,32 @@ func (c *Completion) Wait(ctx context.Context) error {
 // context cancelled; its outcome is what it then returns, and it is not
 // retried. Cancel on a done task does nothing.
 func (c *Completion) Cancel() {
-	c.cancelReq.Store(true)
+	c.ctxBits.Or(ctxCancelReq)
 	for {
 		switch s := c.state.Load(); s {
 		case stQueued:
 			if c.state.CompareAndSwap(s, stFinishing) {
 				// Still in its chain: the runner that reaches it skips it.
-				c.core.finish(c, outCancelled, context.Canceled)
+				c.core().finish(c, outCancelled, context.Canceled)
 				return
 			}
 		case stWaiting, stParked:
 			if c.state.CompareAndSwap(s, stFinishing) {
-				c.core.finish(c, outCancelled, context.Canceled)
+				c.core().finish(c, outCancelled, context.Canceled)
 				// Its key waits on it: hand it to a runner, which skips it
 				// and moves the key on.
-				c.core.wakeStalled(c, s)
+				c.core().wakeStalled(c, s)
 				return
 			}
 		case stRunning:
-			if a := c.cur.Load(); a != nil {
-				a.cancel()
+			if x := c.more.Load(); x != nil {
+				if a := x.cur.Load(); a != nil {
+					cancelCtx(&a.bits, &a.done)
+				}
+			}
+			c.ctxBits.Or(ctxCancelled)
+			if g := c.sig.Load(); g != nil {
+				g.ctxDone.close()
 			}
 			return
 		default:
@@ -143,41 +221,19 @@ func (c *Completion) Cancel() {
 	}
 }
 
-// An attemptState is the context of one attempt of a task. The first attempt's
-// lives inside the Completion; retries get a fresh one, so a context handed to
-// an earlier attempt stays cancelled.
-type attemptState struct {
-	c     *Completion
-	n     int32 // which attempt: 1, 2, ...
-	bits  atomic.Uint32
-	done  lazyChan
-	timer *timeoutTimer // WithTaskTimeout only
+// cancelCtx cancels an attempt's context.
+func cancelCtx(bits *atomic.Uint32, done *lazyChan) {
+	bits.Or(ctxCancelled)
+	done.close()
 }
 
-const (
-	attCancelled uint32 = 1 << iota // Cancel, Close's abort, or the attempt ended
-	attTimedOut                     // WithTaskTimeout's deadline passed
-	attEnded                        // the attempt returned
-	attWatched                      // its Done channel is registered with core.watch
-)
-
-func (a *attemptState) cancel() {
-	a.bits.Or(attCancelled)
-	a.done.close()
-}
-
-func (a *attemptState) expire() {
-	a.bits.Or(attTimedOut)
-	a.done.close()
-}
-
-// err is the attempt context's Err.
-func (a *attemptState) err() error {
-	b := a.bits.Load()
-	if b&attTimedOut != 0 {
+// ctxErr is an attempt context's Err, from its flags, the task's Cancel and
+// the scheduler's abort.
+func ctxErr(bits uint32, c *Completion) error {
+	if bits&ctxTimedOut != 0 {
 		return context.DeadlineExceeded
 	}
-	if b&attCancelled != 0 || a.c.cancelReq.Load() || a.c.core.aborting.Load() {
+	if bits&ctxCancelled != 0 || c.ctxBits.Load()&ctxCancelReq != 0 || c.core().aborting.Load() {
 		return context.Canceled
 	}
 	return nil

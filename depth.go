@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+
+	"github.com/puzpuzpuz/xsync/v3"
 )
 
 // This file holds the bounds: the per-key depth (queued plus running tasks of
@@ -55,11 +57,20 @@ func (g *gate) wake() {
 	g.mu.Unlock()
 }
 
-// pendingBound counts accepted, unfinished tasks, with the closed flag in the
-// same word: "is the scheduler closed?" and "take a slot" are one
-// CompareAndSwap, so no task is accepted once Close has started.
+// pendingBound counts accepted, unfinished tasks as two monotonic counters:
+// slots taken (by submitters) and slots freed (by workers, on a striped
+// counter so that workers on different cores do not contend). The closed
+// flag lives in the taken word: "is the scheduler closed?" and "take a slot"
+// are one CompareAndSwap, so no task is accepted once Close has started.
 type pendingBound struct {
-	word atomic.Int64 // count | closedBit
+	taken atomic.Int64 // slots ever taken | closedBit
+	_     [56]byte
+	freed *xsync.Counter // slots ever freed
+	// seen is a recent value of freed, kept by submitters so that most
+	// submissions need not sum the workers' stripes. It only lags, so a bound
+	// check against it is conservative; a submitter that finds no room
+	// through it sums freed itself.
+	seen atomic.Int64
 	max  int64
 	room gate // Submit waiting for a slot
 	idle gate // Drain and Close waiting for zero
@@ -69,14 +80,18 @@ const closedBit = int64(1) << 62
 
 func (b *pendingBound) tryAcquire() error {
 	for {
-		w := b.word.Load()
+		w := b.taken.Load()
 		if w&closedBit != 0 {
 			return ErrClosed
 		}
-		if w >= b.max {
-			return ErrFull
+		if w-b.seen.Load() >= b.max {
+			f := b.freed.Value()
+			b.seen.Store(f)
+			if w-f >= b.max {
+				return ErrFull
+			}
 		}
-		if b.word.CompareAndSwap(w, w+1) {
+		if b.taken.CompareAndSwap(w, w+1) {
 			return nil
 		}
 	}
@@ -108,17 +123,22 @@ func (b *pendingBound) acquire(ctx context.Context, wait bool, closing <-chan st
 }
 
 func (b *pendingBound) release() {
-	w := b.word.Add(-1)
+	b.freed.Inc()
 	b.room.wake()
-	if w&^closedBit == 0 {
+	if b.idle.waiters.Load() > 0 && b.count() == 0 {
 		b.idle.wake()
 	}
 }
 
-func (b *pendingBound) count() int64 { return b.word.Load() &^ closedBit }
+func (b *pendingBound) count() int64 {
+	// Read freed first: a slot freed after this read is then counted as
+	// pending, never one taken after it as finished.
+	f := b.freed.Value()
+	return b.taken.Load()&^closedBit - f
+}
 
 // close sets the closed flag; it reports whether this call set it.
-func (b *pendingBound) close() bool { return b.word.Or(closedBit)&closedBit == 0 }
+func (b *pendingBound) close() bool { return b.taken.Or(closedBit)&closedBit == 0 }
 
 // waitIdle waits until no task is pending, or ctx ends.
 func (b *pendingBound) waitIdle(ctx context.Context) error {
@@ -140,7 +160,7 @@ func (b *pendingBound) waitIdle(ctx context.Context) error {
 
 // waitKey waits until ch, a full chain, has room (or has drained), ctx ends,
 // or Close starts. The caller then retries the append from the start.
-func (s *Scheduler[K]) waitKey(ctx context.Context, ch *chain[K]) error {
+func (s *Scheduler[K]) waitKey(ctx context.Context, ch *chainHdr) error {
 	s.keyMu.Lock()
 	if ch.wake == nil {
 		ch.wake = make(chan struct{})
@@ -163,7 +183,7 @@ func (s *Scheduler[K]) waitKey(ctx context.Context, ch *chain[K]) error {
 }
 
 // wakeKey releases the submitters waiting for room on ch.
-func (s *Scheduler[K]) wakeKey(ch *chain[K]) {
+func (s *Scheduler[K]) wakeKey(ch *chainHdr) {
 	s.keyMu.Lock()
 	if ch.wake != nil {
 		close(ch.wake)

@@ -210,7 +210,8 @@ func (s *Scheduler[K]) Resume(key K) error {
 		return err
 	}
 	c := &n.Completion
-	c.fail.base = int(c.attempt.Load())
+	x := c.more.Load() // made when the task first failed
+	x.fail.base = int(x.attempts.Load())
 	if c.state.CompareAndSwap(stParked, stWaiting) {
 		s.requeue(n)
 	} // else Cancel or Close's abort took it and moves the key on
@@ -227,11 +228,13 @@ func (s *Scheduler[K]) Skip(key K) error {
 	}
 	c := &n.Completion
 	if c.state.CompareAndSwap(stParked, stFinishing) {
+		errs := c.more.Load().fail.errs
+		last := errs[len(errs)-1]
 		out := outFailed
-		if _, panicked := c.fail.errs[len(c.fail.errs)-1].(*PanicError); panicked {
+		if _, panicked := last.(*PanicError); panicked {
 			out = outPanicked
 		}
-		s.core.finish(c, out, c.fail.errs[len(c.fail.errs)-1])
+		s.core.finish(c, out, last)
 		s.requeue(n) // a runner skips the finished head and moves the key on
 	}
 	return nil

@@ -1,7 +1,9 @@
 package keysched
 
 import (
+	"context"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 )
 
@@ -69,23 +71,31 @@ func (s *Scheduler[K]) step(n *node[K]) bool {
 // attempt runs one attempt of n, which this runner owns (stRunning).
 func (s *Scheduler[K]) attempt(n *node[K]) bool {
 	c := &n.Completion
-	num := c.attempt.Add(1)
-	a := &c.first
-	if num > 1 {
-		a = new(attemptState) // a fresh context: the last one stays cancelled
+	var err error
+	var panicked bool
+	if x := c.more.Load(); x == nil && s.cfg.taskTimeout == 0 {
+		// The common case: a first attempt, its context inline.
+		c.ctxBits.Or(ctxStarted)
+		s.core.running.Inc()
+		err, panicked = call(c.task, taskContext{c})
+		s.core.running.Dec()
+		s.endFirstAttempt(c)
+	} else {
+		x := c.extra()
+		a := &attemptState{c: c, n: x.attempts.Add(1)}
+		if d := s.cfg.taskTimeout; d > 0 {
+			a.deadline = time.Now().Add(d)
+			a.timer = time.AfterFunc(d, a.expire)
+		}
+		x.cur.Store(a)
+		s.core.running.Inc()
+		err, panicked = call(c.task, attemptContext{a})
+		s.core.running.Dec()
+		if a.timer != nil {
+			a.timer.Stop()
+		}
+		s.endAttempt(&a.bits, &a.done)
 	}
-	a.c, a.n = c, num
-	if d := s.cfg.taskTimeout; d > 0 {
-		a.timer = &timeoutTimer{deadline: time.Now().Add(d)}
-		a.timer.t = time.AfterFunc(d, a.expire)
-	}
-	c.cur.Store(a)
-
-	s.core.running.Add(1)
-	err, panicked := call(c.task, a)
-	s.core.running.Add(-1)
-	s.endAttempt(a)
-
 	if err == nil {
 		s.core.finish(c, outSucceeded, nil)
 		return true
@@ -94,25 +104,33 @@ func (s *Scheduler[K]) attempt(n *node[K]) bool {
 }
 
 // call runs the task, turning a panic into a *PanicError.
-func call(t Task, a *attemptState) (err error, panicked bool) {
+func call[C context.Context](t Task, ctx C) (err error, panicked bool) {
 	defer func() {
 		if r := recover(); r != nil {
 			err, panicked = &PanicError{Value: r, Stack: debug.Stack()}, true
 		}
 	}()
-	return t(taskContext{a}), false
+	return t(ctx), false
 }
 
 // endAttempt cancels the attempt's context, as net/http does when a handler
 // returns, and forgets it.
-func (s *Scheduler[K]) endAttempt(a *attemptState) {
-	if a.timer != nil {
-		a.timer.t.Stop()
+func (s *Scheduler[K]) endAttempt(bits *atomic.Uint32, done *lazyChan) {
+	old := bits.Or(ctxCancelled | ctxEnded)
+	if old&ctxWatched != 0 {
+		done.close()
+		s.core.unwatch(done)
 	}
-	old := a.bits.Or(attCancelled | attEnded)
-	a.done.close()
-	if old&attWatched != 0 {
-		s.core.unwatch(a)
+}
+
+// endFirstAttempt is endAttempt for the inline first attempt, whose Done
+// channel, if made, lives in the Completion's signals.
+func (s *Scheduler[K]) endFirstAttempt(c *Completion) {
+	old := c.ctxBits.Or(ctxCancelled | ctxEnded)
+	if old&ctxWatched != 0 {
+		done := &c.sig.Load().ctxDone
+		done.close()
+		s.core.unwatch(done)
 	}
 }
 
@@ -121,17 +139,17 @@ func (s *Scheduler[K]) endAttempt(a *attemptState) {
 func (s *Scheduler[K]) failed(n *node[K], err error, panicked bool) bool {
 	c := &n.Completion
 	now := time.Now()
-	rec := c.fail
-	if rec == nil {
-		rec = &failureRecord{first: now}
-		c.fail = rec
+	x := c.extra()
+	rec := &x.fail
+	if rec.errs == nil {
+		rec.first = now
 	}
 	rec.last = now
 	rec.errs = append(rec.errs, err)
 
 	// Cancelled (Completion.Cancel) or aborted (Close's context ended) while
 	// running: never retried.
-	if c.cancelReq.Load() {
+	if c.ctxBits.Load()&ctxCancelReq != 0 {
 		s.deadLetter(n, err)
 		s.core.finish(c, outCancelled, err)
 		return true
@@ -142,7 +160,7 @@ func (s *Scheduler[K]) failed(n *node[K], err error, panicked bool) bool {
 		return true
 	}
 	retryable := !IsPermanent(err) && (!panicked || s.cfg.retryPanics)
-	made := int(c.attempt.Load()) - rec.base
+	made := int(x.attempts.Load()) - rec.base
 	if retryable && made < s.cfg.retry.MaxAttempts {
 		s.core.retried.Add(1)
 		// Create the timer stopped, publish it, then publish the state: a
@@ -171,16 +189,15 @@ func (s *Scheduler[K]) deadLetter(n *node[K], err error) {
 	s.core.deadLettered.Add(1)
 	c := &n.Completion
 	if s.dlq == nil {
-		s.cfg.logger.Warn("keysched: task failed", "key", n.key, "attempts", int(c.attempt.Load()), "err", err)
+		s.cfg.logger.Warn("keysched: task failed", "key", n.key, "attempts", c.attempts(), "err", err)
 		return
 	}
-	dl := DeadLetter[K]{Key: n.key, Task: c.task, Err: err}
-	if rec := c.fail; rec != nil {
-		dl.Attempts = int(c.attempt.Load()) - rec.base
-		dl.Errors = append([]error(nil), rec.errs...)
-		dl.FirstAttempt, dl.LastAttempt = rec.first, rec.last
+	dl := DeadLetter[K]{Key: n.key, Task: c.task, Err: err, Attempts: c.attempts()}
+	if x := c.more.Load(); x != nil && x.fail.errs != nil {
+		dl.Attempts -= x.fail.base
+		dl.Errors = append([]error(nil), x.fail.errs...)
+		dl.FirstAttempt, dl.LastAttempt = x.fail.first, x.fail.last
 	} else {
-		dl.Attempts = int(c.attempt.Load())
 		dl.Errors = []error{err}
 	}
 	defer func() {
@@ -195,19 +212,18 @@ func (s *Scheduler[K]) deadLetter(n *node[K], err error) {
 // the tail, removes the key. It releases n's depth and pending slots and
 // returns the successor to run next (nil if none).
 func (s *Scheduler[K]) advance(n *node[K]) *node[K] {
-	ch := n.chain
+	ch := n.hdr
 	next := n.next.Load()
 	if next == nil {
 		next = s.tails.removeIfTail(n)
 	}
 	if next != nil {
-		ch.head.Store(next)
+		ch.head.Store(&next.Completion)
 	}
 	// n is behind the head now: drop what it holds, so that a Completion a
-	// caller keeps does not keep the task, its context or its key's later
-	// tasks alive.
+	// caller keeps does not keep the task or its key's later tasks alive.
 	n.next.Store(nil)
-	n.task, n.parent = nil, nil
+	n.task = nil
 	ch.depth.Add(-1)
 	if ch.waiters.Load() > 0 {
 		s.wakeKey(ch)
@@ -229,7 +245,7 @@ func (s *Scheduler[K]) wakeStalled(c *Completion, from uint32) {
 	n := nodeOf[K](c)
 	switch from {
 	case stWaiting:
-		if c.fail.timer.Stop() {
+		if c.more.Load().fail.timer.Stop() {
 			s.requeue(n)
 		} // else the timer fired and requeues it itself
 	case stParked:
@@ -243,9 +259,15 @@ func (s *Scheduler[K]) wakeStalled(c *Completion, from uint32) {
 func (s *Scheduler[K]) goexit(cur *node[K]) {
 	if cur != nil && cur.state.Load() == stRunning {
 		c := &cur.Completion
-		s.core.running.Add(-1)
-		if a := c.cur.Load(); a != nil {
-			s.endAttempt(a)
+		s.core.running.Dec()
+		if x := c.more.Load(); x != nil && x.cur.Load() != nil {
+			a := x.cur.Load()
+			if a.timer != nil {
+				a.timer.Stop()
+			}
+			s.endAttempt(&a.bits, &a.done)
+		} else {
+			s.endFirstAttempt(c)
 		}
 		if s.failed(cur, &PanicError{Value: errGoexit, Stack: debug.Stack()}, true) {
 			if next := s.advance(cur); next != nil {

@@ -30,29 +30,29 @@ func newTailMap[K comparable]() tailMap[K] {
 	hasher := func(k K, tableSeed uint64) uint64 {
 		return maphash.Comparable(seed, k) ^ tableSeed
 	}
-	return tailMap[K]{m: xsync.NewMapOfWithHasher[K, *node[K]](hasher)}
+	return tailMap[K]{m: xsync.NewMapOfWithHasher[K, *node[K]](hasher, xsync.WithGrowOnly())}
 }
 
 // append links n at the end of its key's chain. It reports head when n starts
 // a new chain (the key had none: n must be dispatched by the caller), or the
 // chain when the key is at maxDepth (nothing was linked; wait on that chain).
-func (t tailMap[K]) append(n *node[K], maxDepth int64) (head bool, full *chain[K]) {
+func (t tailMap[K]) append(n *node[K], maxDepth int64, k *core) (head bool, full *chainHdr) {
 	t.m.Compute(n.key, func(tail *node[K], loaded bool) (*node[K], bool) {
 		if !loaded {
-			ch := &chain[K]{}
+			ch := &chainHdr{core: k}
 			ch.depth.Store(1)
-			ch.head.Store(n)
-			n.chain = ch
+			ch.head.Store(&n.Completion)
+			n.hdr = ch
 			head = true
 			return n, false
 		}
-		ch := tail.chain
+		ch := tail.hdr
 		if ch.depth.Load() >= maxDepth {
 			full = ch
 			return tail, false // unchanged (xsync/v3 has no "leave as is")
 		}
 		ch.depth.Add(1)
-		n.chain = ch
+		n.hdr = ch
 		// The predecessor's completer reads next outside the map: it either
 		// sees n here, or takes the key's bucket lock in removeIfTail after
 		// this Compute and finds n as the tail's successor.

@@ -2,55 +2,94 @@ package keysched
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 )
 
-// taskContext is the context.Context a task receives. It is one pointer wide,
-// so passing it as a context.Context allocates nothing.
+// A task's context is one of two types, both one pointer wide so that
+// passing them as a context.Context allocates nothing:
 //
-//   - Values: those of the context given to Submit (through
-//     context.WithoutCancel, so Submit's cancellation and deadline are not
-//     inherited: a request ending must not cancel the work it handed off).
-//   - Cancellation: Completion.Cancel, Close's context ending, the attempt
-//     returning, or WithTaskTimeout's deadline (then Err is
-//     context.DeadlineExceeded).
-type taskContext struct{ a *attemptState }
+//   - taskContext, for a task's first attempt (no WithTaskTimeout): its state
+//     lives in the Completion itself;
+//   - attemptContext, for retries and timed attempts: a fresh attemptState
+//     each, so a context handed to an earlier attempt stays cancelled.
+//
+// Both give the values of the context given to Submit (through
+// context.WithoutCancel: Submit's cancellation and deadline are not
+// inherited, a request ending must not cancel the work it handed off), and
+// are cancelled by Completion.Cancel, by Close's context ending, when the
+// attempt returns, and (attemptContext) at WithTaskTimeout's deadline.
+type taskContext struct{ c *Completion }
+
+type attemptContext struct{ a *attemptState }
+
+// attemptState is the context of one attempt other than an untimed first one.
+type attemptState struct {
+	c        *Completion
+	n        int32 // which attempt: 1, 2, ...
+	bits     atomic.Uint32
+	done     lazyChan
+	deadline time.Time   // zero without WithTaskTimeout
+	timer    *time.Timer // closes done at the deadline
+}
+
+func (a *attemptState) expire() {
+	a.bits.Or(ctxTimedOut)
+	a.done.close()
+}
 
 // taskCtxKey marks a context as a task's: Value(taskCtxKey{}) is its *Completion.
 type taskCtxKey struct{}
 
-func (t taskContext) Deadline() (time.Time, bool) {
-	if tm := t.a.timer; tm != nil {
-		return tm.deadline, true
-	}
-	return time.Time{}, false
-}
+func (t taskContext) Deadline() (time.Time, bool) { return time.Time{}, false }
 
 func (t taskContext) Done() <-chan struct{} {
-	ch, made := t.a.done.get()
+	return ctxDone(&t.c.ctxBits, &t.c.signals().ctxDone, t.c)
+}
+
+func (t taskContext) Err() error { return ctxErr(t.c.ctxBits.Load(), t.c) }
+
+func (t taskContext) Value(key any) any { return ctxValue(t.c, key) }
+
+func (t taskContext) String() string { return "keysched.taskContext" }
+
+func (t attemptContext) Deadline() (time.Time, bool) {
+	return t.a.deadline, !t.a.deadline.IsZero()
+}
+
+func (t attemptContext) Done() <-chan struct{} {
+	return ctxDone(&t.a.bits, &t.a.done, t.a.c)
+}
+
+func (t attemptContext) Err() error { return ctxErr(t.a.bits.Load(), t.a.c) }
+
+func (t attemptContext) Value(key any) any { return ctxValue(t.a.c, key) }
+
+func (t attemptContext) String() string { return "keysched.attemptContext" }
+
+func ctxValue(c *Completion, key any) any {
+	if key == (taskCtxKey{}) {
+		return c
+	}
+	if c.parent == nil { // the task has finished and let its values go
+		return nil
+	}
+	return c.parent.Value(key)
+}
+
+// ctxDone makes an attempt's Done channel on first use. Close's abort must be
+// able to find it to close it: register it, then look at the flags, so that
+// either the abort sees the registration or this call sees the abort.
+func ctxDone(bits *atomic.Uint32, done *lazyChan, c *Completion) <-chan struct{} {
+	ch, made := done.get()
 	if made {
-		// Close's abort must find this channel to close it; register, then
-		// look at the flags, so that either the abort sees the registration
-		// or this call sees the abort.
-		core := t.a.c.core
-		core.watch(t.a)
-		if t.a.err() != nil {
-			t.a.done.close()
+		c.core().watch(bits, done)
+		if ctxErr(bits.Load(), c) != nil {
+			done.close()
 		}
 	}
 	return ch
 }
-
-func (t taskContext) Err() error { return t.a.err() }
-
-func (t taskContext) Value(key any) any {
-	if key == (taskCtxKey{}) {
-		return t.a.c
-	}
-	return t.a.c.parent.Value(key)
-}
-
-func (t taskContext) String() string { return "keysched.taskContext" }
 
 // withValues returns the part of ctx a task keeps: its values, without its
 // cancellation. context.Background and context.TODO are kept as they are, so
@@ -66,6 +105,13 @@ func withValues(ctx context.Context) context.Context {
 // received. Such a submission must never wait: the task would be waiting on
 // the scheduler it runs on.
 func inTask(ctx context.Context) bool {
+	switch ctx.(type) {
+	case taskContext, attemptContext:
+		return true
+	}
+	if ctx == context.Background() {
+		return false
+	}
 	_, ok := ctx.Value(taskCtxKey{}).(*Completion)
 	return ok
 }
@@ -74,21 +120,17 @@ func inTask(ctx context.Context) bool {
 // 2 for the first retry, and so on. Outside a task it returns 0. Useful in
 // idempotent handlers and logs.
 func Attempt(ctx context.Context) int {
-	if ctx == nil {
+	switch t := ctx.(type) {
+	case nil:
 		return 0
-	}
-	if t, ok := ctx.(taskContext); ok {
+	case taskContext:
+		return 1
+	case attemptContext:
 		return int(t.a.n)
 	}
 	c, ok := ctx.Value(taskCtxKey{}).(*Completion)
 	if !ok {
 		return 0
 	}
-	return int(c.attempt.Load())
-}
-
-// timeoutTimer is an attempt's WithTaskTimeout deadline.
-type timeoutTimer struct {
-	deadline time.Time
-	t        *time.Timer
+	return c.attempts()
 }
