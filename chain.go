@@ -49,6 +49,10 @@ type Scheduler[K comparable] struct {
 	workers *workers
 	parked  parkedKeys[K]
 
+	// passed is stored in a finished task's next once its key has moved on
+	// past it: a walker that meets it knows to look at the head again.
+	passed *node[K]
+
 	closing   chan struct{} // closed when Close starts: wakes waiting submitters
 	closeOnce sync.Once
 	closed    chan struct{} // closed when the first Close returns
@@ -101,10 +105,14 @@ type core struct {
 
 // finish records c's outcome and releases everyone waiting on it. The caller
 // owns c: it moved c to stFinishing, or it is the runner of c.
+//
+// It lets go of the task function: whoever finishes a task has already handed
+// it to the dead letter if it needed to, and nobody reads it afterwards.
 func (k *core) finish(c *Completion, outcome int, err error) {
 	if err != nil {
 		c.extra().err = err
 	}
+	c.task = nil
 	c.state.Store(stDone)
 	if g := c.sig.Load(); g != nil { // else Done, when called, sees stDone
 		g.done.close()
@@ -163,6 +171,7 @@ func New[K comparable](opts ...Option) (*Scheduler[K], error) {
 		maxKeyDepth: int64(cfg.maxKeyDepth),
 		keyCheck:    keyNeedsCheck(reflect.TypeFor[K]()),
 		tails:       newTailMap[K](),
+		passed:      new(node[K]),
 		closing:     make(chan struct{}),
 		closed:      make(chan struct{}),
 	}
@@ -367,9 +376,10 @@ func (s *Scheduler[K]) abort() int {
 }
 
 // abortChain aborts the unstarted tasks of one chain, from its head on. The
-// head pointer may lag behind a runner that is moving the key on, and a
-// finished node's next is cleared; so on reaching a finished node without a
-// successor, look at the head again.
+// head pointer may lag behind a runner that is moving the key on; a node the
+// key has moved past has the passed sentinel as its next, and the head has
+// been moved beyond it before: so from there, go on at the head. A node whose
+// next is nil is the tail: stop.
 func (s *Scheduler[K]) abortChain(ch *chainHdr) int {
 	count := 0
 	var n *node[K]
@@ -381,11 +391,10 @@ func (s *Scheduler[K]) abortChain(ch *chainHdr) int {
 			count++
 		}
 		next := n.next.Load()
-		if next == nil {
-			if st := n.state.Load(); st == stDone || st == stFinishing {
-				if h := ch.head.Load(); h != nil && h != &n.Completion {
-					next = nodeOf[K](h)
-				}
+		if next == s.passed {
+			next = nil
+			if h := ch.head.Load(); h != &n.Completion { // else the key drained at n
+				next = nodeOf[K](h)
 			}
 		}
 		n = next

@@ -130,9 +130,19 @@ func (b *pendingBound) release() {
 	}
 }
 
+// count returns the pending tasks. Reading taken on both sides of freed
+// makes it the true count at one instant when no slot was taken meanwhile;
+// under a stream of submissions it settles for reading freed first, which can
+// only overcount (a slot freed after the read stays pending; never one taken
+// after it counts as finished), so an idle check on it is never fooled.
 func (b *pendingBound) count() int64 {
-	// Read freed first: a slot freed after this read is then counted as
-	// pending, never one taken after it as finished.
+	for range 4 {
+		t := b.taken.Load()
+		f := b.freed.Value()
+		if b.taken.Load() == t {
+			return t&^closedBit - f
+		}
+	}
 	f := b.freed.Value()
 	return b.taken.Load()&^closedBit - f
 }

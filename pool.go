@@ -116,6 +116,21 @@ func (w *workers) kick(mayBlock bool) {
 	}
 }
 
+// kickDetached is kick for a caller that must not call the pool at all: a
+// worker whose goroutine is ending still counts against the pool's size.
+func (w *workers) kickDetached() {
+	for {
+		a := w.active.Load()
+		if a >= w.max {
+			return
+		}
+		if w.active.CompareAndSwap(a, a+1) {
+			go w.submit()
+			return
+		}
+	}
+}
+
 func (w *workers) start(mayBlock bool) {
 	// The scheduler's own pool has a worker for every runner slot (at most a
 	// worker still on its way back to the pool), so Submit returns at once.
@@ -179,8 +194,8 @@ func (w *workers) release(ctx context.Context) error {
 		w.pool.Release()
 		return nil
 	}
-	if err := w.pool.ReleaseContext(ctx); err != nil && !errors.Is(err, ants.ErrPoolClosed) {
-		return err
-	}
+	// Every task has finished by now: a context that ends while the idle
+	// workers exit is no failure; they exit on their own.
+	_ = w.pool.ReleaseContext(ctx)
 	return nil
 }

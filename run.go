@@ -61,8 +61,8 @@ func (s *Scheduler[K]) step(n *node[K]) bool {
 		return true
 	}
 	if s.core.aborting.Load() {
-		s.core.finish(c, outAborted, ErrAborted)
 		s.deadLetter(n, ErrAborted)
+		s.core.finish(c, outAborted, ErrAborted)
 		return true
 	}
 	return s.attempt(n)
@@ -220,10 +220,10 @@ func (s *Scheduler[K]) advance(n *node[K]) *node[K] {
 	if next != nil {
 		ch.head.Store(&next.Completion)
 	}
-	// n is behind the head now: drop what it holds, so that a Completion a
-	// caller keeps does not keep the task or its key's later tasks alive.
-	n.next.Store(nil)
-	n.task = nil
+	// n is behind the head now: drop the link, so that a Completion a caller
+	// keeps does not keep its key's later tasks alive, and mark n passed for
+	// Close's abort walk (see abortChain).
+	n.next.Store(s.passed)
 	ch.depth.Add(-1)
 	if ch.waiters.Load() > 0 {
 		s.wakeKey(ch)
@@ -275,8 +275,10 @@ func (s *Scheduler[K]) goexit(cur *node[K]) {
 			}
 		}
 	}
+	// This worker is still counted by the pool until its goroutine ends, so
+	// starting the next runner must not wait for the pool here.
 	s.workers.active.Add(-1)
 	if s.ready.nonEmpty() {
-		s.workers.kick(false)
+		s.workers.kickDetached()
 	}
 }

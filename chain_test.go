@@ -1,0 +1,557 @@
+package keysched
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/panjf2000/ants/v2"
+	"github.com/stretchr/testify/require"
+)
+
+// orderChecker records, per key, that tasks run in submission order and never
+// overlap: each task checks it is the next expected one, and flags itself
+// running with a CompareAndSwap that fails if another task of its key runs.
+type orderChecker struct {
+	mu       sync.Mutex
+	next     map[int]int
+	running  map[int]*atomic.Bool
+	bad      atomic.Int64
+	overlaps atomic.Int64
+}
+
+func newOrderChecker() *orderChecker {
+	return &orderChecker{next: map[int]int{}, running: map[int]*atomic.Bool{}}
+}
+
+func (o *orderChecker) task(key, seq int, work func()) Task {
+	o.mu.Lock()
+	if o.running[key] == nil {
+		o.running[key] = new(atomic.Bool)
+	}
+	flag := o.running[key]
+	o.mu.Unlock()
+	return func(context.Context) error {
+		if !flag.CompareAndSwap(false, true) {
+			o.overlaps.Add(1)
+		}
+		o.mu.Lock()
+		if o.next[key] != seq {
+			o.bad.Add(1)
+		}
+		o.next[key] = seq + 1
+		o.mu.Unlock()
+		if work != nil {
+			work()
+		}
+		flag.Store(false)
+		return nil
+	}
+}
+
+// Property 1: per key, task i's run happens before task i+1's begins.
+func TestPerKeyOrderAndNoOverlap(t *testing.T) {
+	s := newSched[int](t, WithWorkers(8), WithMaxKeyDepth(64), WithMaxPending(512))
+	ctx := watchdog(t)
+	o := newOrderChecker()
+	const keys, per = 50, 400
+	var wg sync.WaitGroup
+	// Several submitters, each owning some keys, so each key's order is the
+	// order its one submitter accepted them.
+	for g := range 5 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range per {
+				for k := g; k < keys; k += 5 {
+					_, err := s.Submit(ctx, k, o.task(k, i, runtime.Gosched))
+					require.NoError(t, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.NoError(t, s.Drain(ctx))
+	require.Zero(t, o.bad.Load(), "tasks of a key ran out of order")
+	require.Zero(t, o.overlaps.Load(), "tasks of a key overlapped")
+	st := s.Stats()
+	require.EqualValues(t, keys*per, st.Succeeded)
+	assertAccounting(t, st)
+}
+
+// Property 2: a key whose task blocks holds exactly one worker; other keys
+// keep flowing; its queued tasks hold no worker and no goroutine.
+func TestBlockedKeyHoldsOneWorker(t *testing.T) {
+	const workers = 4
+	s := newSched[string](t, WithWorkers(workers))
+	ctx := watchdog(t)
+	release := make(chan struct{})
+	started := make(chan struct{})
+	_, err := s.Submit(ctx, "stuck", func(context.Context) error { close(started); <-release; return nil })
+	require.NoError(t, err)
+	<-started
+	base := runtime.NumGoroutine()
+	var queued []*Completion
+	for range 1000 {
+		c, err := s.Submit(ctx, "stuck", func(context.Context) error { return nil })
+		require.NoError(t, err)
+		queued = append(queued, c)
+	}
+	require.LessOrEqual(t, runtime.NumGoroutine(), base+2, "queued tasks must not hold goroutines")
+	require.Equal(t, 1001, s.KeyDepth("stuck"))
+
+	// Other keys flow: all of them finish while "stuck" is still stuck.
+	var others []*Completion
+	for i := range 5000 {
+		c, err := s.Submit(ctx, fmt.Sprint("k", i%100), func(context.Context) error { return nil })
+		require.NoError(t, err)
+		others = append(others, c)
+	}
+	for _, c := range others {
+		require.NoError(t, c.Wait(ctx))
+	}
+	st := s.Stats()
+	require.Equal(t, 1, st.Running, "only the stuck task runs")
+	require.Equal(t, 1001, st.Pending)
+	require.LessOrEqual(t, runtime.NumGoroutine(), base+workers+2)
+	for _, c := range queued {
+		require.Nil(t, c.Err())
+		select {
+		case <-c.Done():
+			t.Fatal("a task queued behind the stuck one finished")
+		default:
+		}
+	}
+	close(release)
+	require.NoError(t, s.Drain(ctx))
+	for _, c := range queued {
+		require.NoError(t, c.Wait(ctx))
+	}
+}
+
+// Property 3: goroutines do not grow with queued work.
+func TestGoroutinesDoNotGrowWithQueuedWork(t *testing.T) {
+	keys, per := 100_000, 10
+	if testing.Short() {
+		keys = 10_000
+	}
+	const workers = 8
+	s := newSched[int](t, WithWorkers(workers), WithMaxPending(keys*per))
+	ctx := watchdog(t)
+	release := make(chan struct{})
+	base := runtime.NumGoroutine()
+	// Every key's head blocks: workers of them run, the rest wait their turn.
+	block := func(context.Context) error { <-release; return nil }
+	noop := func(context.Context) error { return nil }
+	for k := range keys {
+		_, err := s.Submit(ctx, k, block)
+		require.NoError(t, err)
+	}
+	for range per - 1 {
+		for k := range keys {
+			_, err := s.Submit(ctx, k, noop)
+			require.NoError(t, err)
+		}
+	}
+	require.Equal(t, keys*per, s.Stats().Pending)
+	// The pool's workers, plus ants' two housekeeping goroutines.
+	require.LessOrEqual(t, runtime.NumGoroutine(), base+workers+4)
+	close(release)
+	require.NoError(t, s.Drain(ctx))
+	require.EqualValues(t, keys*per, s.Stats().Succeeded)
+}
+
+// Property 4: a long chain runs in a loop, not by recursion.
+func TestLongChainDoesNotRecurse(t *testing.T) {
+	n := 500_000
+	if testing.Short() {
+		n = 50_000
+	}
+	old := debug.SetMaxStack(32 << 20)
+	defer debug.SetMaxStack(old)
+	s := newSched[int](t, WithWorkers(2), WithMaxKeyDepth(n+1), WithMaxPending(n+1))
+	ctx := watchdog(t)
+	release := make(chan struct{})
+	_, err := s.Submit(ctx, 1, func(context.Context) error { <-release; return nil })
+	require.NoError(t, err)
+	var ran atomic.Int64
+	for range n {
+		_, err := s.Submit(ctx, 1, func(context.Context) error { ran.Add(1); return nil })
+		require.NoError(t, err)
+	}
+	close(release)
+	require.NoError(t, s.Drain(ctx))
+	require.EqualValues(t, n, ran.Load())
+}
+
+// Property 5: no per-key residue.
+func TestNoPerKeyResidue(t *testing.T) {
+	n := 1_000_000
+	if testing.Short() {
+		n = 100_000
+	}
+	s := newSched[int](t, WithWorkers(4))
+	ctx := watchdog(t)
+	noop := func(context.Context) error { return nil }
+	heap := func() uint64 {
+		runtime.GC()
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	// Warm up: the tail map's table grows to the peak of live keys (bounded
+	// by WithMaxPending) and stays, like a Go map; measure after that.
+	for k := range 100_000 {
+		_, err := s.Submit(ctx, -1-k, noop)
+		require.NoError(t, err)
+	}
+	require.NoError(t, s.Drain(ctx))
+	before := heap()
+	for k := range n { // one-shot keys, increasing integers
+		_, err := s.Submit(ctx, k, noop)
+		require.NoError(t, err)
+	}
+	require.NoError(t, s.Drain(ctx))
+	require.Zero(t, s.Stats().Keys)
+	after := heap()
+	growth := int64(after) - int64(before)
+	t.Logf("heap before %d, after %d one-shot keys %d (growth %d bytes, %.2f per key)",
+		before, n, after, growth, float64(growth)/float64(n))
+	// A leak would keep ~100 bytes per key: 100 MB here. Allow what the
+	// table may still grow to for a peak of DefaultMaxPending live keys.
+	require.Less(t, growth, int64(8<<20))
+}
+
+// Property 6 (hammer): bounds hold and blocked submitters are always woken.
+func TestBoundsHammer(t *testing.T) {
+	const maxDepth, maxPending, keys, submitters, per = 2, 3, 4, 32, 300
+	s := newSched[int](t, WithWorkers(3), WithMaxKeyDepth(maxDepth), WithMaxPending(maxPending))
+	ctx := watchdog(t)
+	var depthViolations, pendingViolations atomic.Int64
+	var ran atomic.Int64
+	var wg sync.WaitGroup
+	for g := range submitters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range per {
+				k := (g + i) % keys
+				_, err := s.Submit(ctx, k, func(context.Context) error {
+					if s.KeyDepth(k) > maxDepth {
+						depthViolations.Add(1)
+					}
+					if s.Stats().Pending > maxPending {
+						pendingViolations.Add(1)
+					}
+					ran.Add(1)
+					if i%7 == 0 {
+						runtime.Gosched()
+					}
+					return nil
+				})
+				require.NoError(t, err, "a blocked submitter was never woken")
+			}
+		}()
+	}
+	wg.Wait()
+	require.NoError(t, s.Drain(ctx))
+	require.Zero(t, depthViolations.Load())
+	require.Zero(t, pendingViolations.Load())
+	require.EqualValues(t, submitters*per, ran.Load())
+	assertAccounting(t, s.Stats())
+}
+
+// Property 7: a one-worker pool whose tasks each submit three more, to other
+// keys and their own, never deadlocks.
+func TestTasksSubmittingOnOneWorkerDoNotDeadlock(t *testing.T) {
+	s := newSched[int](t, WithWorkers(1), WithMaxKeyDepth(4), WithMaxPending(64))
+	ctx := watchdog(t)
+	var ran, refused atomic.Int64
+	var spawn func(level, key int) Task
+	spawn = func(level, key int) Task {
+		return func(tctx context.Context) error {
+			ran.Add(1)
+			if level == 0 {
+				return nil
+			}
+			for i := range 3 {
+				k := key // the first child goes to the task's own key
+				if i > 0 {
+					k = key*3 + i
+				}
+				if _, err := s.Submit(tctx, k, spawn(level-1, k)); err != nil {
+					// With the task's context a full scheduler refuses at
+					// once instead of waiting for this very worker.
+					require.True(t, errors.Is(err, ErrKeyFull) || errors.Is(err, ErrFull), err)
+					refused.Add(1)
+				}
+			}
+			return nil
+		}
+	}
+	for r := range 20 {
+		_, err := s.Submit(ctx, r*1000, spawn(6, r*1000))
+		require.NoError(t, err)
+		require.NoError(t, s.Drain(ctx))
+	}
+	st := s.Stats()
+	t.Logf("ran %d tasks, %d submissions refused at once", ran.Load(), refused.Load())
+	require.EqualValues(t, ran.Load(), st.Succeeded)
+	require.Positive(t, refused.Load(), "the bounds were never reached: the test is too small")
+	assertAccounting(t, st)
+}
+
+// Property 8: panics and errors never lose capacity.
+func TestPanicsAndErrorsKeepCapacity(t *testing.T) {
+	s := newSched[int](t, WithWorkers(1))
+	ctx := watchdog(t)
+	boom := errors.New("boom")
+	const n = 3000
+	var cs []*Completion
+	for i := range n {
+		var task Task
+		switch i % 3 {
+		case 0:
+			task = func(context.Context) error { panic(fmt.Sprint("panic ", i)) }
+		case 1:
+			task = func(context.Context) error { return boom }
+		default:
+			task = func(context.Context) error { runtime.Goexit(); return nil }
+		}
+		c, err := s.Submit(ctx, i%10, task)
+		require.NoError(t, err)
+		cs = append(cs, c)
+	}
+	ok, err := s.Submit(ctx, 99, func(context.Context) error { return nil })
+	require.NoError(t, err)
+	require.NoError(t, ok.Wait(ctx), "the one worker was lost")
+	require.NoError(t, s.Drain(ctx))
+	for i, c := range cs {
+		var pe *PanicError
+		switch i % 3 {
+		case 0:
+			require.ErrorAs(t, c.Err(), &pe)
+			require.Equal(t, fmt.Sprint("panic ", i), pe.Value)
+			require.Contains(t, string(pe.Stack), "chain_test.go")
+		case 1:
+			require.ErrorIs(t, c.Err(), boom)
+		default:
+			require.ErrorAs(t, c.Err(), &pe)
+			require.ErrorIs(t, c.Err(), errGoexit)
+		}
+	}
+	st := s.Stats()
+	require.EqualValues(t, 2*n/3, st.Panicked)
+	require.EqualValues(t, n/3, st.Failed)
+	require.EqualValues(t, 1, st.Succeeded)
+	assertAccounting(t, st)
+}
+
+// Property 9: Submit racing Close: no panic, no hang; every call either
+// returned an error or its task reached an outcome.
+func TestSubmitRacingClose(t *testing.T) {
+	for round := range 20 {
+		s, err := New[int](WithWorkers(2), WithMaxPending(64), WithMaxKeyDepth(8), WithLogger(quiet))
+		require.NoError(t, err)
+		ctx := watchdog(t)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var accepted []*Completion
+		var refused atomic.Int64
+		start := make(chan struct{})
+		for g := range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				for i := 0; ; i++ {
+					submit := s.Submit
+					if i%2 == 1 {
+						submit = s.TrySubmit
+					}
+					c, err := submit(ctx, (g*7+i)%13, func(context.Context) error { runtime.Gosched(); return nil })
+					if err != nil {
+						refused.Add(1)
+						if errors.Is(err, ErrClosed) {
+							return
+						}
+						require.True(t, errors.Is(err, ErrKeyFull) || errors.Is(err, ErrFull), err)
+						continue
+					}
+					mu.Lock()
+					accepted = append(accepted, c)
+					mu.Unlock()
+				}
+			}()
+		}
+		close(start)
+		for range round * 50 {
+			runtime.Gosched()
+		}
+		closeCtx := ctx
+		if round%2 == 1 { // half the rounds give up at once: tasks are aborted
+			var cancel context.CancelFunc
+			closeCtx, cancel = context.WithCancel(ctx)
+			cancel()
+		}
+		closeErr := s.Close(closeCtx)
+		wg.Wait()
+		for _, c := range accepted {
+			select {
+			case <-c.Done():
+			case <-ctx.Done():
+				t.Fatal("an accepted task never reached an outcome")
+			}
+		}
+		if closeErr != nil {
+			require.ErrorIs(t, closeErr, ErrAborted)
+			// Wait for the runners that were mid-task to finish up.
+			require.NoError(t, s.pending.waitIdle(ctx))
+		}
+		st := s.Stats()
+		require.EqualValues(t, len(accepted), st.Submitted)
+		assertAccounting(t, st)
+	}
+}
+
+// Property 10: bad input gets a clear error, and the scheduler keeps working.
+func TestBadInput(t *testing.T) {
+	ctx := watchdog(t)
+	t.Run("unhashable interface keys", func(t *testing.T) {
+		s := newSched[any](t, WithWorkers(2))
+		noop := func(context.Context) error { return nil }
+		type withIface struct{ V any }
+		for _, key := range []any{[]int{1}, map[string]int{}, func() {}, withIface{V: []byte("x")}, math.NaN(), [1]any{[]int{}}} {
+			c, err := s.Submit(ctx, key, noop)
+			require.ErrorIs(t, err, ErrInvalidKey, "%T", key)
+			require.Nil(t, c)
+			_, err = s.TrySubmit(ctx, key, noop)
+			require.ErrorIs(t, err, ErrInvalidKey)
+			require.Zero(t, s.KeyDepth(key))
+			require.ErrorIs(t, s.Resume(key), ErrInvalidKey)
+		}
+		for _, key := range []any{1, "a", withIface{V: 2}, [2]int{1, 2}, nil} {
+			c, err := s.Submit(ctx, key, noop)
+			require.NoError(t, err, "%T", key)
+			require.NoError(t, c.Wait(ctx))
+		}
+		require.EqualValues(t, 12, s.Stats().Rejected)
+	})
+	t.Run("NaN float keys", func(t *testing.T) {
+		s := newSched[float64](t)
+		_, err := s.Submit(ctx, math.NaN(), func(context.Context) error { return nil })
+		require.ErrorIs(t, err, ErrInvalidKey)
+		c, err := s.Submit(ctx, 1.5, func(context.Context) error { return nil })
+		require.NoError(t, err)
+		require.NoError(t, c.Wait(ctx))
+	})
+	t.Run("nil task and nil context", func(t *testing.T) {
+		s := newSched[int](t)
+		_, err := s.Submit(ctx, 1, nil)
+		require.ErrorIs(t, err, ErrNilTask)
+		_, err = s.TrySubmit(ctx, 1, nil)
+		require.ErrorIs(t, err, ErrNilTask)
+		//nolint:staticcheck // a nil context is the bad input under test
+		_, err = s.Submit(nil, 1, func(context.Context) error { return nil })
+		require.ErrorIs(t, err, ErrNilContext)
+		require.ErrorIs(t, s.Drain(nil), ErrNilContext) //nolint:staticcheck
+		require.ErrorIs(t, s.Close(nil), ErrNilContext) //nolint:staticcheck
+		require.Zero(t, s.Stats().Submitted)
+	})
+	t.Run("ended context", func(t *testing.T) {
+		s := newSched[int](t)
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		_, err := s.Submit(cctx, 1, func(context.Context) error { return nil })
+		require.ErrorIs(t, err, context.Canceled)
+		require.Zero(t, s.KeyDepth(1))
+	})
+	t.Run("bad options", func(t *testing.T) {
+		p, err := ants.NewPool(2)
+		require.NoError(t, err)
+		defer p.Release()
+		released, err := ants.NewPool(1)
+		require.NoError(t, err)
+		released.Release()
+		for name, opts := range map[string][]Option{
+			"zero workers":          {WithWorkers(0)},
+			"negative workers":      {WithWorkers(-1)},
+			"nil pool":              {WithPool(nil)},
+			"released pool":         {WithPool(released)},
+			"pool and workers":      {WithPool(p), WithWorkers(2)},
+			"zero key depth":        {WithMaxKeyDepth(0)},
+			"zero pending":          {WithMaxPending(0)},
+			"zero concurrency":      {WithMaxConcurrency(0)},
+			"nil logger":            {WithLogger(nil)},
+			"nil option":            {nil},
+			"zero timeout":          {WithTaskTimeout(0)},
+			"negative attempts":     {WithRetry(RetryPolicy{MaxAttempts: -1})},
+			"retry without backoff": {WithRetry(RetryPolicy{MaxAttempts: 3})},
+			"max below initial":     {WithRetry(RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second, MaxBackoff: time.Millisecond})},
+			"shrinking multiplier":  {WithRetry(RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second, Multiplier: 0.5})},
+			"NaN multiplier":        {WithRetry(RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second, Multiplier: math.NaN()})},
+			"unknown policy":        {WithFailurePolicy(FailurePolicy(7))},
+			"nil dead letter":       {WithDeadLetter[int](nil)},
+			"dead letter key type":  {WithDeadLetter(func(DeadLetter[string]) {})},
+		} {
+			s, err := New[int](opts...)
+			require.ErrorIs(t, err, ErrInvalidOption, name)
+			require.Nil(t, s, name)
+		}
+	})
+	t.Run("use after close", func(t *testing.T) {
+		s, err := New[int]()
+		require.NoError(t, err)
+		require.NoError(t, s.Close(ctx))
+		require.NoError(t, s.Close(ctx), "Close is idempotent")
+		_, err = s.Submit(ctx, 1, func(context.Context) error { return nil })
+		require.ErrorIs(t, err, ErrClosed)
+		_, err = s.TrySubmit(ctx, 1, func(context.Context) error { return nil })
+		require.ErrorIs(t, err, ErrClosed)
+		require.NoError(t, s.Drain(ctx))
+		require.ErrorIs(t, s.Skip(1), ErrNotParked)
+	})
+}
+
+// A key of interface type holding a pointer or a channel must keep finding
+// its chain after what it points to changes (xsync/v3's default hasher
+// hashes the target's bytes, so such a key would start a second chain).
+func TestInterfaceKeysHoldingPointers(t *testing.T) {
+	s := newSched[any](t, WithWorkers(4))
+	ctx := watchdog(t)
+	type account struct{ balance int }
+	acct := &account{}
+	ch := make(chan int, 4)
+	for _, key := range []any{acct, ch} {
+		release := make(chan struct{})
+		o := newOrderChecker()
+		_, err := s.Submit(ctx, key, func(context.Context) error { <-release; return nil })
+		require.NoError(t, err)
+		var cs []*Completion
+		for i := range 10 {
+			acct.balance += 100 // mutate the pointee between submissions
+			ch <- i
+			<-ch
+			c, err := s.Submit(ctx, key, o.task(0, i, nil))
+			require.NoError(t, err)
+			cs = append(cs, c)
+		}
+		require.Equal(t, 11, s.KeyDepth(key), "every task joined the same chain")
+		close(release)
+		for _, c := range cs {
+			require.NoError(t, c.Wait(ctx))
+		}
+		require.Zero(t, o.bad.Load())
+		require.Zero(t, o.overlaps.Load())
+	}
+	require.NoError(t, s.Drain(ctx))
+	require.Zero(t, s.Stats().Keys)
+}
