@@ -44,8 +44,10 @@ func watchdog(t testing.TB) context.Context {
 }
 
 // assertAccounting checks that every accepted task has exactly one outcome.
-func assertAccounting(t testing.TB, st Stats) {
-	t.Helper()
+func assertAccounting(t require.TestingT, st Stats) {
+	if h, ok := t.(interface{ Helper() }); ok {
+		h.Helper()
+	}
 	require.Equal(t, st.Submitted, st.Succeeded+st.Failed+st.Panicked+st.Cancelled+st.Aborted, "%+v", st)
 	require.Zero(t, st.Pending, "%+v", st)
 }
