@@ -69,6 +69,15 @@ type node[K comparable] struct {
 	readyNext *node[K]                // link in the ready queue, under its lock
 }
 
+// headNode is a node allocated together with its key's chain header, for a
+// task that finds its key without a chain: a one-shot key then costs one
+// allocation, not two. The header is used only if the key is still absent
+// when the task is appended.
+type headNode[K comparable] struct {
+	node[K]
+	hdr chainHdr
+}
+
 // nodeOf returns the node whose Completion c is (c is its first field).
 func nodeOf[K comparable](c *Completion) *node[K] { return (*node[K])(unsafe.Pointer(c)) }
 
@@ -192,7 +201,7 @@ func New[K comparable](opts ...Option) (*Scheduler[K], error) {
 	}
 	s.pending.freed = xsync.NewCounter()
 	s.core.wakeStalled = s.wakeStalled
-	w, err := newWorkers(&s.cfg, s.runLoop)
+	w, err := newWorkers(&s.cfg, s.runLoop, s.ready.nonEmpty)
 	if err != nil {
 		return nil, err
 	}
@@ -232,7 +241,17 @@ func (s *Scheduler[K]) submit(ctx context.Context, key K, task Task, wait bool) 
 	if wait && inTask(ctx) {
 		wait = false
 	}
-	n := &node[K]{key: key}
+	// A lock-free look first: a key without a chain gets its header in the
+	// same allocation as its task.
+	var n *node[K]
+	var spare *chainHdr
+	if _, live := s.tails.load(key); live {
+		n = &node[K]{key: key}
+	} else {
+		h := &headNode[K]{}
+		h.key = key
+		n, spare = &h.node, &h.hdr
+	}
 	n.task, n.parent = task, withValues(ctx)
 	for {
 		if err := s.pending.acquire(ctx, wait, s.closing); err != nil {
@@ -240,7 +259,7 @@ func (s *Scheduler[K]) submit(ctx context.Context, key K, task Task, wait bool) 
 			return nil, err
 		}
 		s.core.submitted.Inc()
-		head, full := s.tails.append(n, s.maxKeyDepth, &s.core)
+		head, full := s.tails.append(n, s.maxKeyDepth, &s.core, spare)
 		if full == nil {
 			if s.core.aborting.Load() {
 				// Close's abort may have walked this key before n was linked;

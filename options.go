@@ -70,9 +70,10 @@ func WithWorkers(n int) Option {
 // share with other schedulers and code. Close does not release p; releasing p
 // while the scheduler still has work makes the remaining work run on plain
 // goroutines. At most p.Cap() tasks of this scheduler run at once (see
-// WithMaxConcurrency to lower that). When p is full of other work, Submit may
-// also wait for a free worker; TrySubmit and submissions from inside a task
-// never do.
+// WithMaxConcurrency to lower that). No call of the scheduler waits for a
+// worker of p: when p is full of other work, the scheduler's ready tasks wait
+// until a worker frees up (a non-blocking pool is retried every millisecond).
+// Close does not wait for such a worker either.
 func WithPool(p *ants.Pool) Option {
 	return func(c *config) error {
 		if p == nil {

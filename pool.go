@@ -67,14 +67,19 @@ type workers struct {
 	pool   *ants.Pool
 	own    bool
 	max    int32
-	active atomic.Int32
-	run    func() // the scheduler's runner loop; one func value, made once
-	log    *slog.Logger
-	warned atomic.Bool
+	active atomic.Int32 // runners started and not retired
+	// searching counts runners between tasks, looking at the ready queue
+	// (new runners start as searching). While one is, a push does not start
+	// another: that runner takes it, or sees it when it gives up.
+	searching atomic.Int32
+	run       func()      // the scheduler's runner loop; one func value, made once
+	more      func() bool // whether the ready queue holds work
+	log       *slog.Logger
+	warned    atomic.Bool
 }
 
-func newWorkers(cfg *config, run func()) (*workers, error) {
-	w := &workers{run: run, log: cfg.logger}
+func newWorkers(cfg *config, run func(), more func() bool) (*workers, error) {
+	w := &workers{run: run, more: more, log: cfg.logger}
 	size := cfg.workers
 	if cfg.pool != nil {
 		w.pool = cfg.pool
@@ -99,19 +104,35 @@ func newWorkers(cfg *config, run func()) (*workers, error) {
 	return w, nil
 }
 
-// kick starts a runner if fewer than max are active. mayBlock says whether
-// the caller may wait for a worker of a shared pool: a caller that is itself
-// on a pool worker (a task submitting) or that promised not to wait
-// (TrySubmit) must not.
+// kick starts a runner for work just pushed, unless a runner is searching
+// (it will take the work) or max are active. mayBlock says whether the
+// caller may wait for a worker of a shared pool: a caller that is itself on
+// a pool worker (a task submitting) or that promised not to wait (TrySubmit)
+// must not.
+//
+// The push happened before this load of searching; a runner decrements
+// searching before it looks at the queue one last time (runLoop, retire): so
+// either the runner sees the work, or this call sees no searcher.
 func (w *workers) kick(mayBlock bool) {
+	if w.searching.Load() > 0 {
+		return
+	}
+	if w.reserve() {
+		w.start(mayBlock)
+	}
+}
+
+// reserve takes a runner slot, if fewer than max are active. The new runner
+// counts as searching from now.
+func (w *workers) reserve() bool {
 	for {
 		a := w.active.Load()
 		if a >= w.max {
-			return
+			return false
 		}
 		if w.active.CompareAndSwap(a, a+1) {
-			w.start(mayBlock)
-			return
+			w.searching.Add(1)
+			return true
 		}
 	}
 }
@@ -119,23 +140,18 @@ func (w *workers) kick(mayBlock bool) {
 // kickDetached is kick for a caller that must not call the pool at all: a
 // worker whose goroutine is ending still counts against the pool's size.
 func (w *workers) kickDetached() {
-	for {
-		a := w.active.Load()
-		if a >= w.max {
-			return
-		}
-		if w.active.CompareAndSwap(a, a+1) {
-			go w.submit()
-			return
-		}
+	if w.reserve() {
+		go w.submit()
 	}
 }
 
-func (w *workers) start(mayBlock bool) {
+func (w *workers) start(bool) {
 	// The scheduler's own pool has a worker for every runner slot (at most a
 	// worker still on its way back to the pool), so Submit returns at once.
-	// A shared pool may be full of other work for as long as that work runs.
-	if w.own || mayBlock {
+	// A shared pool may be full of other work for as long as that work runs,
+	// and ants' Submit cannot be interrupted: wait for it on a goroutine of
+	// its own (one per runner slot at most), never in the caller.
+	if w.own {
 		w.submit()
 		return
 	}
@@ -155,7 +171,9 @@ func (w *workers) submit() {
 		// The pool was released under us (a shared pool released by its
 		// owner, or ours after Close gave up): run on a plain goroutine
 		// rather than strand accepted work.
-		w.warn("keysched: ants pool refused work; running it on a plain goroutine", err)
+		if w.more() {
+			w.warn("keysched: ants pool refused work; running it on a plain goroutine", err)
+		}
 		go w.run()
 	}
 }

@@ -126,7 +126,9 @@ type DeadLetter[K comparable] struct {
 // good. It is called once per such task (once per Park, for a parked key),
 // on the worker that ran the last attempt, with no scheduler lock held; it may
 // submit to the scheduler (with a context it has, not the task's) but should
-// be quick, as the key waits for it. A panic in fn is recovered and logged.
+// be quick, as the key waits for it. The task's Completion is done only after
+// fn returns; under the Park policy the key is already parked when fn is
+// called (so fn may Resume or Skip it). A panic in fn is recovered and logged.
 // Without it, each such task is logged (log/slog) with its key and error.
 // K must be the scheduler's key type, or New fails.
 func WithDeadLetter[K comparable](fn func(DeadLetter[K])) Option {

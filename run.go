@@ -2,6 +2,7 @@ package keysched
 
 import (
 	"context"
+	"runtime"
 	"runtime/debug"
 	"sync/atomic"
 	"time"
@@ -9,6 +10,10 @@ import (
 
 // This file runs tasks: the runner loop, one attempt of a task, what follows
 // a failure (retry, dead letter, park), and handing a key on to its next task.
+
+// lingerSpins is how many times an idle runner yields and looks again for
+// work before it gives its worker back (a few microseconds).
+const lingerSpins = 32
 
 // runLoop is the function every runner executes on a pool worker.
 func (s *Scheduler[K]) runLoop() {
@@ -22,14 +27,32 @@ func (s *Scheduler[K]) runLoop() {
 			s.goexit(cur)
 		}
 	}()
+	w := s.workers
 	for {
+		// This runner is searching (counted in w.searching): a push meanwhile
+		// leaves the work to it rather than start another runner.
 		n := s.ready.pop()
+		// Linger a little before giving the worker back: a submitter that
+		// keeps pace with the workers would otherwise pay for a runner start
+		// (a trip through the pool and a goroutine wake-up) on every task.
+		for spin := 0; n == nil && spin < lingerSpins; spin++ {
+			runtime.Gosched()
+			n = s.ready.pop()
+		}
 		if n == nil {
-			if s.workers.retire(s.ready.nonEmpty) {
+			w.searching.Add(-1)
+			if w.retire(s.ready.nonEmpty) {
 				clean = true
 				return
 			}
+			w.searching.Add(1)
 			continue
+		}
+		w.searching.Add(-1)
+		if s.ready.nonEmpty() {
+			// More ready work than this runner: start another, which will
+			// do the same, so a burst ramps up to the pool's size.
+			w.kick(false)
 		}
 		// Run n and its key's successors on this worker, in a loop (never by
 		// recursion: a chain may be millions long), then yield the key.
@@ -48,6 +71,7 @@ func (s *Scheduler[K]) runLoop() {
 			}
 			n = next
 		}
+		w.searching.Add(1)
 	}
 }
 
@@ -170,11 +194,15 @@ func (s *Scheduler[K]) failed(n *node[K], err error, panicked bool) bool {
 		rec.timer.Reset(s.cfg.retry.delay(made + 1))
 		return false
 	}
-	s.deadLetter(n, err)
 	if s.cfg.failure == Park {
+		// Parked first, then delivered: the dead-letter function already
+		// sees the key in Parked, and may Resume or Skip it.
+		dl := s.letter(n, err)
 		s.park(n)
+		s.deliver(dl)
 		return false
 	}
+	s.deadLetter(n, err)
 	out := outFailed
 	if panicked {
 		out = outPanicked
@@ -186,12 +214,14 @@ func (s *Scheduler[K]) failed(n *node[K], err error, panicked bool) bool {
 // deadLetter hands a task that failed for good to the dead-letter function,
 // or logs it when there is none. No scheduler lock is held.
 func (s *Scheduler[K]) deadLetter(n *node[K], err error) {
-	s.core.deadLettered.Add(1)
+	s.deliver(s.letter(n, err))
+}
+
+// letter describes n, which failed for good with err. It copies what it
+// needs, so that it can be delivered after n was parked (and may already be
+// running again, resumed).
+func (s *Scheduler[K]) letter(n *node[K], err error) DeadLetter[K] {
 	c := &n.Completion
-	if s.dlq == nil {
-		s.cfg.logger.Warn("keysched: task failed", "key", n.key, "attempts", c.attempts(), "err", err)
-		return
-	}
 	dl := DeadLetter[K]{Key: n.key, Task: c.task, Err: err, Attempts: c.attempts()}
 	if x := c.more.Load(); x != nil && x.fail.errs != nil {
 		dl.Attempts -= x.fail.base
@@ -200,9 +230,18 @@ func (s *Scheduler[K]) deadLetter(n *node[K], err error) {
 	} else {
 		dl.Errors = []error{err}
 	}
+	return dl
+}
+
+func (s *Scheduler[K]) deliver(dl DeadLetter[K]) {
+	s.core.deadLettered.Add(1)
+	if s.dlq == nil {
+		s.cfg.logger.Warn("keysched: task failed", "key", dl.Key, "attempts", dl.Attempts, "err", dl.Err)
+		return
+	}
 	defer func() {
 		if r := recover(); r != nil {
-			s.cfg.logger.Error("keysched: dead-letter function panicked", "key", n.key, "panic", r, "err", err)
+			s.cfg.logger.Error("keysched: dead-letter function panicked", "key", dl.Key, "panic", r, "err", dl.Err)
 		}
 	}()
 	s.dlq(dl)
@@ -276,7 +315,8 @@ func (s *Scheduler[K]) goexit(cur *node[K]) {
 		}
 	}
 	// This worker is still counted by the pool until its goroutine ends, so
-	// starting the next runner must not wait for the pool here.
+	// starting the next runner must not wait for the pool here. (It was not
+	// searching: it was running a task.)
 	s.workers.active.Add(-1)
 	if s.ready.nonEmpty() {
 		s.workers.kickDetached()

@@ -36,10 +36,15 @@ func newTailMap[K comparable]() tailMap[K] {
 // append links n at the end of its key's chain. It reports head when n starts
 // a new chain (the key had none: n must be dispatched by the caller), or the
 // chain when the key is at maxDepth (nothing was linked; wait on that chain).
-func (t tailMap[K]) append(n *node[K], maxDepth int64, k *core) (head bool, full *chainHdr) {
+// A new chain uses spare as its header when given (see headNode).
+func (t tailMap[K]) append(n *node[K], maxDepth int64, k *core, spare *chainHdr) (head bool, full *chainHdr) {
 	t.m.Compute(n.key, func(tail *node[K], loaded bool) (*node[K], bool) {
 		if !loaded {
-			ch := &chainHdr{core: k}
+			ch := spare
+			if ch == nil {
+				ch = new(chainHdr)
+			}
+			ch.core = k
 			ch.depth.Store(1)
 			ch.head.Store(&n.Completion)
 			n.hdr = ch

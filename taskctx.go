@@ -14,8 +14,8 @@ import (
 //   - attemptContext, for retries and timed attempts: a fresh attemptState
 //     each, so a context handed to an earlier attempt stays cancelled.
 //
-// Both give the values of the context given to Submit (through
-// context.WithoutCancel: Submit's cancellation and deadline are not
+// Both give the values of the context given to Submit (as
+// context.WithoutCancel would: Submit's cancellation and deadline are not
 // inherited, a request ending must not cancel the work it handed off), and
 // are cancelled by Completion.Cancel, by Close's context ending, when the
 // attempt returns, and (attemptContext) at WithTaskTimeout's deadline.
@@ -68,13 +68,39 @@ func (t attemptContext) Value(key any) any { return ctxValue(t.a.c, key) }
 func (t attemptContext) String() string { return "keysched.attemptContext" }
 
 func ctxValue(c *Completion, key any) any {
-	if key == (taskCtxKey{}) {
+	switch key {
+	case taskCtxKey{}:
 		return c
-	}
-	if c.parent == nil { // the task has finished and let its values go
+	case cancelCtxKey:
+		// As context.WithoutCancel does: the Submit context's cancellation
+		// is not the task's (context.Cause and context.WithCancel ask
+		// for it with this key).
 		return nil
 	}
 	return c.parent.Value(key)
+}
+
+// cancelCtxKey is the key the context package looks up to find a context's
+// cancellation (context.Cause asks for it first thing). A task's context
+// answers it with nil, as context.WithoutCancel does, which lets the task
+// keep the Submit context itself for its values without a wrapper per task.
+var cancelCtxKey = func() any {
+	var p keyProbe
+	_ = context.Cause(&p)
+	return p.key
+}()
+
+// keyProbe is a context that records the first key asked of it.
+type keyProbe struct{ key any }
+
+func (*keyProbe) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (*keyProbe) Done() <-chan struct{}       { return nil }
+func (*keyProbe) Err() error                  { return context.Canceled }
+func (p *keyProbe) Value(key any) any {
+	if p.key == nil {
+		p.key = key
+	}
+	return nil
 }
 
 // ctxDone makes an attempt's Done channel on first use. Close's abort must be
@@ -91,14 +117,15 @@ func ctxDone(bits *atomic.Uint32, done *lazyChan, c *Completion) <-chan struct{}
 	return ch
 }
 
-// withValues returns the part of ctx a task keeps: its values, without its
-// cancellation. context.Background and context.TODO are kept as they are, so
-// the common case allocates nothing.
+// withValues returns what a task keeps of its Submit context: the context
+// itself, consulted for values only (see ctxValue and cancelCtxKey), so that
+// no submission allocates a wrapper. If the context package's lookup key
+// could not be found (a future Go), it falls back to context.WithoutCancel.
 func withValues(ctx context.Context) context.Context {
-	if ctx == context.Background() || ctx == context.TODO() {
-		return ctx
+	if cancelCtxKey == nil && ctx != context.Background() && ctx != context.TODO() {
+		return context.WithoutCancel(ctx)
 	}
-	return context.WithoutCancel(ctx)
+	return ctx
 }
 
 // inTask reports whether ctx is, or derives from, the context a keysched task
