@@ -268,7 +268,7 @@ func (s *Scheduler[K]) submit(ctx context.Context, key K, task Task, wait bool) 
 			}
 			if head {
 				s.ready.push(n)
-				s.workers.kick(wait)
+				s.workers.kick()
 			}
 			return &n.Completion, nil
 		}

@@ -2,7 +2,6 @@ package keysched
 
 import (
 	"context"
-	"runtime"
 	"runtime/debug"
 	"sync/atomic"
 	"time"
@@ -10,10 +9,6 @@ import (
 
 // This file runs tasks: the runner loop, one attempt of a task, what follows
 // a failure (retry, dead letter, park), and handing a key on to its next task.
-
-// lingerSpins is how many times an idle runner yields and looks again for
-// work before it gives its worker back (a few microseconds).
-const lingerSpins = 32
 
 // runLoop is the function every runner executes on a pool worker.
 func (s *Scheduler[K]) runLoop() {
@@ -27,32 +22,14 @@ func (s *Scheduler[K]) runLoop() {
 			s.goexit(cur)
 		}
 	}()
-	w := s.workers
 	for {
-		// This runner is searching (counted in w.searching): a push meanwhile
-		// leaves the work to it rather than start another runner.
 		n := s.ready.pop()
-		// Linger a little before giving the worker back: a submitter that
-		// keeps pace with the workers would otherwise pay for a runner start
-		// (a trip through the pool and a goroutine wake-up) on every task.
-		for spin := 0; n == nil && spin < lingerSpins; spin++ {
-			runtime.Gosched()
-			n = s.ready.pop()
-		}
 		if n == nil {
-			w.searching.Add(-1)
-			if w.retire(s.ready.nonEmpty) {
+			if s.workers.retire(s.ready.nonEmpty) {
 				clean = true
 				return
 			}
-			w.searching.Add(1)
 			continue
-		}
-		w.searching.Add(-1)
-		if s.ready.nonEmpty() {
-			// More ready work than this runner: start another, which will
-			// do the same, so a burst ramps up to the pool's size.
-			w.kick(false)
 		}
 		// Run n and its key's successors on this worker, in a loop (never by
 		// recursion: a chain may be millions long), then yield the key.
@@ -71,7 +48,6 @@ func (s *Scheduler[K]) runLoop() {
 			}
 			n = next
 		}
-		w.searching.Add(1)
 	}
 }
 
@@ -275,7 +251,7 @@ func (s *Scheduler[K]) advance(n *node[K]) *node[K] {
 // or abort that took a waiting or parked task) back to a runner.
 func (s *Scheduler[K]) requeue(n *node[K]) {
 	s.ready.push(n)
-	s.workers.kick(false)
+	s.workers.kick()
 }
 
 // wakeStalled is called when Cancel or Close's abort took a task that was
@@ -315,8 +291,7 @@ func (s *Scheduler[K]) goexit(cur *node[K]) {
 		}
 	}
 	// This worker is still counted by the pool until its goroutine ends, so
-	// starting the next runner must not wait for the pool here. (It was not
-	// searching: it was running a task.)
+	// starting the next runner must not wait for the pool here.
 	s.workers.active.Add(-1)
 	if s.ready.nonEmpty() {
 		s.workers.kickDetached()
