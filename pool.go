@@ -68,10 +68,10 @@ type workers struct {
 	own    bool
 	max    int32
 	active atomic.Int32 // runners started and not retired
-	run       func()      // the scheduler's runner loop; one func value, made once
-	more      func() bool // whether the ready queue holds work
-	log       *slog.Logger
-	warned    atomic.Bool
+	run    func()       // the scheduler's runner loop; one func value, made once
+	more   func() bool  // whether the ready queue holds work
+	log    *slog.Logger
+	warned atomic.Bool
 }
 
 func newWorkers(cfg *config, run func(), more func() bool) (*workers, error) {
