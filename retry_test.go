@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -463,4 +464,24 @@ func TestCancelAndAbortDuringBackoff(t *testing.T) {
 		assertAccounting(t, st)
 		require.Len(t, dl.all(), 2, "the aborted tasks reach the dead letter")
 	})
+}
+
+// Under Park the key is parked before the dead letter is delivered, so the
+// dead-letter function can act on it (here: skip it at once).
+func TestParkedBeforeDeadLetterDelivery(t *testing.T) {
+	var s *Scheduler[string]
+	sawParked := make(chan bool, 1)
+	s = newSched[string](t, WithFailurePolicy(Park), WithDeadLetter(func(dl DeadLetter[string]) {
+		sawParked <- slices.Contains(s.Parked(), dl.Key)
+		require.NoError(t, s.Skip(dl.Key))
+	}))
+	ctx := watchdog(t)
+	bad, err := s.Submit(ctx, "k", func(context.Context) error { return errFail })
+	require.NoError(t, err)
+	next, err := s.Submit(ctx, "k", func(context.Context) error { return nil })
+	require.NoError(t, err)
+	require.True(t, <-sawParked)
+	require.ErrorIs(t, bad.Wait(ctx), errFail)
+	require.NoError(t, next.Wait(ctx))
+	require.Empty(t, s.Parked())
 }
