@@ -132,9 +132,9 @@ func WithWorkers(n int) Option {
 }
 
 // WithPool runs every subscriber on p, a pool the caller owns and may share
-// with other code. Close does not release p. When p is full of other work, a
-// blocking Publish may also wait for a free worker, and that wait is not
-// bounded by its context (see keysched.WithPool). Not with WithWorkers.
+// with other code. Close does not release p. Publish never waits for a
+// worker of p: when p is full of other work, accepted events wait for a free
+// worker (see keysched.WithPool). Not with WithWorkers.
 func WithPool(p *ants.Pool) Option {
 	return func(c *config) error {
 		if p == nil {
@@ -353,12 +353,10 @@ func (b *Bus[K]) PublishEnvelope(ctx context.Context, env Envelope[K]) error {
 			later = append(later, s)
 			continue
 		}
-		// A blocking offer may also wait for a pool worker to start the
-		// subscriber's runner (keysched.WithPool). When the shared pool is
-		// busy, offer without waiting: the runner is then started off the
-		// publisher's goroutine, and a bound that is full is waited for below.
+		// First offer without waiting, so that while Publish waits for a full
+		// Block subscriber below, the others already have the event.
 		block := s.cfg.overflow == Block
-		err := s.offer(ctx, env, block && !inTask && b.pool.Free() > 0)
+		err := s.offer(ctx, env, false)
 		if err == nil {
 			continue
 		}

@@ -587,8 +587,8 @@ func (s *sub[K]) deadLetter(dl DeadLetter[K]) {
 	s.dl(dl)
 }
 
-// willPark records that key is about to park (Failure(Park)): the scheduler
-// dead-letters a key's head just before parking it.
+// willPark records that key parked (Failure(Park)): the scheduler parks a
+// key's head, then dead-letters it.
 func (s *sub[K]) willPark(key K) {
 	s.parkMu.Lock()
 	s.parking[key] = struct{}{}
@@ -616,10 +616,11 @@ func (s *sub[K]) startReleaseLocked() bool {
 }
 
 // releaseParked skips the parked keys of an ejected subscriber, so that the
-// events queued behind them are dead-lettered with ErrEjected. A key is
-// recorded just before it parks, so it may not be parked yet when this looks:
-// it looks again, backing off, until every recorded key has been skipped or
-// the subscriber is closed. Ejection with Park is rare; this costs nothing
+// events queued behind them are dead-lettered with ErrEjected. A recorded key
+// is parked already (the scheduler parks before it dead-letters), but a
+// concurrent Resume may have taken it and it may park again: so it looks
+// again, backing off, until every recorded key has been skipped or the
+// subscriber is closed. Ejection with Park is rare; this costs nothing
 // otherwise.
 func (s *sub[K]) releaseParked() {
 	defer s.bus.helpers.Done()
