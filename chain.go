@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/puzpuzpuz/xsync/v3"
@@ -54,6 +56,8 @@ type Scheduler[K comparable] struct {
 	passed *node[K]
 
 	closing   chan struct{} // closed when Close starts: wakes waiting submitters
+	giveUp    chan struct{} // closed when a later Close's context ends: the first Close aborts
+	giveUpOne sync.Once
 	closeOnce sync.Once
 	closed    chan struct{} // closed when the first Close returns
 	closeErr  error
@@ -103,6 +107,7 @@ type core struct {
 	rejected     atomic.Uint64
 	retried      atomic.Uint64
 	deadLettered atomic.Uint64
+	notRun       atomic.Int64 // tasks aborted before they started (or resumed)
 
 	watchMu sync.Mutex
 	watched map[*lazyChan]struct{}
@@ -182,6 +187,7 @@ func New[K comparable](opts ...Option) (*Scheduler[K], error) {
 		tails:       newTailMap[K](),
 		passed:      new(node[K]),
 		closing:     make(chan struct{}),
+		giveUp:      make(chan struct{}),
 		closed:      make(chan struct{}),
 	}
 	if cfg.deadLetter != nil {
@@ -325,7 +331,7 @@ func (s *Scheduler[K]) Drain(ctx context.Context) error {
 	if inTask(ctx) {
 		return ErrInsideTask
 	}
-	if err := s.pending.waitIdle(ctx); err != nil {
+	if err := s.pending.waitIdle(ctx, nil); err != nil {
 		return fmt.Errorf("keysched: drain: %d tasks unfinished, %d keys parked: %w",
 			s.pending.count(), s.parkedCount(), err)
 	}
@@ -335,8 +341,9 @@ func (s *Scheduler[K]) Drain(ctx context.Context) error {
 // Close shuts the scheduler down. From the moment it starts, Submit and
 // TrySubmit fail with ErrClosed (decided atomically with the enqueue: a task
 // is either accepted, and then run or aborted, or refused) and waiting
-// submitters are woken with it. Accepted tasks finish; then Close releases
-// the scheduler's own pool (not one given with WithPool) and returns nil.
+// submitters are woken with it. Accepted tasks finish (a parked key counts
+// as unfinished until Resume or Skip); then Close releases the scheduler's
+// own pool (not one given with WithPool) and returns nil.
 //
 // If ctx ends first, Close cancels the contexts of running tasks, completes
 // every task that has not started (including retries waiting out a backoff
@@ -345,9 +352,16 @@ func (s *Scheduler[K]) Drain(ctx context.Context) error {
 // did not run. A task that ignores its context keeps its worker until it
 // returns.
 //
-// Close is idempotent: later calls wait for the first to finish (or their own
-// ctx to end) and return its result. With a task's context it returns
-// ErrInsideTask and does nothing.
+// Close is idempotent: later calls wait for the first to finish and return
+// its result; if a later call's ctx ends first, the first Close gives up as
+// if its own had ended (so a Close(context.Background()) waiting on a parked
+// key can be escalated). With a task's context it returns ErrInsideTask and
+// does nothing.
+//
+// The dead letters of the tasks Close gives up on are delivered before it
+// returns. When it returns with an error, tasks still running (and the
+// aborted tasks queued behind them) hold their slots in Stats until they
+// return; everything else is settled.
 func (s *Scheduler[K]) Close(ctx context.Context) error {
 	if ctx == nil {
 		return ErrNilContext
@@ -362,16 +376,21 @@ func (s *Scheduler[K]) Close(ctx context.Context) error {
 		case <-s.closed:
 			return s.closeErr
 		case <-ctx.Done():
-			return ctx.Err()
+			// Escalate: the first Close gives up now too.
+			s.giveUpOne.Do(func() { close(s.giveUp) })
+			<-s.closed
+			return s.closeErr
 		}
 	}
 	s.pending.close()
 	close(s.closing)
 	var err error
-	if werr := s.pending.waitIdle(ctx); werr != nil {
-		notRun := s.abort()
+	if werr := s.pending.waitIdle(ctx, s.giveUp); werr != nil {
+		before := s.core.notRun.Load()
+		s.abort()
+		s.settle()
 		err = fmt.Errorf("keysched: close: %d accepted tasks did not run (%w), %d still running: %w",
-			notRun, ErrAborted, s.core.running.Value(), werr)
+			s.core.notRun.Load()-before, ErrAborted, s.core.running.Value(), werr)
 		_ = s.workers.release(nil)
 	} else if rerr := s.workers.release(ctx); rerr != nil {
 		err = fmt.Errorf("keysched: close: releasing the pool: %w", rerr)
@@ -392,6 +411,43 @@ func (s *Scheduler[K]) abort() int {
 		return true
 	})
 	return count
+}
+
+// settle moves keys past the tasks abort finished, so that when Close returns
+// Stats and KeyDepth count only what is still held by running tasks (and
+// queued behind them). It takes what is in the ready queue itself (step runs
+// no task while the scheduler aborts: it finishes them), then gives runners
+// that are moving keys on a moment to finish, up to about 100ms.
+func (s *Scheduler[K]) settle() {
+	deadline := time.Now().Add(100 * time.Millisecond)
+	for i := 0; ; i++ {
+		for n := s.ready.pop(); n != nil; n = s.ready.pop() {
+			for n != nil && s.step(n) {
+				n = s.advance(n)
+			}
+		}
+		if s.pending.count() <= s.heldByRunning() || time.Now().After(deadline) {
+			return
+		}
+		if i < 100 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+}
+
+// heldByRunning counts the tasks of keys whose head is running: what Close
+// cannot settle while it waits for no one.
+func (s *Scheduler[K]) heldByRunning() int64 {
+	var held int64
+	s.tails.m.Range(func(_ K, tail *node[K]) bool {
+		if h := tail.hdr.head.Load(); h != nil && h.state.Load() == stRunning {
+			held += tail.hdr.depth.Load()
+		}
+		return true
+	})
+	return held
 }
 
 // abortChain aborts the unstarted tasks of one chain, from its head on. The
@@ -431,11 +487,14 @@ func (s *Scheduler[K]) abortNode(n *node[K]) bool {
 			if !c.state.CompareAndSwap(st, stFinishing) {
 				continue
 			}
-			s.deadLetter(n, ErrAborted)
+			// No user code between taking it and finishing it (see step).
+			dl := s.letter(n, ErrAborted)
 			s.core.finish(c, outAborted, ErrAborted)
+			s.core.notRun.Add(1)
 			if st != stQueued {
 				s.wakeStalled(c, st)
 			}
+			s.deliver(dl)
 			return true
 		default:
 			return false

@@ -414,7 +414,7 @@ func TestSubmitRacingClose(t *testing.T) {
 		if closeErr != nil {
 			require.ErrorIs(t, closeErr, ErrAborted)
 			// Wait for the runners that were mid-task to finish up.
-			require.NoError(t, s.pending.waitIdle(ctx))
+			require.NoError(t, s.pending.waitIdle(ctx, nil))
 		}
 		st := s.Stats()
 		require.EqualValues(t, len(accepted), st.Submitted)

@@ -74,8 +74,9 @@ const (
 // too, so it costs nothing beyond the task itself; its Done channel is made
 // only if somebody asks for it. All methods are safe for concurrent use.
 //
-// Keeping a Completion keeps its task's outcome, not its task: the function
-// and the key's later tasks are let go once it finishes.
+// Keeping a Completion keeps its task's outcome and the context it was
+// submitted with (for its values), not its task: the function and the key's
+// later tasks are let go once it finishes.
 type Completion struct {
 	hdr     *chainHdr // its key's chain header; hdr.core is the scheduler's
 	state   atomic.Uint32
@@ -167,10 +168,13 @@ func (c *Completion) Err() error {
 }
 
 // Wait blocks until the task is done and returns Err, or returns ctx's error
-// if ctx ends first (the task is not affected).
+// if ctx ends first (the task is not affected). A nil ctx gets ErrNilContext.
 func (c *Completion) Wait(ctx context.Context) error {
 	if c.state.Load() == stDone {
 		return c.Err()
+	}
+	if ctx == nil {
+		return ErrNilContext
 	}
 	select {
 	case <-c.Done():

@@ -2,6 +2,7 @@ package keysched
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -150,8 +151,9 @@ func (b *pendingBound) count() int64 {
 // close sets the closed flag; it reports whether this call set it.
 func (b *pendingBound) close() bool { return b.taken.Or(closedBit)&closedBit == 0 }
 
-// waitIdle waits until no task is pending, or ctx ends.
-func (b *pendingBound) waitIdle(ctx context.Context) error {
+// waitIdle waits until no task is pending, or ctx ends, or giveUp (which may
+// be nil) is closed.
+func (b *pendingBound) waitIdle(ctx context.Context, giveUp <-chan struct{}) error {
 	for {
 		ch := b.idle.register()
 		if b.count() == 0 {
@@ -164,9 +166,15 @@ func (b *pendingBound) waitIdle(ctx context.Context) error {
 		case <-ctx.Done():
 			b.idle.unregister()
 			return ctx.Err()
+		case <-giveUp:
+			b.idle.unregister()
+			return errGaveUp
 		}
 	}
 }
+
+// errGaveUp is the cause when a later Close's context ended first.
+var errGaveUp = errors.New("a later Close's context ended")
 
 // waitKey waits until ch, a full chain, has room (or has drained), ctx ends,
 // or Close starts. The caller then retries the append from the start.

@@ -33,9 +33,9 @@ var (
 	// ErrNilContext is returned when a nil context.Context is passed.
 	ErrNilContext = errors.New("keysched: nil context")
 	// ErrInsideTask is returned by Drain and Close when called with the
-	// context a task received: the call would wait for the very task that
-	// makes it, a deadlock.
-	ErrInsideTask = errors.New("keysched: called from inside a task of this scheduler; it would wait for itself")
+	// context a keysched task received (or DeadLetter.Context), of any
+	// scheduler: the call could wait for the very task that makes it.
+	ErrInsideTask = errors.New("keysched: called with a task's context; it could wait for that task")
 	// ErrNotParked is returned by Resume and Skip for a key that is not parked.
 	ErrNotParked = errors.New("keysched: key is not parked")
 	// ErrInvalidOption is wrapped by every error New returns for a bad option.

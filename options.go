@@ -2,6 +2,7 @@ package keysched
 
 import (
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/panjf2000/ants/v2"
@@ -58,8 +59,8 @@ func defaultConfig() config {
 // least 1; it cannot be combined with WithPool.
 func WithWorkers(n int) Option {
 	return func(c *config) error {
-		if n < 1 {
-			return optionError("WithWorkers(%d): need at least 1 worker", n)
+		if n < 1 || n > math.MaxInt32 {
+			return optionError("WithWorkers(%d): need 1 to %d workers (ants sizes pools with an int32)", n, math.MaxInt32)
 		}
 		c.workers = n
 		return nil
@@ -115,7 +116,8 @@ func WithMaxPending(n int) Option {
 
 // WithMaxConcurrency bounds how many tasks of this scheduler run at once,
 // below the pool's size: a bulkhead, so that several schedulers sharing one
-// pool (WithPool) cannot take all of it. n >= 1; default: the pool's size.
+// pool (WithPool) cannot take all of it. n >= 1; default: the pool's size (a
+// larger n has no effect).
 func WithMaxConcurrency(n int) Option {
 	return func(c *config) error {
 		if n < 1 {

@@ -434,7 +434,7 @@ func (m *psm) finish(t *rapid.T) {
 			}
 		}
 		// Runners still moving keys past the aborted tasks.
-		require.NoError(t, m.s.pending.waitIdle(ctx))
+		require.NoError(t, m.s.pending.waitIdle(ctx, nil))
 	} else {
 		// Release everything; a released task may fail and park its key
 		// again (Park policy): skip parked keys until nothing is pending.

@@ -1,6 +1,7 @@
 package keysched
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -24,7 +25,7 @@ import (
 type RetryPolicy struct {
 	MaxAttempts    int           // attempts in total, the first included; 0 or 1: never retry
 	InitialBackoff time.Duration // ceiling of the delay before the second attempt; > 0 when MaxAttempts > 1
-	MaxBackoff     time.Duration // cap on any one delay; 0: no cap beyond the growth
+	MaxBackoff     time.Duration // cap on any one delay; 0 means max(InitialBackoff, 1 minute)
 	Multiplier     float64       // growth of the ceiling per attempt, >= 1; 0 means 2
 }
 
@@ -51,7 +52,7 @@ func (p RetryPolicy) ceiling(n int) time.Duration {
 		m = 2
 	}
 	c := float64(p.InitialBackoff) * math.Pow(m, float64(n-2))
-	limit := float64(math.MaxInt64 / 2)
+	limit := float64(max(p.InitialBackoff, time.Minute))
 	if p.MaxBackoff > 0 {
 		limit = float64(p.MaxBackoff)
 	}
@@ -113,22 +114,36 @@ func WithTaskTimeout(d time.Duration) Option {
 type DeadLetter[K comparable] struct {
 	Key      K
 	Task     Task  // the original work, so it can be replayed on purpose
-	Attempts int   // attempts made, since the last Resume for a parked key
+	Attempts int   // attempts made, since the last Resume for a parked key (Errors keeps them all)
 	Err      error // the last attempt's error
 	// Errors holds every attempt's error, oldest first (Err is the last).
 	Errors []error
 	// FirstAttempt and LastAttempt are when the first and the last failed
 	// attempts ended (zero for a task that never ran).
 	FirstAttempt, LastAttempt time.Time
+	// Context carries the values of the context the task was submitted
+	// with. It is never cancelled, and it counts as a task's context: a
+	// Submit made with it never waits for room (it fails with ErrKeyFull or
+	// ErrFull instead). Use it to re-enqueue from the dead-letter function:
+	// the failed task still holds its key's slot while the function runs,
+	// so waiting for room on that key would wait for itself.
+	Context context.Context
 }
 
 // WithDeadLetter sets the function that receives every task that failed for
-// good. It is called once per such task (once per Park, for a parked key),
-// on the worker that ran the last attempt, with no scheduler lock held; it may
-// submit to the scheduler (with a context it has, not the task's) but should
-// be quick, as the key waits for it. The task's Completion is done only after
-// fn returns; under the Park policy the key is already parked when fn is
-// called (so fn may Resume or Skip it). A panic in fn is recovered and logged.
+// good. It is called once per such task (once per Park, for a parked key,
+// and once more with ErrAborted if Close gives up on a parked task), with no
+// scheduler lock held, while the worker that ran the last attempt waits for
+// it: it should be quick, as the key waits too. It may submit to the
+// scheduler with DeadLetter.Context (which never waits for room). For a task
+// that failed while running, its Completion is done only after fn returns;
+// for one that Cancel or Close took, just before. Under the Park policy the
+// key is already parked when fn is called, so fn may Resume or Skip it. A
+// panic in fn, or a runtime.Goexit, is recovered and logged. fn must not
+// call Drain or Close with a context other than DeadLetter.Context: they
+// would wait for the task fn is reporting (with it they fail with
+// ErrInsideTask). The dead letters of the tasks Close gives up on are
+// delivered by Close itself, one after another, before it returns.
 // Without it, each such task is logged (log/slog) with its key and error.
 // K must be the scheduler's key type, or New fails.
 func WithDeadLetter[K comparable](fn func(DeadLetter[K])) Option {
@@ -182,8 +197,8 @@ func WithFailurePolicy(p FailurePolicy) Option {
 type failureRecord struct {
 	errs        []error
 	first, last time.Time
-	base        int         // attempts made before the last Resume
-	timer       *time.Timer // the retry backoff; written before state stWaiting
+	base        int      // attempts made before the last Resume
+	wait        *backoff // the current retry wait (see wait); written before state stWaiting
 }
 
 // parkedKeys holds the parked head of each parked key.
@@ -205,41 +220,65 @@ func (s *Scheduler[K]) Parked() []K {
 
 // Resume runs a parked key's head task again, with a fresh attempt budget;
 // if it then succeeds the key goes on. It returns ErrNotParked when the key is
-// not parked, ErrInvalidKey for an unusable key.
+// not parked (or a concurrent Cancel took its head), ErrClosed once Close has
+// given up on unfinished tasks, ErrInvalidKey for an unusable key.
 func (s *Scheduler[K]) Resume(key K) error {
 	n, err := s.unpark(key)
 	if err != nil {
 		return err
 	}
 	c := &n.Completion
+	// Own the task before touching it: Cancel and Close's abort take parked
+	// tasks by the same CompareAndSwap.
+	if !c.state.CompareAndSwap(stParked, stRunning) {
+		return s.notParked()
+	}
 	x := c.more.Load() // made when the task first failed
 	x.fail.base = int(x.attempts.Load())
-	if c.state.CompareAndSwap(stParked, stWaiting) {
-		s.requeue(n)
-	} // else Cancel or Close's abort took it and moves the key on
+	c.state.Store(stQueued)
+	// A Cancel or abort that saw it owned here only set its flag.
+	if out, stop := s.stopped(c); stop && c.state.CompareAndSwap(stQueued, stFinishing) {
+		dl := s.letter(n, ErrAborted)
+		if out == outCancelled {
+			s.core.finish(c, out, context.Canceled)
+		} else {
+			s.core.finish(c, out, ErrAborted)
+			s.deliver(dl)
+		}
+	}
+	s.requeue(n) // runs it, or moves the key past it
 	return nil
 }
 
 // Skip gives up a parked key's head task (its outcome: failed, or panicked,
 // with its last error; it was dead-lettered when it parked) and moves the key
-// on to its next task. It returns ErrNotParked when the key is not parked.
+// on to its next task. It returns ErrNotParked when the key is not parked,
+// ErrClosed once Close has given up on unfinished tasks.
 func (s *Scheduler[K]) Skip(key K) error {
 	n, err := s.unpark(key)
 	if err != nil {
 		return err
 	}
 	c := &n.Completion
-	if c.state.CompareAndSwap(stParked, stFinishing) {
-		errs := c.more.Load().fail.errs
-		last := errs[len(errs)-1]
-		out := outFailed
-		if _, panicked := last.(*PanicError); panicked {
-			out = outPanicked
-		}
-		s.core.finish(c, out, last)
-		s.requeue(n) // a runner skips the finished head and moves the key on
+	if !c.state.CompareAndSwap(stParked, stFinishing) {
+		return s.notParked()
 	}
+	errs := c.more.Load().fail.errs
+	last := errs[len(errs)-1]
+	out := outFailed
+	if _, panicked := last.(*PanicError); panicked {
+		out = outPanicked
+	}
+	s.core.finish(c, out, last)
+	s.requeue(n) // a runner skips the finished head and moves the key on
 	return nil
+}
+
+func (s *Scheduler[K]) notParked() error {
+	if s.core.aborting.Load() {
+		return ErrClosed
+	}
+	return ErrNotParked
 }
 
 func (s *Scheduler[K]) unpark(key K) (*node[K], error) {
@@ -253,7 +292,7 @@ func (s *Scheduler[K]) unpark(key K) (*node[K], error) {
 	}
 	s.parked.mu.Unlock()
 	if !ok {
-		return nil, ErrNotParked
+		return nil, s.notParked()
 	}
 	return n, nil
 }

@@ -294,8 +294,12 @@ func TestBackoffCeiling(t *testing.T) {
 	require.Equal(t, time.Second, p.ceiling(1000))
 	p.Multiplier = 1.5
 	require.Equal(t, 150*time.Millisecond, p.ceiling(3))
+	// Without MaxBackoff: capped at max(InitialBackoff, 1 minute), never
+	// overflowing.
 	huge := RetryPolicy{MaxAttempts: 1 << 20, InitialBackoff: time.Hour, Multiplier: 10}
-	require.Positive(t, huge.ceiling(1<<20), "no overflow without a cap")
+	require.Equal(t, time.Hour, huge.ceiling(1<<20))
+	small := RetryPolicy{MaxAttempts: 100, InitialBackoff: time.Millisecond}
+	require.Equal(t, time.Minute, small.ceiling(100))
 	for range 1000 {
 		d := p.delay(4)
 		require.GreaterOrEqual(t, d, time.Duration(0))

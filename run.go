@@ -2,6 +2,7 @@ package keysched
 
 import (
 	"context"
+	"runtime"
 	"runtime/debug"
 	"sync/atomic"
 	"time"
@@ -55,29 +56,42 @@ func (s *Scheduler[K]) runLoop() {
 // that its key moves on; false means n holds its key (retry wait or parked).
 func (s *Scheduler[K]) step(n *node[K]) bool {
 	c := &n.Completion
-	from := c.state.Load()
-	if (from != stQueued && from != stWaiting) || !c.state.CompareAndSwap(from, stRunning) {
-		// Cancelled or aborted while queued: a tombstone, just move on.
-		return true
+	for {
+		switch from := c.state.Load(); from {
+		case stQueued, stWaiting:
+			if !c.state.CompareAndSwap(from, stRunning) {
+				continue
+			}
+			if s.core.aborting.Load() {
+				s.deliver(s.letter(n, ErrAborted))
+				s.core.finish(c, outAborted, ErrAborted)
+				s.core.notRun.Add(1)
+				return true
+			}
+			return s.attempt(n)
+		case stFinishing:
+			// Cancel or Close's abort has taken it and is writing its
+			// outcome (no user code runs in that window): wait for the
+			// outcome, so that nobody sees the key move past an unfinished
+			// task.
+			runtime.Gosched()
+		default:
+			// Done: cancelled or aborted while it waited, a tombstone.
+			return true
+		}
 	}
-	if s.core.aborting.Load() {
-		s.deadLetter(n, ErrAborted)
-		s.core.finish(c, outAborted, ErrAborted)
-		return true
-	}
-	return s.attempt(n)
 }
 
 // attempt runs one attempt of n, which this runner owns (stRunning).
 func (s *Scheduler[K]) attempt(n *node[K]) bool {
 	c := &n.Completion
 	var err error
-	var panicked bool
+	var panicked, permanent bool
 	if x := c.more.Load(); x == nil && s.cfg.taskTimeout == 0 {
 		// The common case: a first attempt, its context inline.
 		c.ctxBits.Or(ctxStarted)
 		s.core.running.Inc()
-		err, panicked = call(c.task, taskContext{c})
+		err, panicked, permanent = call(c.task, taskContext{c})
 		s.core.running.Dec()
 		s.endFirstAttempt(c)
 	} else {
@@ -89,7 +103,7 @@ func (s *Scheduler[K]) attempt(n *node[K]) bool {
 		}
 		x.cur.Store(a)
 		s.core.running.Inc()
-		err, panicked = call(c.task, attemptContext{a})
+		err, panicked, permanent = call(c.task, attemptContext{a})
 		s.core.running.Dec()
 		if a.timer != nil {
 			a.timer.Stop()
@@ -100,17 +114,34 @@ func (s *Scheduler[K]) attempt(n *node[K]) bool {
 		s.core.finish(c, outSucceeded, nil)
 		return true
 	}
-	return s.failed(n, err, panicked)
+	return s.failed(n, err, panicked, permanent)
 }
 
-// call runs the task, turning a panic into a *PanicError.
-func call[C context.Context](t Task, ctx C) (err error, panicked bool) {
+// call runs the task, turning a panic into a *PanicError. It also looks at
+// the error the task returned (errors.As runs the error's own methods, user
+// code that may panic too) under the same recover.
+func call[C context.Context](t Task, ctx C) (err error, panicked, permanent bool) {
 	defer func() {
 		if r := recover(); r != nil {
-			err, panicked = &PanicError{Value: r, Stack: debug.Stack()}, true
+			err, panicked, permanent = &PanicError{Value: r, Stack: debug.Stack()}, true, false
 		}
 	}()
-	return t(ctx), false
+	if err = t(ctx); err != nil {
+		permanent = IsPermanent(err)
+	}
+	return err, false, permanent
+}
+
+// attemptEnded reports whether n's latest attempt has returned (its context
+// is marked ended), telling runLoop's Goexit path whether the unwinding came
+// from the task itself.
+func attemptEnded(c *Completion) bool {
+	if x := c.more.Load(); x != nil {
+		if a := x.cur.Load(); a != nil && a.n == x.attempts.Load() {
+			return a.bits.Load()&ctxEnded != 0
+		}
+	}
+	return c.ctxBits.Load()&ctxEnded != 0
 }
 
 // endAttempt cancels the attempt's context, as net/http does when a handler
@@ -136,7 +167,7 @@ func (s *Scheduler[K]) endFirstAttempt(c *Completion) {
 
 // failed decides what follows a failed attempt. It reports whether n is
 // finished (false: n waits for a retry or is parked, holding its key).
-func (s *Scheduler[K]) failed(n *node[K], err error, panicked bool) bool {
+func (s *Scheduler[K]) failed(n *node[K], err error, panicked, permanent bool) bool {
 	c := &n.Completion
 	now := time.Now()
 	x := c.extra()
@@ -149,42 +180,103 @@ func (s *Scheduler[K]) failed(n *node[K], err error, panicked bool) bool {
 
 	// Cancelled (Completion.Cancel) or aborted (Close's context ended) while
 	// running: never retried.
-	if c.ctxBits.Load()&ctxCancelReq != 0 {
-		s.deadLetter(n, err)
-		s.core.finish(c, outCancelled, err)
+	if out, stop := s.stopped(c); stop {
+		s.deliver(s.letter(n, err))
+		s.core.finish(c, out, err)
 		return true
 	}
-	if s.core.aborting.Load() {
-		s.deadLetter(n, err)
-		s.core.finish(c, outAborted, err)
-		return true
-	}
-	retryable := !IsPermanent(err) && (!panicked || s.cfg.retryPanics)
+	retryable := !permanent && (!panicked || s.cfg.retryPanics)
 	made := int(x.attempts.Load()) - rec.base
 	if retryable && made < s.cfg.retry.MaxAttempts {
 		s.core.retried.Add(1)
-		// Create the timer stopped, publish it, then publish the state: a
-		// Cancel that takes the waiting task finds the timer to stop.
-		rec.timer = time.AfterFunc(time.Duration(1<<62), func() { s.requeue(n) })
-		c.state.Store(stWaiting)
-		rec.timer.Reset(s.cfg.retry.delay(made + 1))
-		return false
+		return s.wait(n, err, s.cfg.retry.delay(made+1))
 	}
 	if s.cfg.failure == Park {
-		// Parked first, then delivered: the dead-letter function already
-		// sees the key in Parked, and may Resume or Skip it.
-		dl := s.letter(n, err)
-		s.park(n)
-		s.deliver(dl)
-		return false
+		return s.parkFailed(n, err)
 	}
-	s.deadLetter(n, err)
 	out := outFailed
 	if panicked {
 		out = outPanicked
 	}
+	s.deliver(s.letter(n, err))
 	s.core.finish(c, out, err)
 	return true
+}
+
+// stopped reports whether Cancel or Close's abort asked n to stop, and the
+// outcome that makes.
+func (s *Scheduler[K]) stopped(c *Completion) (int, bool) {
+	if c.ctxBits.Load()&ctxCancelReq != 0 {
+		return outCancelled, true
+	}
+	if s.core.aborting.Load() {
+		return outAborted, true
+	}
+	return 0, false
+}
+
+// A task waiting (a retry backoff) or parked can be taken by Cancel or Close's
+// abort at any moment, by a CompareAndSwap out of stWaiting or stParked. Each
+// wait has a hand-back token: whoever takes it (the backoff's timer, or
+// wakeStalled for Cancel and the abort) puts the task back in the ready queue,
+// exactly once. A Cancel or abort that came while the task still ran only set
+// its flag: after publishing the new state the runner looks at the flags
+// again and takes the task back itself (the flags and the state are both
+// atomics: either the runner sees the flag or the Cancel sees the state).
+
+// wait puts n, which failed, into a retry backoff of d. It reports whether n
+// is finished after all (a Cancel or abort came meanwhile).
+func (s *Scheduler[K]) wait(n *node[K], err error, d time.Duration) bool {
+	c := &n.Completion
+	rec := &c.more.Load().fail
+	w := new(backoff)
+	rec.wait = w // published by the state Store below
+	c.state.Store(stWaiting)
+	w.timer.Store(time.AfterFunc(d, func() {
+		if w.back.CompareAndSwap(false, true) {
+			s.requeue(n)
+		}
+	}))
+	if w.back.Load() {
+		// wakeStalled took the token before the timer was published: it
+		// could not stop it, so stop it here (it would keep n, and the
+		// scheduler, reachable until it fires).
+		w.timer.Load().Stop()
+	}
+	if out, stop := s.stopped(c); stop && c.state.CompareAndSwap(stWaiting, stFinishing) {
+		dl := s.letter(n, err)
+		s.core.finish(c, out, err)
+		s.deliver(dl)
+		// If the timer has handed it back already, a runner will find it
+		// done and move its key on; else that is this runner's to do.
+		if w.back.CompareAndSwap(false, true) {
+			w.timer.Load().Stop()
+			return true
+		}
+	}
+	return false
+}
+
+// backoff is one retry wait: its timer and its hand-back token.
+type backoff struct {
+	back  atomic.Bool
+	timer atomic.Pointer[time.Timer]
+}
+
+// parkFailed parks n's key with n, which failed for good, at its head, then
+// delivers its dead letter (so the dead-letter function sees the key parked).
+func (s *Scheduler[K]) parkFailed(n *node[K], err error) bool {
+	c := &n.Completion
+	dl := s.letter(n, err)
+	s.park(n)
+	if out, stop := s.stopped(c); stop && c.state.CompareAndSwap(stParked, stFinishing) {
+		s.dropParked(n)
+		s.core.finish(c, out, err)
+		s.deliver(dl)
+		return true
+	}
+	s.deliver(dl)
+	return false
 }
 
 // deadLetter hands a task that failed for good to the dead-letter function,
@@ -194,11 +286,11 @@ func (s *Scheduler[K]) deadLetter(n *node[K], err error) {
 }
 
 // letter describes n, which failed for good with err. It copies what it
-// needs, so that it can be delivered after n was parked (and may already be
-// running again, resumed).
+// needs, so that it can be delivered after n was finished or parked (and
+// may already be running again, resumed).
 func (s *Scheduler[K]) letter(n *node[K], err error) DeadLetter[K] {
 	c := &n.Completion
-	dl := DeadLetter[K]{Key: n.key, Task: c.task, Err: err, Attempts: c.attempts()}
+	dl := DeadLetter[K]{Key: n.key, Task: c.task, Err: err, Attempts: c.attempts(), Context: dlContext{c}}
 	if x := c.more.Load(); x != nil && x.fail.errs != nil {
 		dl.Attempts -= x.fail.base
 		dl.Errors = append([]error(nil), x.fail.errs...)
@@ -209,18 +301,35 @@ func (s *Scheduler[K]) letter(n *node[K], err error) DeadLetter[K] {
 	return dl
 }
 
+// deliver hands dl to the dead-letter function, or logs it when there is
+// none. Either is user code (the logger's handler too): it runs on a
+// goroutine of its own while the caller waits, so that a panic in it is
+// recovered and logged, and a runtime.Goexit (t.FailNow in a test's
+// callback) ends that goroutine, not the worker.
 func (s *Scheduler[K]) deliver(dl DeadLetter[K]) {
 	s.core.deadLettered.Add(1)
-	if s.dlq == nil {
-		s.cfg.logger.Warn("keysched: task failed", "key", dl.Key, "attempts", dl.Attempts, "err", dl.Err)
-		return
-	}
-	defer func() {
-		if r := recover(); r != nil {
-			s.cfg.logger.Error("keysched: dead-letter function panicked", "key", dl.Key, "panic", r, "err", dl.Err)
+	done := make(chan struct{})
+	go func() {
+		returned := false
+		defer func() {
+			r := recover()
+			if !returned {
+				func() {
+					defer func() { _ = recover() }() // a logger that panics too
+					s.cfg.logger.Error("keysched: dead-letter function or logger did not return",
+						"key", dl.Key, "panic", r, "err", dl.Err)
+				}()
+			}
+			close(done)
+		}()
+		if s.dlq == nil {
+			s.cfg.logger.Warn("keysched: task failed", "key", dl.Key, "attempts", dl.Attempts, "err", dl.Err)
+		} else {
+			s.dlq(dl)
 		}
+		returned = true
 	}()
-	s.dlq(dl)
+	<-done
 }
 
 // advance hands n's key on after n finished: to n's successor, or, when n was
@@ -254,25 +363,31 @@ func (s *Scheduler[K]) requeue(n *node[K]) {
 	s.workers.kick()
 }
 
-// wakeStalled is called when Cancel or Close's abort took a task that was
-// waiting for a retry or parked, so its key moves on now.
+// wakeStalled is called when Cancel or Close's abort took (and finished) a
+// task that was waiting for a retry or parked, so its key moves on now.
 func (s *Scheduler[K]) wakeStalled(c *Completion, from uint32) {
 	n := nodeOf[K](c)
 	switch from {
 	case stWaiting:
-		if c.more.Load().fail.timer.Stop() {
+		w := c.more.Load().fail.wait
+		if w.back.CompareAndSwap(false, true) {
+			if t := w.timer.Load(); t != nil {
+				t.Stop() // else wait stops it once it has published it
+			}
 			s.requeue(n)
-		} // else the timer fired and requeues it itself
+		} // else its timer has handed it back, or the runner took it
 	case stParked:
 		s.dropParked(n)
 		s.requeue(n)
 	}
 }
 
-// goexit finishes cur, whose task called runtime.Goexit, and hands on its key
-// and the runner slot of the exiting worker.
+// goexit is runLoop's way out when its goroutine unwinds without returning.
+// A task that called runtime.Goexit (t.FailNow does) is finished as a panic
+// and its key handed on; either way the exiting worker's runner slot is
+// handed on.
 func (s *Scheduler[K]) goexit(cur *node[K]) {
-	if cur != nil && cur.state.Load() == stRunning {
+	if cur != nil && cur.state.Load() == stRunning && !attemptEnded(&cur.Completion) {
 		c := &cur.Completion
 		s.core.running.Dec()
 		if x := c.more.Load(); x != nil && x.cur.Load() != nil {
@@ -284,7 +399,7 @@ func (s *Scheduler[K]) goexit(cur *node[K]) {
 		} else {
 			s.endFirstAttempt(c)
 		}
-		if s.failed(cur, &PanicError{Value: errGoexit, Stack: debug.Stack()}, true) {
+		if s.failed(cur, &PanicError{Value: errGoexit, Stack: debug.Stack()}, true, false) {
 			if next := s.advance(cur); next != nil {
 				s.ready.push(next)
 			}

@@ -119,21 +119,42 @@ func ctxDone(bits *atomic.Uint32, done *lazyChan, c *Completion) <-chan struct{}
 
 // withValues returns what a task keeps of its Submit context: the context
 // itself, consulted for values only (see ctxValue and cancelCtxKey), so that
-// no submission allocates a wrapper. If the context package's lookup key
-// could not be found (a future Go), it falls back to context.WithoutCancel.
+// no submission allocates a wrapper. A task's own context is unwrapped to its
+// Submit context (same values): a task that resubmits itself with its context
+// must not build a chain in which every task keeps all its predecessors. If
+// the context package's lookup key could not be found (a future Go), it falls
+// back to context.WithoutCancel.
 func withValues(ctx context.Context) context.Context {
+	switch t := ctx.(type) {
+	case taskContext:
+		return t.c.parent
+	case attemptContext:
+		return t.a.c.parent
+	case dlContext:
+		return t.c.parent
+	}
 	if cancelCtxKey == nil && ctx != context.Background() && ctx != context.TODO() {
 		return context.WithoutCancel(ctx)
 	}
 	return ctx
 }
 
+// dlContext is DeadLetter.Context: the task's values, never cancelled, and
+// marked as a task's context so that a Submit made with it never waits.
+type dlContext struct{ c *Completion }
+
+func (dlContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (dlContext) Done() <-chan struct{}       { return nil }
+func (dlContext) Err() error                  { return nil }
+func (d dlContext) Value(key any) any         { return ctxValue(d.c, key) }
+func (dlContext) String() string              { return "keysched.deadLetterContext" }
+
 // inTask reports whether ctx is, or derives from, the context a keysched task
 // received. Such a submission must never wait: the task would be waiting on
 // the scheduler it runs on.
 func inTask(ctx context.Context) bool {
 	switch ctx.(type) {
-	case taskContext, attemptContext:
+	case taskContext, attemptContext, dlContext:
 		return true
 	}
 	if ctx == context.Background() {
