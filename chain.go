@@ -437,12 +437,13 @@ func (s *Scheduler[K]) settle() {
 	}
 }
 
-// heldByRunning counts the tasks of keys whose head is running: what Close
-// cannot settle while it waits for no one.
+// heldByRunning counts the tasks of keys whose head's task function is still
+// running: what Close cannot settle while it waits for no one. (A head whose
+// attempt has returned is being finished by its worker: that settles.)
 func (s *Scheduler[K]) heldByRunning() int64 {
 	var held int64
 	s.tails.m.Range(func(_ K, tail *node[K]) bool {
-		if h := tail.hdr.head.Load(); h != nil && h.state.Load() == stRunning {
+		if h := tail.hdr.head.Load(); h != nil && h.state.Load() == stRunning && !attemptEnded(h) {
 			held += tail.hdr.depth.Load()
 		}
 		return true

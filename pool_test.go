@@ -53,6 +53,11 @@ func TestSharedPoolAndMaxConcurrency(t *testing.T) {
 	for _, c := range cs {
 		require.NoError(t, c.Wait(ctx))
 	}
+	// a takes its two workers (it may not have yet when b is done).
+	for a.Stats().Running < 2 {
+		require.NoError(t, ctx.Err())
+		runtimeYield()
+	}
 	require.EqualValues(t, 2, ma.max.Load())
 	require.Equal(t, 2, a.Stats().Running)
 	close(gate)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -488,4 +489,59 @@ func TestParkedBeforeDeadLetterDelivery(t *testing.T) {
 	require.ErrorIs(t, bad.Wait(ctx), errFail)
 	require.NoError(t, next.Wait(ctx))
 	require.Empty(t, s.Parked())
+}
+
+// When Close gives up, Stats is settled by the time it returns (nothing is
+// left running here), and Resume and Skip report ErrClosed.
+func TestCloseAbortSettlesStats(t *testing.T) {
+	for _, name := range []string{"parked", "backoff", "queued"} {
+		t.Run(name, func(t *testing.T) {
+			opts := []Option{WithLogger(quiet), WithWorkers(1)}
+			switch name {
+			case "parked":
+				opts = append(opts, WithFailurePolicy(Park))
+			case "backoff":
+				opts = append(opts, WithRetry(RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Hour}))
+			}
+			s, err := New[int](opts...)
+			require.NoError(t, err)
+			ctx := watchdog(t)
+			gate := make(chan struct{})
+			for k := range 5 {
+				_, err := s.Submit(ctx, k, func(context.Context) error {
+					if name == "queued" {
+						<-gate
+						return nil
+					}
+					return errFail
+				})
+				require.NoError(t, err)
+				for range 3 {
+					_, err := s.Submit(ctx, k, func(context.Context) error { return nil })
+					require.NoError(t, err)
+				}
+			}
+			if name != "queued" {
+				for s.Stats().Retried+uint64(s.Stats().ParkedKeys) < 5 {
+					require.NoError(t, ctx.Err())
+					runtime.Gosched()
+				}
+			}
+			ended, cancel := context.WithCancel(ctx)
+			cancel()
+			if name == "queued" {
+				close(gate) // the running head returns as Close gives up
+			}
+			require.ErrorIs(t, s.Close(ended), ErrAborted)
+			st := s.Stats()
+			if st.Running == 0 {
+				require.Zero(t, st.Pending, "%+v", st)
+				require.Zero(t, st.Keys, "%+v", st)
+				require.Zero(t, s.KeyDepth(0))
+				assertAccounting(t, st)
+			}
+			require.ErrorIs(t, s.Resume(0), ErrClosed)
+			require.ErrorIs(t, s.Skip(0), ErrClosed)
+		})
+	}
 }

@@ -323,9 +323,12 @@ func TestRejectAndDropNewest(t *testing.T) {
 	b := newBus[string](t, WithWorkers(4))
 	released, release := gate(t)
 	blocker := func(context.Context, Envelope[string], tick) error { <-released; return nil }
-	rej, err := Subscribe(b, "rejecter", blocker, MaxKeyDepth(1), OnFull(Reject))
+	// Bulkheads: the two blocked subscribers hold at most one worker each,
+	// the "ok" subscriber keeps the other two (without them the blocked
+	// handlers of keys k and j could hold all four).
+	rej, err := Subscribe(b, "rejecter", blocker, MaxKeyDepth(1), OnFull(Reject), MaxConcurrency(1))
 	require.NoError(t, err)
-	drop, err := Subscribe(b, "dropper", blocker, MaxKeyDepth(2), OnFull(DropNewest))
+	drop, err := Subscribe(b, "dropper", blocker, MaxKeyDepth(2), OnFull(DropNewest), MaxConcurrency(1))
 	require.NoError(t, err)
 	got := make(chan tick, 10)
 	ok, err := Subscribe(b, "ok", func(_ context.Context, _ Envelope[string], ev tick) error { got <- ev; return nil })
