@@ -31,7 +31,7 @@ type Task func(ctx context.Context) error
 // terminal outcome (succeeded, failed, panicked, cancelled, aborted),
 // observable through its Completion and counted in Stats.
 //
-// A task that is not at the head of its key costs memory only (about 150
+// A task that is not at the head of its key costs memory only (about 100
 // bytes): no goroutine, no worker, no timer. A blocked or slow key holds one
 // worker and delays only its own later tasks.
 //

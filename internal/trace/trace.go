@@ -5,10 +5,17 @@
 // precondition: the state its key must be in before it applies (PrevBlob) and
 // the state it leaves (NextBlob). Applied in publication order per key, every
 // precondition holds; any reordering of two events of one key breaks one. The
-// format is the TSV of shared/data/README.md:
+// format is a TSV (the project's shared/data/README.md describes the real
+// stream it was first made from), optionally gzipped, whose first line is a
+// header starting with '#':
 //
 //	# seq	unix_time	commit	key	prev_blob	next_blob	status
 //	0	1112911993	e83c5163…	Makefile	0000…0000	a6bba79b…	A
+//
+// seq is the 0-based publication order; unix_time the commit time in
+// seconds; commit the commit id (40 hex); key the file path as git prints it;
+// prev_blob the blob id of the file before the change (40 zeros when added)
+// and next_blob after it (40 zeros when deleted); status A, M, D or T.
 //
 // Streams come from a file (Load, LoadFile: plain or gzipped TSV), from a
 // local git repository's first-parent history (FromGit), from a generator
