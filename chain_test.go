@@ -555,3 +555,57 @@ func TestInterfaceKeysHoldingPointers(t *testing.T) {
 	require.NoError(t, s.Drain(ctx))
 	require.Zero(t, s.Stats().Keys)
 }
+
+// A queued task costs its node and one map entry: two allocations, nothing
+// else (no goroutine, no timer, no context wrapper), on a deep chain.
+func TestSubmitAllocations(t *testing.T) {
+	s := newSched[int](t, WithWorkers(1), WithMaxKeyDepth(1<<20), WithMaxPending(1<<20))
+	ctx, cancel := context.WithCancel(watchdog(t)) // a cancellable context: no wrapper either
+	defer cancel()
+	gate := make(chan struct{})
+	_, err := s.Submit(ctx, 1, func(context.Context) error { <-gate; return nil })
+	require.NoError(t, err)
+	noop := func(context.Context) error { return nil }
+	allocs := testing.AllocsPerRun(1000, func() {
+		if _, err := s.Submit(ctx, 1, noop); err != nil {
+			t.Fatal(err)
+		}
+	})
+	close(gate)
+	require.NoError(t, s.Drain(ctx))
+	require.LessOrEqual(t, allocs, 2.0)
+}
+
+// The context package's lookup key for a context's cancellation was found
+// (taskctx.go): a task's context hides its Submit context's cancellation
+// without a wrapper per task. If a Go release changes the context package
+// so that it is not found, keysched falls back to context.WithoutCancel;
+// this test says so.
+func TestCancelCtxKeyFound(t *testing.T) {
+	require.NotNil(t, cancelCtxKey, "falling back to context.WithoutCancel: one more allocation per task")
+}
+
+// A later Close whose context ends makes the first Close, waiting on a
+// parked key with no deadline, give up.
+func TestLaterCloseEscalates(t *testing.T) {
+	s, err := New[int](WithLogger(quiet), WithFailurePolicy(Park))
+	require.NoError(t, err)
+	ctx := watchdog(t)
+	parked, err := s.Submit(ctx, 1, func(context.Context) error { return errors.New("down") })
+	require.NoError(t, err)
+	for len(s.Parked()) == 0 {
+		require.NoError(t, ctx.Err())
+		runtime.Gosched()
+	}
+	first := make(chan error, 1)
+	go func() { first <- s.Close(context.Background()) }()
+	for !s.pending.closed() {
+		runtime.Gosched()
+	}
+	short, cancel := context.WithCancel(ctx)
+	cancel()
+	err = s.Close(short)
+	require.ErrorIs(t, err, ErrAborted)
+	require.ErrorIs(t, <-first, ErrAborted)
+	require.ErrorIs(t, parked.Err(), ErrAborted)
+}

@@ -148,6 +148,9 @@ func (b *pendingBound) count() int64 {
 	return b.taken.Load()&^closedBit - f
 }
 
+// closed reports whether the closed flag is set.
+func (b *pendingBound) closed() bool { return b.taken.Load()&closedBit != 0 }
+
 // close sets the closed flag; it reports whether this call set it.
 func (b *pendingBound) close() bool { return b.taken.Or(closedBit)&closedBit == 0 }
 

@@ -307,8 +307,9 @@ func (b *Bus[K]) Publish(ctx context.Context, key K, event any) error {
 //
 // Other errors, with nothing published: keysched.ErrNilContext, ErrNilEvent,
 // ErrClosed once Close has started, ctx's error when it has ended already,
-// keysched.ErrInvalidKey for a key unusable as a map key, and a failure to
-// generate the ID.
+// keysched.ErrInvalidKey for a key unusable as a map key (found by the first
+// matching subscriber: an event no subscriber matches is only counted), and
+// a failure to generate the ID.
 func (b *Bus[K]) PublishEnvelope(ctx context.Context, env Envelope[K]) error {
 	if ctx == nil {
 		return keysched.ErrNilContext
