@@ -359,7 +359,8 @@ func (s *Scheduler[K]) Drain(ctx context.Context) error {
 // does nothing.
 //
 // The dead letters of the tasks Close gives up on are delivered before it
-// returns. When it returns with an error, tasks still running (and the
+// returns (Close waits up to about 100 ms more for those a worker was already
+// delivering). When it returns with an error, tasks still running (and the
 // aborted tasks queued behind them) hold their slots in Stats until they
 // return; everything else is settled.
 func (s *Scheduler[K]) Close(ctx context.Context) error {
@@ -392,8 +393,21 @@ func (s *Scheduler[K]) Close(ctx context.Context) error {
 		err = fmt.Errorf("keysched: close: %d accepted tasks did not run (%w), %d still running: %w",
 			s.core.notRun.Load()-before, ErrAborted, s.core.running.Value(), werr)
 		_ = s.workers.release(nil)
-	} else if rerr := s.workers.release(ctx); rerr != nil {
-		err = fmt.Errorf("keysched: close: releasing the pool: %w", rerr)
+	} else {
+		// Every task and dead letter is done: only idle workers are left to
+		// exit. A later Close giving up need not wait for them either.
+		rctx, cancel := context.WithCancel(ctx)
+		go func() {
+			select {
+			case <-s.giveUp:
+				cancel()
+			case <-rctx.Done():
+			}
+		}()
+		if rerr := s.workers.release(rctx); rerr != nil {
+			err = fmt.Errorf("keysched: close: releasing the pool: %w", rerr)
+		}
+		cancel()
 	}
 	s.closeErr = err
 	close(s.closed)
@@ -510,7 +524,7 @@ func (s *Scheduler[K]) abortNode(n *node[K]) bool {
 // Pending == 0.
 type Stats struct {
 	Keys    int // keys with queued or running tasks now
-	Pending int // accepted tasks not yet finished (and not yet passed by their key)
+	Pending int // accepted tasks not yet finished (and not yet passed by their key), plus dead letters being delivered
 	Running int // tasks running now
 	// ParkedKeys is the number of keys parked now (FailurePolicy Park).
 	ParkedKeys int

@@ -123,6 +123,10 @@ func (b *pendingBound) acquire(ctx context.Context, wait bool, closing <-chan st
 	}
 }
 
+// hold takes a slot whatever the bound and the closed flag: for work that is
+// already accepted (a dead letter being delivered).
+func (b *pendingBound) hold() { b.taken.Add(1) }
+
 func (b *pendingBound) release() {
 	b.freed.Inc()
 	b.room.wake()

@@ -134,7 +134,8 @@ type DeadLetter[K comparable] struct {
 // good. It is called once per such task (once per Park, for a parked key,
 // and once more with ErrAborted if Close gives up on a parked task), with no
 // scheduler lock held, while the worker that ran the last attempt waits for
-// it: it should be quick, as the key waits too. It may submit to the
+// it: it should be quick, as the key waits too. While it runs it counts in
+// Stats.Pending, and Drain and Close wait for it. It may submit to the
 // scheduler with DeadLetter.Context (which never waits for room). For a task
 // that failed while running, its Completion is done only after fn returns;
 // for one that Cancel or Close took, just before. Under the Park policy the
@@ -228,6 +229,12 @@ func (s *Scheduler[K]) Resume(key K) error {
 		return err
 	}
 	c := &n.Completion
+	if s.core.aborting.Load() {
+		// Close has given up: the task is aborted, not resumed (its walk
+		// may not have reached it yet).
+		s.abortNode(n)
+		return ErrClosed
+	}
 	// Own the task before touching it: Cancel and Close's abort take parked
 	// tasks by the same CompareAndSwap.
 	if !c.state.CompareAndSwap(stParked, stRunning) {
@@ -241,10 +248,14 @@ func (s *Scheduler[K]) Resume(key K) error {
 		dl := s.letter(n, ErrAborted)
 		if out == outCancelled {
 			s.core.finish(c, out, context.Canceled)
-		} else {
-			s.core.finish(c, out, ErrAborted)
-			s.deliver(dl)
+			s.requeue(n)
+			return nil
 		}
+		s.core.finish(c, out, ErrAborted)
+		s.core.notRun.Add(1)
+		s.requeue(n)
+		s.deliver(dl)
+		return ErrClosed
 	}
 	s.requeue(n) // runs it, or moves the key past it
 	return nil
@@ -260,6 +271,10 @@ func (s *Scheduler[K]) Skip(key K) error {
 		return err
 	}
 	c := &n.Completion
+	if s.core.aborting.Load() {
+		s.abortNode(n) // Close has given up: aborted, not skipped
+		return ErrClosed
+	}
 	if !c.state.CompareAndSwap(stParked, stFinishing) {
 		return s.notParked()
 	}

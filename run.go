@@ -62,10 +62,19 @@ func (s *Scheduler[K]) step(n *node[K]) bool {
 			if !c.state.CompareAndSwap(from, stRunning) {
 				continue
 			}
-			if s.core.aborting.Load() {
-				s.deliver(s.letter(n, ErrAborted))
-				s.core.finish(c, outAborted, ErrAborted)
-				s.core.notRun.Add(1)
+			if out, stop := s.stopped(c); stop {
+				// Close is giving up, or a Cancel came while the task was
+				// between attempts (it saw it running, and set its flag):
+				// it does not run again. Finished before its dead letter is
+				// delivered, as abortNode does.
+				if out == outAborted {
+					dl := s.letter(n, ErrAborted)
+					s.core.finish(c, outAborted, ErrAborted)
+					s.core.notRun.Add(1)
+					s.deliver(dl)
+				} else {
+					s.core.finish(c, outCancelled, context.Canceled)
+				}
 				return true
 			}
 			return s.attempt(n)
@@ -243,16 +252,21 @@ func (s *Scheduler[K]) wait(n *node[K], err error, d time.Duration) bool {
 		// scheduler, reachable until it fires).
 		w.timer.Load().Stop()
 	}
-	if out, stop := s.stopped(c); stop && c.state.CompareAndSwap(stWaiting, stFinishing) {
-		dl := s.letter(n, err)
-		s.core.finish(c, out, err)
-		s.deliver(dl)
-		// If the timer has handed it back already, a runner will find it
-		// done and move its key on; else that is this runner's to do.
-		if w.back.CompareAndSwap(false, true) {
-			w.timer.Load().Stop()
+	// Take the hand-back token first: from then on neither the timer nor a
+	// Cancel's wakeStalled will put n back, so n cannot move on (or run
+	// again) while this runner decides. If the timer has taken it already,
+	// n is someone else's now: leave it (step honours the flags).
+	if _, stop := s.stopped(c); stop && w.back.CompareAndSwap(false, true) {
+		w.timer.Load().Stop()
+		if out, _ := s.stopped(c); c.state.CompareAndSwap(stWaiting, stFinishing) {
+			dl := s.letter(n, err)
+			s.core.finish(c, out, err)
+			s.deliver(dl)
 			return true
 		}
+		// Cancel or the abort took and finished it; its wakeStalled found
+		// the token gone: hand it back here, so its key moves on.
+		s.requeue(n)
 	}
 	return false
 }
@@ -306,8 +320,14 @@ func (s *Scheduler[K]) letter(n *node[K], err error) DeadLetter[K] {
 // goroutine of its own while the caller waits, so that a panic in it is
 // recovered and logged, and a runtime.Goexit (t.FailNow in a test's
 // callback) ends that goroutine, not the worker.
+//
+// While it runs it holds a pending slot (Stats.Pending counts it), so that
+// Drain and Close wait for it: a dead-letter function may Skip or Resume the
+// very key it reports, and then must not outlive Close.
 func (s *Scheduler[K]) deliver(dl DeadLetter[K]) {
 	s.core.deadLettered.Add(1)
+	s.pending.hold()
+	defer s.pending.release()
 	done := make(chan struct{})
 	go func() {
 		returned := false
