@@ -397,9 +397,10 @@ func (s *Scheduler[K]) Close(ctx context.Context) error {
 		// Every task and dead letter is done: only idle workers are left to
 		// exit. A later Close giving up need not wait for them either.
 		rctx, cancel := context.WithCancel(ctx)
+		giveUp := s.giveUp // not s: this goroutine may outlive Close by a moment
 		go func() {
 			select {
-			case <-s.giveUp:
+			case <-giveUp:
 				cancel()
 			case <-rctx.Done():
 			}
