@@ -64,6 +64,7 @@ func (g *gate) wake() {
 // flag lives in the taken word: "is the scheduler closed?" and "take a slot"
 // are one CompareAndSwap, so no task is accepted once Close has started.
 type pendingBound struct {
+	_     [64]byte     // taken is written by every submission: away from what workers read
 	taken atomic.Int64 // slots ever taken | closedBit
 	_     [56]byte
 	freed *xsync.Counter // slots ever freed
@@ -73,6 +74,10 @@ type pendingBound struct {
 	// through it sums freed itself.
 	seen atomic.Int64
 	max  int64
+	_    [48]byte
+	// The gates are read by every release (are there waiters?) and written
+	// only when someone waits: a line of their own, away from the counters
+	// and the ready queue, keeps those reads cheap.
 	room gate // Submit waiting for a slot
 	idle gate // Drain and Close waiting for zero
 }
