@@ -416,16 +416,14 @@ func (s *Scheduler[K]) Close(ctx context.Context) error {
 }
 
 // abort gives up on every task that has not started: Close's context ended.
-// It returns how many it completed with ErrAborted.
-func (s *Scheduler[K]) abort() int {
+// (Each task it completes with ErrAborted is counted in core.notRun.)
+func (s *Scheduler[K]) abort() {
 	s.core.aborting.Store(true)
 	s.core.cancelWatched()
-	count := 0
 	s.tails.m.Range(func(_ K, tail *node[K]) bool {
-		count += s.abortChain(tail.hdr)
+		s.abortChain(tail.hdr)
 		return true
 	})
-	return count
 }
 
 // settle moves keys past the tasks abort finished, so that when Close returns
@@ -471,16 +469,13 @@ func (s *Scheduler[K]) heldByRunning() int64 {
 // key has moved past has the passed sentinel as its next, and the head has
 // been moved beyond it before: so from there, go on at the head. A node whose
 // next is nil is the tail: stop.
-func (s *Scheduler[K]) abortChain(ch *chainHdr) int {
-	count := 0
+func (s *Scheduler[K]) abortChain(ch *chainHdr) {
 	var n *node[K]
 	if h := ch.head.Load(); h != nil {
 		n = nodeOf[K](h)
 	}
 	for n != nil {
-		if s.abortNode(n) {
-			count++
-		}
+		s.abortNode(n)
 		next := n.next.Load()
 		if next == s.passed {
 			next = nil
@@ -490,12 +485,10 @@ func (s *Scheduler[K]) abortChain(ch *chainHdr) int {
 		}
 		n = next
 	}
-	return count
 }
 
-// abortNode completes n with ErrAborted if it has not started. It reports
-// whether it did.
-func (s *Scheduler[K]) abortNode(n *node[K]) bool {
+// abortNode completes n with ErrAborted if it has not started.
+func (s *Scheduler[K]) abortNode(n *node[K]) {
 	c := &n.Completion
 	for {
 		switch st := c.state.Load(); st {
@@ -511,9 +504,9 @@ func (s *Scheduler[K]) abortNode(n *node[K]) bool {
 				s.wakeStalled(c, st)
 			}
 			s.deliver(dl)
-			return true
+			return
 		default:
-			return false
+			return
 		}
 	}
 }

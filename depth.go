@@ -160,8 +160,8 @@ func (b *pendingBound) count() int64 {
 // closed reports whether the closed flag is set.
 func (b *pendingBound) closed() bool { return b.taken.Load()&closedBit != 0 }
 
-// close sets the closed flag; it reports whether this call set it.
-func (b *pendingBound) close() bool { return b.taken.Or(closedBit)&closedBit == 0 }
+// close sets the closed flag.
+func (b *pendingBound) close() { b.taken.Or(closedBit) }
 
 // waitIdle waits until no task is pending, or ctx ends, or giveUp (which may
 // be nil) is closed.

@@ -545,3 +545,35 @@ func TestCloseAbortSettlesStats(t *testing.T) {
 		})
 	}
 }
+
+// Panics are not retried, unless WithRetryPanics.
+func TestRetryPanicsOptIn(t *testing.T) {
+	for _, optIn := range []bool{false, true} {
+		synctest.Test(t, func(t *testing.T) {
+			opts := []Option{WithRetry(RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second})}
+			if optIn {
+				opts = append(opts, WithRetryPanics())
+			}
+			s := newBubbleSched[int](t, opts...)
+			var attempts atomic.Int32
+			c, err := s.Submit(context.Background(), 1, func(ctx context.Context) error {
+				if attempts.Add(1) < 3 {
+					panic("flaky")
+				}
+				return nil
+			})
+			require.NoError(t, err)
+			err = c.Wait(context.Background())
+			if optIn {
+				require.NoError(t, err)
+				require.EqualValues(t, 3, attempts.Load())
+				require.EqualValues(t, 2, s.Stats().Retried)
+			} else {
+				var pe *PanicError
+				require.ErrorAs(t, err, &pe)
+				require.EqualValues(t, 1, attempts.Load())
+				require.EqualValues(t, 1, s.Stats().Panicked)
+			}
+		})
+	}
+}

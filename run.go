@@ -293,12 +293,6 @@ func (s *Scheduler[K]) parkFailed(n *node[K], err error) bool {
 	return false
 }
 
-// deadLetter hands a task that failed for good to the dead-letter function,
-// or logs it when there is none. No scheduler lock is held.
-func (s *Scheduler[K]) deadLetter(n *node[K], err error) {
-	s.deliver(s.letter(n, err))
-}
-
 // letter describes n, which failed for good with err. It copies what it
 // needs, so that it can be delivered after n was finished or parked (and
 // may already be running again, resumed).
