@@ -143,3 +143,73 @@ func BenchmarkNoOp(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkBatch compares, per task, 64 single Submits with one SubmitBatch
+// of 64, on the no-op workload over benchKeys keys (consecutive tasks on
+// different keys: no runs of one key to link together).
+//
+//   - phase=submit: every worker is held by a gate task while the tasks are
+//     submitted; only the submissions are timed (the drain is not). This is
+//     what batching changes: admission, allocation, ready-queue trips.
+//   - phase=all: submit and drain, workers running alongside.
+//
+//	go test -run '^$' -bench Batch -benchmem -count 8 . | tee batch.txt
+//	benchstat -col /submit batch.txt
+func BenchmarkBatch(b *testing.B) {
+	const size = 64
+	for _, phase := range []string{"submit", "all"} {
+		for _, how := range []string{"single", "batch64"} {
+			b.Run("phase="+phase+"/submit="+how, func(b *testing.B) {
+				ctx := context.Background()
+				s, err := New[int](WithWorkers(benchWorkers()), WithMaxPending(b.N+benchKeys+size), WithMaxKeyDepth(b.N+1))
+				if err != nil {
+					b.Fatal(err)
+				}
+				var ran atomic.Int64
+				task := func(context.Context) error { ran.Add(1); return nil }
+				items := make([]BatchItem[int], size)
+				open := make(chan struct{})
+				if phase == "submit" {
+					for w := range benchWorkers() {
+						if _, err := s.Submit(ctx, benchKeys+w, func(context.Context) error { <-open; return nil }); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i += size {
+					m := min(size, b.N-i)
+					if how == "single" {
+						for j := range m {
+							if _, err := s.Submit(ctx, (i+j)%benchKeys, task); err != nil {
+								b.Fatal(err)
+							}
+						}
+						continue
+					}
+					for j := range m {
+						items[j] = BatchItem[int]{Key: (i + j) % benchKeys, Task: task}
+					}
+					if _, err := s.SubmitBatch(ctx, items[:m]); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if phase == "submit" {
+					b.StopTimer()
+				}
+				close(open)
+				if err := s.Drain(ctx); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				if err := s.Close(ctx); err != nil {
+					b.Fatal(err)
+				}
+				if ran.Load() != int64(b.N) {
+					b.Fatalf("ran %d of %d", ran.Load(), b.N)
+				}
+			})
+		}
+	}
+}
