@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/keysched/keysched/internal/antspool"
 	"github.com/keysched/keysched/internal/striped"
@@ -32,6 +33,23 @@ import (
 const benchKeys = 10_000
 
 func benchWorkers() int { return runtime.GOMAXPROCS(0) }
+
+// cpuMeter reports, next to ns/op (wall time), cpu-ns/op: the CPU time the
+// whole process (submitters, workers, the garbage collector) spent per task
+// between start and stop. On a shared, oversubscribed machine wall time
+// measures the neighbours as much as the code; CPU time per task much less.
+type cpuMeter struct {
+	b     *testing.B
+	start time.Duration
+}
+
+func startCPU(b *testing.B) *cpuMeter { return &cpuMeter{b: b, start: processCPU()} }
+
+func (m *cpuMeter) stop() {
+	if d := processCPU() - m.start; d > 0 && m.b.N > 0 {
+		m.b.ReportMetric(float64(d.Nanoseconds())/float64(m.b.N), "cpu-ns/op")
+	}
+}
 
 type benchRival interface {
 	submit(ctx context.Context, key int, ran *atomic.Int64) error
@@ -114,6 +132,7 @@ func BenchmarkNoOp(b *testing.B) {
 				open := make(chan struct{})
 				b.ReportAllocs()
 				b.ResetTimer()
+				cpu := startCPU(b)
 				if mode == "backlog" {
 					// Hold every worker: keys benchKeys.. are not used below.
 					for w := range benchWorkers() {
@@ -136,6 +155,7 @@ func BenchmarkNoOp(b *testing.B) {
 					b.Fatal(err)
 				}
 				b.StopTimer()
+				cpu.stop()
 				if ran.Load() != int64(b.N) {
 					b.Fatalf("ran %d of %d", ran.Load(), b.N)
 				}
@@ -178,6 +198,7 @@ func BenchmarkBatch(b *testing.B) {
 				}
 				b.ReportAllocs()
 				b.ResetTimer()
+				cpu := startCPU(b)
 				for i := 0; i < b.N; i += size {
 					m := min(size, b.N-i)
 					if how == "single" {
@@ -197,12 +218,16 @@ func BenchmarkBatch(b *testing.B) {
 				}
 				if phase == "submit" {
 					b.StopTimer()
+					cpu.stop()
 				}
 				close(open)
 				if err := s.Drain(ctx); err != nil {
 					b.Fatal(err)
 				}
-				b.StopTimer()
+				if phase != "submit" {
+					b.StopTimer()
+					cpu.stop()
+				}
 				if err := s.Close(ctx); err != nil {
 					b.Fatal(err)
 				}
