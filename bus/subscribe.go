@@ -249,25 +249,14 @@ type SubStats struct {
 
 // A Subscription is a subscriber registered on a bus: a name, a handler and
 // its own scheduler (its own order, bounds and counters) on the bus's pool.
-// All methods are safe for concurrent use.
-type Subscription struct {
-	impl subscription
-}
-
-// subscription is the part of a *sub[K] that Subscription, which has no type
-// parameter, reaches.
-type subscription interface {
-	subName() string
-	unsubscribe(ctx context.Context) error
-	drain(ctx context.Context) error
-	stats() SubStats
-	parked() []any
-	resume(key any) error
-	skip(key any) error
+// Its key type K is the bus's, so Parked, Resume and Skip are checked by the
+// compiler. All methods are safe for concurrent use.
+type Subscription[K comparable] struct {
+	s *sub[K]
 }
 
 // Name returns the subscriber's name, unique on its bus.
-func (s *Subscription) Name() string { return s.impl.subName() }
+func (s *Subscription[K]) Name() string { return s.s.name }
 
 // Unsubscribe removes the subscriber: from the moment it starts, Publish no
 // longer offers it events (an event being offered concurrently may or may
@@ -277,30 +266,33 @@ func (s *Subscription) Name() string { return s.impl.subName() }
 // keysched.ErrAborted; it returns an error wrapping keysched.ErrAborted and
 // ctx's error. Idempotent: later calls wait for the first one's result. With
 // a handler's context it returns keysched.ErrInsideTask and does nothing.
-func (s *Subscription) Unsubscribe(ctx context.Context) error { return s.impl.unsubscribe(ctx) }
+func (s *Subscription[K]) Unsubscribe(ctx context.Context) error { return s.s.unsubscribe(ctx) }
 
 // Drain waits until every event this subscriber accepted so far has been
 // handled or dead-lettered, or until ctx ends (then the error wraps ctx's).
 // Parked keys hold their events. With a handler's context it returns
 // keysched.ErrInsideTask.
-func (s *Subscription) Drain(ctx context.Context) error { return s.impl.drain(ctx) }
+func (s *Subscription[K]) Drain(ctx context.Context) error { return s.s.drain(ctx) }
 
 // Stats returns a snapshot of the subscriber's counters.
-func (s *Subscription) Stats() SubStats { return s.impl.stats() }
+func (s *Subscription[K]) Stats() SubStats { return s.s.stats() }
 
 // Parked returns the keys now parked for this subscriber (Failure(Park)), in
-// no order; each is a value of the bus's key type K.
-func (s *Subscription) Parked() []any { return s.impl.parked() }
+// no order.
+func (s *Subscription[K]) Parked() []K { return s.s.sched.Parked() }
 
 // Resume runs a parked key's head event again for this subscriber, with a
-// fresh attempt budget. key must be of the bus's key type: otherwise, and for
-// an unusable key, the error wraps keysched.ErrInvalidKey; for a key that is
-// not parked it is keysched.ErrNotParked.
-func (s *Subscription) Resume(key any) error { return s.impl.resume(key) }
+// fresh attempt budget; if it then succeeds the key goes on. It returns
+// keysched.ErrNotParked for a key that is not parked, keysched.ErrInvalidKey
+// (wrapped) for a key unusable as a map key (a NaN, an interface holding a
+// slice), and keysched.ErrClosed once the subscriber's Close or Unsubscribe
+// has given up on unfinished events.
+func (s *Subscription[K]) Resume(key K) error { return s.s.resume(key) }
 
 // Skip gives up a parked key's head event (it was dead-lettered when the key
-// parked) and moves the key on, for this subscriber. Errors as for Resume.
-func (s *Subscription) Skip(key any) error { return s.impl.skip(key) }
+// parked) and moves the key on to its next event, for this subscriber.
+// Errors as for Resume.
+func (s *Subscription[K]) Skip(key K) error { return s.s.skip(key) }
 
 // sub is one subscriber. Its handler's type E is hidden in match and invoke,
 // so that the bus handles every subscriber alike.
@@ -337,7 +329,7 @@ type sub[K comparable] struct {
 // handler, a nil or bad option, a DeadLetters function for another key type,
 // EjectAfter without Timeout; ErrDuplicateName; ErrClosed once Close has
 // started.
-func Subscribe[K comparable, E any](b *Bus[K], name string, h Handler[K, E], opts ...SubOption) (*Subscription, error) {
+func Subscribe[K comparable, E any](b *Bus[K], name string, h Handler[K, E], opts ...SubOption) (*Subscription[K], error) {
 	if b == nil {
 		return nil, optionError("Subscribe on a nil *Bus")
 	}
@@ -417,10 +409,8 @@ func Subscribe[K comparable, E any](b *Bus[K], name string, h Handler[K, E], opt
 	b.names[name] = s
 	b.live[s] = struct{}{}
 	b.setRoutes()
-	return &Subscription{impl: s}, nil
+	return &Subscription[K]{s: s}, nil
 }
-
-func (s *sub[K]) subName() string { return s.name }
 
 // offer hands env to the subscriber's scheduler, waiting for room if wait is
 // set (and ctx is not a handler's). An unsubscribed or ejected subscriber
@@ -729,28 +719,7 @@ func (s *sub[K]) stats() SubStats {
 	}
 }
 
-func (s *sub[K]) key(key any) (K, error) {
-	k, ok := key.(K)
-	if !ok {
-		return k, fmt.Errorf("%w: a %T key, the bus's keys are %s", keysched.ErrInvalidKey, key, reflect.TypeFor[K]())
-	}
-	return k, nil
-}
-
-func (s *sub[K]) parked() []any {
-	keys := s.sched.Parked()
-	out := make([]any, len(keys))
-	for i, k := range keys {
-		out[i] = k
-	}
-	return out
-}
-
-func (s *sub[K]) resume(key any) error {
-	k, err := s.key(key)
-	if err != nil {
-		return err
-	}
+func (s *sub[K]) resume(k K) error {
 	if err := s.sched.Resume(k); err != nil {
 		return err
 	}
@@ -758,11 +727,7 @@ func (s *sub[K]) resume(key any) error {
 	return nil
 }
 
-func (s *sub[K]) skip(key any) error {
-	k, err := s.key(key)
-	if err != nil {
-		return err
-	}
+func (s *sub[K]) skip(k K) error {
 	if err := s.sched.Skip(k); err != nil {
 		return err
 	}
