@@ -183,11 +183,11 @@
 // # When to use something else
 //
 // You need no order at all: a plain pool (ants, or errgroup.Group.SetLimit)
-// is simpler, and keysched is no faster than one.
+// is simpler, at about keysched's cost per task.
 //
 // Your handlers are tiny and uniform and no key is ever slow: striped lanes
 // (hash the key onto one of N goroutines, each with its own queue) cost a
-// fraction of keysched's time per task (about a quarter to a fifth on a
+// fraction of keysched's time per task (a fifth to a quarter on a
 // no-op handler, measured in the repository's docs/benchmarks.md). They pay
 // for it with head-of-line blocking: one slow key stalls every key that
 // hashes onto its lane.
