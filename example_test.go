@@ -527,3 +527,39 @@ func ExampleScheduler_KeyDepth() {
 	// 3 0
 	// 0
 }
+
+// Resume runs a parked key's failed task again with a fresh attempt budget;
+// the key's later tasks follow once it succeeds.
+func ExampleScheduler_Resume() {
+	ctx := context.Background()
+	parked := make(chan keysched.DeadLetter[string], 1)
+	s, _ := keysched.New[string](
+		keysched.WithRetry(keysched.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond}),
+		keysched.WithFailurePolicy(keysched.Park),
+		keysched.WithDeadLetter(func(dl keysched.DeadLetter[string]) { parked <- dl }),
+	)
+	defer s.Close(ctx)
+
+	var healthy atomic.Bool
+	c, _ := s.Submit(ctx, "account-9", func(ctx context.Context) error {
+		fmt.Println("attempt", keysched.Attempt(ctx))
+		if !healthy.Load() {
+			return errors.New("bank unreachable")
+		}
+		return nil
+	})
+	dl := <-parked
+	fmt.Println("parked after", dl.Attempts, "attempts:", s.Parked())
+
+	healthy.Store(true)
+	if err := s.Resume("account-9"); err != nil {
+		panic(err)
+	}
+	fmt.Println(c.Wait(ctx), s.Parked())
+	// Output:
+	// attempt 1
+	// attempt 2
+	// parked after 2 attempts: [account-9]
+	// attempt 3
+	// <nil> []
+}
