@@ -145,10 +145,10 @@
 // and Submit never waits for a worker: it waits only at a bound, and only
 // until its context ends.
 //
-// Completion: [Completion.Err] is an atomic load. [Completion.Done] and
-// [Completion.Wait] make the task's done channel on their first call, never
-// before: a task nobody waits on has none. [Completion.Cancel] does not wait
-// for a running task to stop.
+// Completion: [Completion.Err] is two atomic loads. [Completion.Done], and
+// [Completion.Wait] on a task not yet done, make the task's done channel on
+// their first call, never before: a task nobody waits on has none.
+// [Completion.Cancel] does not wait for a running task to stop.
 //
 // [Scheduler.Stats] and [Scheduler.KeyDepth] read counters and the map and
 // take no lock that a succeeding task's path takes. Drain, and Close until
