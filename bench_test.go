@@ -171,10 +171,11 @@ func BenchmarkNoOp(b *testing.B) {
 //   - phase=submit: every worker is held by a gate task while the tasks are
 //     submitted; only the submissions are timed (the drain is not). This is
 //     what batching changes: admission, allocation, ready-queue trips.
+//
 //   - phase=all: submit and drain, workers running alongside.
 //
-//	go test -run '^$' -bench Batch -benchmem -count 8 . | tee batch.txt
-//	benchstat -col /submit batch.txt
+//     go test -run '^$' -bench Batch -benchmem -count 8 . | tee batch.txt
+//     benchstat -col /submit batch.txt
 func BenchmarkBatch(b *testing.B) {
 	const size = 64
 	for _, phase := range []string{"submit", "all"} {
