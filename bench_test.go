@@ -99,13 +99,28 @@ func (r antsRival) gate(context.Context, int, <-chan struct{}) error { return ni
 func (r antsRival) finish(context.Context) error { r.p.Close(); return nil }
 
 func BenchmarkNoOp(b *testing.B) {
+	benchNoOp(b, benchWorkers(), []string{"backlog", "stream"}, true)
+}
+
+// BenchmarkDeepChain is the deep-chain figure of issue 10: no-op tasks on
+// benchKeys integer keys, one submitter far ahead of 16 workers (every one
+// held by a gate until all tasks are submitted), keysched against the lanes
+// (16 of them). Run it with the issue's 400,000 tasks:
+//
+//	go test -run '^$' -bench DeepChain -benchmem -count 8 -benchtime 400000x . | tee deep.txt
+//	benchstat -col /sched deep.txt
+func BenchmarkDeepChain(b *testing.B) {
+	benchNoOp(b, 16, []string{"backlog"}, false)
+}
+
+func benchNoOp(b *testing.B, nw int, modes []string, withAnts bool) {
 	// The closures are made once per run, outside the loop, for every rival.
 	rivals := []struct {
 		name string
 		make func(n int) benchRival
 	}{
 		{"keysched", func(n int) benchRival {
-			s, err := New[int](WithWorkers(benchWorkers()), WithMaxPending(n+benchKeys), WithMaxKeyDepth(n+1))
+			s, err := New[int](WithWorkers(nw), WithMaxPending(n+benchKeys), WithMaxKeyDepth(n+1))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -113,17 +128,20 @@ func BenchmarkNoOp(b *testing.B) {
 		}},
 		{"striped", func(n int) benchRival {
 			// Every lane can hold every task: keys do not spread evenly.
-			return stripedRival{striped.New[int](benchWorkers(), n+benchKeys)}
+			return stripedRival{striped.New[int](nw, n+benchKeys)}
 		}},
 		{"ants", func(int) benchRival {
-			p, err := antspool.New[int](benchWorkers())
+			p, err := antspool.New[int](nw)
 			if err != nil {
 				b.Fatal(err)
 			}
 			return antsRival{p}
 		}},
 	}
-	for _, mode := range []string{"backlog", "stream"} {
+	if !withAnts {
+		rivals = rivals[:2]
+	}
+	for _, mode := range modes {
 		for _, rv := range rivals {
 			b.Run("mode="+mode+"/sched="+rv.name, func(b *testing.B) {
 				ctx := context.Background()
@@ -135,7 +153,7 @@ func BenchmarkNoOp(b *testing.B) {
 				cpu := startCPU(b)
 				if mode == "backlog" {
 					// Hold every worker: keys benchKeys.. are not used below.
-					for w := range benchWorkers() {
+					for w := range nw {
 						if err := r.gate(ctx, benchKeys+w, open); err != nil {
 							b.Fatal(err)
 						}

@@ -93,6 +93,7 @@ type chainHdr struct {
 	depth   atomic.Int64               // queued + running tasks of the key
 	waiters atomic.Int32               // submitters waiting for room on the key
 	wake    chan struct{}              // closed to wake them; guarded by Scheduler.keyMu
+	tail    *Completion                // the chain's last task; only inside a Compute on the key
 }
 
 // core is the part of a scheduler that Completions reach: counters, the abort
@@ -311,11 +312,11 @@ func (s *Scheduler[K]) KeyDepth(key K) int {
 	if s.keyCheck && !validKey(key) {
 		return 0
 	}
-	tail, ok := s.tails.load(key)
+	ch, ok := s.tails.load(key)
 	if !ok {
 		return 0
 	}
-	return int(tail.hdr.depth.Load())
+	return int(ch.depth.Load())
 }
 
 // Drain waits until every task accepted so far has finished, or ctx ends.
@@ -420,8 +421,8 @@ func (s *Scheduler[K]) Close(ctx context.Context) error {
 func (s *Scheduler[K]) abort() {
 	s.core.aborting.Store(true)
 	s.core.cancelWatched()
-	s.tails.m.Range(func(_ K, tail *node[K]) bool {
-		s.abortChain(tail.hdr)
+	s.tails.m.Range(func(_ K, ch *chainHdr) bool {
+		s.abortChain(ch)
 		return true
 	})
 }
@@ -455,9 +456,9 @@ func (s *Scheduler[K]) settle() {
 // attempt has returned is being finished by its worker: that settles.)
 func (s *Scheduler[K]) heldByRunning() int64 {
 	var held int64
-	s.tails.m.Range(func(_ K, tail *node[K]) bool {
-		if h := tail.hdr.head.Load(); h != nil && h.state.Load() == stRunning && !attemptEnded(h) {
-			held += tail.hdr.depth.Load()
+	s.tails.m.Range(func(_ K, ch *chainHdr) bool {
+		if h := ch.head.Load(); h != nil && h.state.Load() == stRunning && !attemptEnded(h) {
+			held += ch.depth.Load()
 		}
 		return true
 	})
