@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
-
-	"github.com/puzpuzpuz/xsync/v3"
 )
 
 // A Task is the work for one event. Its context carries the values of the
@@ -100,11 +98,11 @@ type chainHdr struct {
 // flag and the registry of task contexts someone waits on.
 type core struct {
 	aborting atomic.Bool
-	// The counters that every task touches are striped (xsync.Counter), so
+	// The counters that every task touches are striped (counter, counter.go), so
 	// that workers on different cores do not contend for one cache line.
-	running      *xsync.Counter
-	submitted    *xsync.Counter
-	outcomes     [numOutcomes]*xsync.Counter
+	running      *counter
+	submitted    *counter
+	outcomes     [numOutcomes]*counter
 	rejected     atomic.Uint64
 	retried      atomic.Uint64
 	deadLettered atomic.Uint64
@@ -202,11 +200,11 @@ func New[K comparable](opts ...Option) (*Scheduler[K], error) {
 	s.pending.max = int64(cfg.maxPending)
 	s.parked.m = make(map[K]*node[K])
 	s.core.watched = make(map[*lazyChan]struct{})
-	s.core.running, s.core.submitted = xsync.NewCounter(), xsync.NewCounter()
+	s.core.running, s.core.submitted = newCounter(), newCounter()
 	for i := range s.core.outcomes {
-		s.core.outcomes[i] = xsync.NewCounter()
+		s.core.outcomes[i] = newCounter()
 	}
-	s.pending.freed = xsync.NewCounter()
+	s.pending.freed = newCounter()
 	s.core.wakeStalled = s.wakeStalled
 	w, err := newWorkers(&s.cfg, s.runLoop, s.ready.nonEmpty)
 	if err != nil {

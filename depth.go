@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
-
-	"github.com/puzpuzpuz/xsync/v3"
 )
 
 // This file holds the bounds: the per-key depth (queued plus running tasks of
@@ -67,7 +65,7 @@ type pendingBound struct {
 	_     [64]byte     // taken is written by every submission: away from what workers read
 	taken atomic.Int64 // slots ever taken | closedBit
 	_     [56]byte
-	freed *xsync.Counter // slots ever freed
+	freed *counter // slots ever freed
 	// seen is a recent value of freed, kept by submitters so that most
 	// submissions need not sum the workers' stripes. It only lags, so a bound
 	// check against it is conservative; a submitter that finds no room
