@@ -36,7 +36,6 @@ func newCounter() *counter {
 }
 
 // stripe returns the index of the calling goroutine's stripe.
-//
 func (c *counter) stripe() uintptr {
 	var x byte
 	p := uintptr(unsafe.Pointer(&x)) >> 10 // stacks are at least 2 KiB apart
