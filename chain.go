@@ -238,6 +238,23 @@ func (s *Scheduler[K]) TrySubmit(ctx context.Context, key K, task Task) (*Comple
 	return s.submit(ctx, key, task, false)
 }
 
+// submit is the hot path's first half (run.go's runLoop is the second).
+//
+// Atomic read-modify-writes per task, for a task appended to a live key and
+// run by a runner already on that key (the deep-chain case), counted on the
+// code as it is (keep this count true when changing the path):
+//
+//	submit:  pending.taken CAS, submitted Add, the bucket lock's CAS and its
+//	         unlock, depth Add                                          5
+//	run:     state CAS (queued -> running), ctxBits Or (started),
+//	         running Add +1 and -1, ctxBits Or (ended), outcome Add,
+//	         depth Add, freed Add                                       8
+//
+// 13 in all, plus four sequentially consistent stores (the predecessor's
+// next, state = done, the header's head, next = passed), which are an XCHG
+// each on amd64. A task that starts its key adds a ready-queue push and pop
+// (a mutex each, and the queue's length Add) and a runner-slot CAS. The
+// counters (counter.go) are striped: their Adds rarely contend.
 func (s *Scheduler[K]) submit(ctx context.Context, key K, task Task, wait bool) (*Completion, error) {
 	if err := s.check(ctx, key, task); err != nil {
 		s.core.rejected.Add(1)
