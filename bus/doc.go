@@ -150,7 +150,9 @@
 // subscriber's copy of the envelope; per event, the ID's string and the
 // boxing of the event into Envelope.Event. The type routing is a cached map
 // lookup per dynamic type. BenchmarkPublish (bench_test.go) compares one
-// subscriber with the bare scheduler on the same workload.
+// subscriber with the bare scheduler on the same workload: 6 allocations
+// (311 bytes) per event through the bus against 2 through Submit; times, with
+// the command and date, are in the repository's docs/benchmarks.md.
 //
 // # Where each mechanism lives
 //
