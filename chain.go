@@ -50,6 +50,9 @@ type Scheduler[K comparable] struct {
 	ready   readyQueue[K]
 	workers *workers
 	parked  parkedKeys[K]
+	obs     *Observer[K] // nil: no hook (observe.go)
+
+	obsPanics atomic.Uint64 // panics recovered from obs's functions
 
 	// passed is stored in a finished task's next once its key has moved on
 	// past it: a walker that meets it knows to look at the head again.
@@ -198,6 +201,9 @@ func New[K comparable](opts ...Option) (*Scheduler[K], error) {
 		}
 		s.dlq = fn
 	}
+	if err := s.setObserver(cfg.observer); err != nil {
+		return nil, err
+	}
 	s.pending.max = int64(cfg.maxPending)
 	s.parked.m = make(map[K]*node[K])
 	s.core.watched = make(map[*lazyChan]struct{})
@@ -265,8 +271,14 @@ func (s *Scheduler[K]) submit(ctx context.Context, key K, task Task, wait bool) 
 			return nil, err
 		}
 		s.core.submitted.Inc()
+		if s.cfg.taskAges {
+			n.accepted = MonoNow() // before append publishes n
+		}
 		head, full := s.tails.append(n, s.maxKeyDepth, &s.core, spare)
 		if full == nil {
+			if s.obs != nil {
+				s.hookAccepted(key, n.accepted)
+			}
 			if s.core.aborting.Load() {
 				// Close's abort may have walked this key before n was linked;
 				// either it saw n, or n sees the flag here.
