@@ -65,7 +65,7 @@ type Observer[K comparable] struct {
 
 // An AttemptInfo describes one attempt of a task, for an Observer.
 type AttemptInfo struct {
-	N        int   // which attempt of the task: 1 for the first (counted from the last Resume's on for a parked key: see DeadLetter.Attempts)
+	N        int   // which attempt of the task: 1 for the first (a resumed parked task's attempts go on counting)
 	Accepted Mono  // when the task was accepted
 	Started  Mono  // when this attempt started
 	Ended    Mono  // when it returned (AttemptEnded only)
@@ -124,14 +124,14 @@ func (s *Scheduler[K]) hookStarted(n *node[K]) Mono {
 	now := MonoNow()
 	if f := s.obs.AttemptStarted; f != nil {
 		defer s.hookRecover()
-		f(n.key, AttemptInfo{N: s.attemptNo(&n.Completion) + 1, Accepted: n.accepted, Started: now})
+		f(n.key, AttemptInfo{N: n.attempts() + 1, Accepted: n.accepted, Started: now})
 	}
 	return now
 }
 
 func (s *Scheduler[K]) hookEnded(n *node[K], started Mono, err error, panicked bool) {
 	if f := s.obs.AttemptEnded; f != nil {
-		a := AttemptInfo{N: s.attemptNo(&n.Completion), Accepted: n.accepted, Started: started,
+		a := AttemptInfo{N: n.attempts(), Accepted: n.accepted, Started: started,
 			Ended: MonoNow(), Err: err, Panicked: panicked}
 		defer s.hookRecover()
 		f(n.key, a)
@@ -143,15 +143,6 @@ func (s *Scheduler[K]) hookDeadLettered(key K, err error) {
 		defer s.hookRecover()
 		f(key, MonoNow(), err)
 	}
-}
-
-// attemptNo is the number of c's attempts started since the last Resume.
-func (s *Scheduler[K]) attemptNo(c *Completion) int {
-	n := c.attempts()
-	if x := c.more.Load(); x != nil {
-		n -= x.fail.base
-	}
-	return n
 }
 
 func (s *Scheduler[K]) hookRecover() {

@@ -151,7 +151,7 @@ func TestObserverResumeAndAbort(t *testing.T) {
 		synctest.Wait()
 		p := rec.of("p")
 		require.Equal(t, []string{"accepted", "accepted", "started", "ended", "dead", "started", "ended", "started", "ended"}, kinds(p))
-		require.Equal(t, 1, p[6].a.N, "attempts count from the Resume on")
+		require.Equal(t, 2, p[6].a.N, "a resumed task's attempts go on counting")
 
 		// A parked key that Close gives up on.
 		_, err = s.Submit(ctx, "q", func(context.Context) error { return errFail })
