@@ -257,7 +257,9 @@ func (s *Scheduler[K]) submit(ctx context.Context, key K, task Task, wait bool) 
 	// same allocation as its task.
 	var n *node[K]
 	var spare *chainHdr
-	if _, live := s.tails.load(key); live {
+	if s.cfg.taskAges {
+		n, spare = s.newStamped(key) // a node with room for its time (observe.go)
+	} else if _, live := s.tails.load(key); live {
 		n = &node[K]{key: key}
 	} else {
 		h := &headNode[K]{}
@@ -272,12 +274,12 @@ func (s *Scheduler[K]) submit(ctx context.Context, key K, task Task, wait bool) 
 		}
 		s.core.submitted.Inc()
 		if s.cfg.taskAges {
-			n.accepted = MonoNow() // before append publishes n
+			*s.stamp(n) = MonoNow() // before append publishes n
 		}
 		head, full := s.tails.append(n, s.maxKeyDepth, &s.core, spare)
 		if full == nil {
 			if s.obs != nil {
-				s.hookAccepted(key, n.accepted)
+				s.hookAccepted(key, *s.stamp(n))
 			}
 			if s.core.aborting.Load() {
 				// Close's abort may have walked this key before n was linked;

@@ -85,9 +85,6 @@ type Completion struct {
 	task    Task
 	parent  context.Context // values only: see withValues
 	more    atomic.Pointer[taskExtra]
-	// accepted is when the task was accepted (WithTaskAges), written before
-	// the task is linked into its chain and never after.
-	accepted Mono
 }
 
 // signals holds the channels a Completion makes only when asked: Done, and
