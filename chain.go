@@ -594,7 +594,7 @@ type Stats struct {
 	Panicked  uint64 // tasks whose last attempt panicked
 	Cancelled uint64 // tasks withdrawn by Completion.Cancel
 	Aborted   uint64 // tasks Close gave up on
-	Rejected  uint64 // Submit and TrySubmit calls that returned an error
+	Rejected  uint64 // tasks refused: Submit and TrySubmit calls that returned an error, and the tasks of a batch not accepted
 	// Retried counts retries scheduled (attempts after the first).
 	Retried uint64
 	// DeadLettered counts deliveries to the dead letter (or the log).
