@@ -257,3 +257,68 @@ func BenchmarkBatch(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkObserverCost is BenchmarkNoOp's keysched runs with the hook unset,
+// with WithTaskAges, and with an Observer whose functions do nothing, side by
+// side (compare with benchstat -col /obs):
+//
+//	go test -run '^$' -bench ObserverCost -benchmem -count 8 . | tee obs.txt
+//	benchstat -col /obs obs.txt
+func BenchmarkObserverCost(b *testing.B) {
+	nop := Observer[int]{
+		Accepted:       func(int, Mono) {},
+		AttemptStarted: func(int, AttemptInfo) {},
+		AttemptEnded:   func(int, AttemptInfo) {},
+		DeadLettered:   func(int, Mono, error) {},
+	}
+	variants := []struct {
+		name string
+		opts []Option
+	}{
+		{"unset", nil},
+		{"ages", []Option{WithTaskAges()}},
+		{"nop", []Option{WithObserver(nop)}},
+	}
+	for _, mode := range []string{"backlog", "stream"} {
+		for _, v := range variants {
+			b.Run("mode="+mode+"/obs="+v.name, func(b *testing.B) {
+				ctx := context.Background()
+				opts := append([]Option{WithWorkers(benchWorkers()), WithMaxPending(b.N + benchKeys),
+					WithMaxKeyDepth(b.N + 1)}, v.opts...)
+				s, err := New[int](opts...)
+				if err != nil {
+					b.Fatal(err)
+				}
+				r := ksRival{s}
+				var ran atomic.Int64
+				open := make(chan struct{})
+				b.ReportAllocs()
+				b.ResetTimer()
+				if mode == "backlog" {
+					for w := range benchWorkers() {
+						if err := r.gate(ctx, benchKeys+w, open); err != nil {
+							b.Fatal(err)
+						}
+					}
+				} else {
+					close(open)
+				}
+				for i := range b.N {
+					if err := r.submit(ctx, i%benchKeys, &ran); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if mode == "backlog" {
+					close(open)
+				}
+				if err := r.finish(ctx); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				if ran.Load() != int64(b.N) {
+					b.Fatalf("ran %d of %d", ran.Load(), b.N)
+				}
+			})
+		}
+	}
+}
