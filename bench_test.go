@@ -2,7 +2,10 @@ package keysched
 
 import (
 	"context"
+	"fmt"
 	"runtime"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -315,6 +318,78 @@ func BenchmarkObserverCost(b *testing.B) {
 					b.Fatal(err)
 				}
 				b.StopTimer()
+				if ran.Load() != int64(b.N) {
+					b.Fatalf("ran %d of %d", ran.Load(), b.N)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkSubmitters runs the no-op stream (submitters and workers at once,
+// GOMAXPROCS workers or lanes, benchKeys keys) from 1, 2 and GOMAXPROCS
+// submitting goroutines (deduplicated), as HTTP handlers publish in a
+// service: keysched against the striped lanes. ns/op is per task.
+//
+//	go test -run '^$' -bench Submitters -benchmem -count 8 . | tee subs.txt
+//	benchstat -col /sched subs.txt
+//
+// It is also the false-sharing guard: every task has the submitters CAS the
+// pending bound's taken word and push to the ready queue, while the workers
+// add to the freed counter and read the wake-up gates. Run it once more from
+// a build with every cache-line pad empty, and compare:
+//
+//	go test -run '^$' -bench 'Submitters/.*keysched' -count 8 . > pad.txt
+//	go test -tags keysched_nopad -run '^$' -bench 'Submitters/.*keysched' -count 8 . > nopad.txt
+//	benchstat pad.txt nopad.txt
+//
+// The nopad build is the layout with false sharing: if the default build's
+// figure comes near it, a field has moved onto a hot line (TestHotFieldsOnLinesOfTheirOwn
+// checks the known ones statically).
+func BenchmarkSubmitters(b *testing.B) {
+	counts := []int{1}
+	for _, n := range []int{2, runtime.GOMAXPROCS(0)} {
+		if !slices.Contains(counts, n) {
+			counts = append(counts, n)
+		}
+	}
+	for _, subs := range counts {
+		for _, name := range []string{"keysched", "striped"} {
+			b.Run(fmt.Sprintf("submitters=%d/sched=%s", subs, name), func(b *testing.B) {
+				ctx := context.Background()
+				var r benchRival
+				if name == "keysched" {
+					s, err := New[int](WithWorkers(benchWorkers()), WithMaxPending(b.N+benchKeys), WithMaxKeyDepth(b.N+1))
+					if err != nil {
+						b.Fatal(err)
+					}
+					r = ksRival{s}
+				} else {
+					r = stripedRival{striped.New[int](benchWorkers(), b.N+benchKeys)}
+				}
+				var ran atomic.Int64
+				b.ReportAllocs()
+				b.ResetTimer()
+				cpu := startCPU(b)
+				var wg sync.WaitGroup
+				for g := range subs {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for i := g; i < b.N; i += subs {
+							if err := r.submit(ctx, (i*7919)%benchKeys, &ran); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				if err := r.finish(ctx); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				cpu.stop()
 				if ran.Load() != int64(b.N) {
 					b.Fatalf("ran %d of %d", ran.Load(), b.N)
 				}

@@ -23,7 +23,7 @@ type counter struct {
 
 type paddedInt64 struct {
 	v atomic.Int64
-	_ [56]byte // a cache line each
+	_ padAfter8 // a cache line each
 }
 
 func newCounter() *counter {

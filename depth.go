@@ -62,9 +62,9 @@ func (g *gate) wake() {
 // flag lives in the taken word: "is the scheduler closed?" and "take a slot"
 // are one CompareAndSwap, so no task is accepted once Close has started.
 type pendingBound struct {
-	_     [64]byte     // taken is written by every submission: away from what workers read
+	_     padLine      // taken is written by every submission: away from what workers read
 	taken atomic.Int64 // slots ever taken | closedBit
-	_     [56]byte
+	_     padAfter8
 	freed *counter // slots ever freed
 	// seen is a recent value of freed, kept by submitters so that most
 	// submissions need not sum the workers' stripes. It only lags, so a bound
@@ -72,7 +72,7 @@ type pendingBound struct {
 	// through it sums freed itself.
 	seen atomic.Int64
 	max  int64
-	_    [48]byte
+	_    padAfter24
 	// The gates are read by every release (are there waiters?) and written
 	// only when someone waits: a line of their own, away from the counters
 	// and the ready queue, keeps those reads cheap.
