@@ -186,8 +186,10 @@ func benchNoOp(b *testing.B, nw int, modes []string, withAnts bool) {
 }
 
 // BenchmarkBatch compares, per task, 64 single Submits with one SubmitBatch
-// of 64, on the no-op workload over benchKeys keys (consecutive tasks on
-// different keys: no runs of one key to link together).
+// of 64, on the no-op workload over benchKeys keys: keys=distinct has
+// consecutive tasks on different keys (no runs of one key to link
+// together), keys=runs8 runs of 8 tasks of one key (as a partition's fetch
+// often holds).
 //
 //   - phase=submit: every worker is held by a gate task while the tasks are
 //     submitted; only the submissions are timed (the drain is not). This is
@@ -199,64 +201,70 @@ func benchNoOp(b *testing.B, nw int, modes []string, withAnts bool) {
 //     benchstat -col /submit batch.txt
 func BenchmarkBatch(b *testing.B) {
 	const size = 64
-	for _, phase := range []string{"submit", "all"} {
-		for _, how := range []string{"single", "batch64"} {
-			b.Run("phase="+phase+"/submit="+how, func(b *testing.B) {
-				ctx := context.Background()
-				s, err := New[int](WithWorkers(benchWorkers()), WithMaxPending(b.N+benchKeys+size), WithMaxKeyDepth(b.N+1))
-				if err != nil {
-					b.Fatal(err)
-				}
-				var ran atomic.Int64
-				task := func(context.Context) error { ran.Add(1); return nil }
-				items := make([]BatchItem[int], size)
-				open := make(chan struct{})
-				if phase == "submit" {
-					for w := range benchWorkers() {
-						if _, err := s.Submit(ctx, benchKeys+w, func(context.Context) error { <-open; return nil }); err != nil {
-							b.Fatal(err)
-						}
+	for _, keys := range []string{"distinct", "runs8"} {
+		run := 1
+		if keys == "runs8" {
+			run = 8
+		}
+		for _, phase := range []string{"submit", "all"} {
+			for _, how := range []string{"single", "batch64"} {
+				b.Run("keys="+keys+"/phase="+phase+"/submit="+how, func(b *testing.B) {
+					ctx := context.Background()
+					s, err := New[int](WithWorkers(benchWorkers()), WithMaxPending(b.N+benchKeys+size), WithMaxKeyDepth(b.N+1))
+					if err != nil {
+						b.Fatal(err)
 					}
-				}
-				b.ReportAllocs()
-				b.ResetTimer()
-				cpu := startCPU(b)
-				for i := 0; i < b.N; i += size {
-					m := min(size, b.N-i)
-					if how == "single" {
-						for j := range m {
-							if _, err := s.Submit(ctx, (i+j)%benchKeys, task); err != nil {
+					var ran atomic.Int64
+					task := func(context.Context) error { ran.Add(1); return nil }
+					items := make([]BatchItem[int], size)
+					open := make(chan struct{})
+					if phase == "submit" {
+						for w := range benchWorkers() {
+							if _, err := s.Submit(ctx, benchKeys+w, func(context.Context) error { <-open; return nil }); err != nil {
 								b.Fatal(err)
 							}
 						}
-						continue
 					}
-					for j := range m {
-						items[j] = BatchItem[int]{Key: (i + j) % benchKeys, Task: task}
+					b.ReportAllocs()
+					b.ResetTimer()
+					cpu := startCPU(b)
+					for i := 0; i < b.N; i += size {
+						m := min(size, b.N-i)
+						if how == "single" {
+							for j := range m {
+								if _, err := s.Submit(ctx, (i+j)/run%benchKeys, task); err != nil {
+									b.Fatal(err)
+								}
+							}
+							continue
+						}
+						for j := range m {
+							items[j] = BatchItem[int]{Key: (i + j) / run % benchKeys, Task: task}
+						}
+						if _, err := s.SubmitBatch(ctx, items[:m]); err != nil {
+							b.Fatal(err)
+						}
 					}
-					if _, err := s.SubmitBatch(ctx, items[:m]); err != nil {
+					if phase == "submit" {
+						b.StopTimer()
+						cpu.stop()
+					}
+					close(open)
+					if err := s.Drain(ctx); err != nil {
 						b.Fatal(err)
 					}
-				}
-				if phase == "submit" {
-					b.StopTimer()
-					cpu.stop()
-				}
-				close(open)
-				if err := s.Drain(ctx); err != nil {
-					b.Fatal(err)
-				}
-				if phase != "submit" {
-					b.StopTimer()
-					cpu.stop()
-				}
-				if err := s.Close(ctx); err != nil {
-					b.Fatal(err)
-				}
-				if ran.Load() != int64(b.N) {
-					b.Fatalf("ran %d of %d", ran.Load(), b.N)
-				}
-			})
+					if phase != "submit" {
+						b.StopTimer()
+						cpu.stop()
+					}
+					if err := s.Close(ctx); err != nil {
+						b.Fatal(err)
+					}
+					if ran.Load() != int64(b.N) {
+						b.Fatalf("ran %d of %d", ran.Load(), b.N)
+					}
+				})
+			}
 		}
 	}
 }
@@ -339,8 +347,8 @@ func BenchmarkObserverCost(b *testing.B) {
 // add to the freed counter and read the wake-up gates. Run it once more from
 // a build with every cache-line pad empty, and compare:
 //
-//	go test -run '^$' -bench 'Submitters/.*keysched' -count 8 . > pad.txt
-//	go test -tags keysched_nopad -run '^$' -bench 'Submitters/.*keysched' -count 8 . > nopad.txt
+//	go test -run '^$' -bench 'Submitters/.*/sched=keysched' -count 8 . > pad.txt
+//	go test -tags keysched_nopad -run '^$' -bench 'Submitters/.*/sched=keysched' -count 8 . > nopad.txt
 //	benchstat pad.txt nopad.txt
 //
 // The nopad build is the layout with false sharing: if the default build's
@@ -395,5 +403,60 @@ func BenchmarkSubmitters(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkTaskContext measures what taskctx.go's cancelCtxKey probe saves:
+// the deep-chain no-op workload (16 workers, tasks queued behind gates),
+// submitted with a cancellable context, as a request handler's would be.
+// ctx=probe is the scheduler as built; ctx=withoutcancel forces the fallback
+// (context.WithoutCancel per submission, as if the probe found no key).
+//
+//	go test -run '^$' -bench TaskContext -benchmem -count 8 -benchtime 400000x . | tee ctx.txt
+//	benchstat -col /ctx ctx.txt
+func BenchmarkTaskContext(b *testing.B) {
+	for _, how := range []string{"probe", "withoutcancel"} {
+		b.Run("ctx="+how, func(b *testing.B) {
+			if how == "withoutcancel" {
+				saved := cancelCtxKey
+				cancelCtxKey = nil // no scheduler is running: set before New, restored after Close
+				defer func() { cancelCtxKey = saved }()
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			const workers = 16
+			s, err := New[int](WithWorkers(workers), WithMaxPending(b.N+benchKeys), WithMaxKeyDepth(b.N+1))
+			if err != nil {
+				b.Fatal(err)
+			}
+			var ran atomic.Int64
+			task := func(context.Context) error { ran.Add(1); return nil }
+			open := make(chan struct{})
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu := startCPU(b)
+			for w := range workers {
+				if _, err := s.Submit(ctx, benchKeys+w, func(context.Context) error { <-open; return nil }); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for i := range b.N {
+				if _, err := s.Submit(ctx, i%benchKeys, task); err != nil {
+					b.Fatal(err)
+				}
+			}
+			close(open)
+			if err := s.Drain(ctx); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			cpu.stop()
+			if err := s.Close(ctx); err != nil {
+				b.Fatal(err)
+			}
+			if ran.Load() != int64(b.N) {
+				b.Fatalf("ran %d of %d", ran.Load(), b.N)
+			}
+		})
 	}
 }
