@@ -258,3 +258,25 @@ func rec(topic string, part int32, key string, value string) *kgo.Record {
 	}
 	return r
 }
+
+// endOffset returns a partition's log end offset.
+func (tc *testCluster) endOffset(t *testing.T, topic string, part int32) int64 {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(tc.addrs...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrListOffsetsRequest()
+	rt := kmsg.NewListOffsetsRequestTopic()
+	rt.Topic = topic
+	rp := kmsg.NewListOffsetsRequestTopicPartition()
+	rp.Partition, rp.Timestamp = part, -1
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(context.Background(), cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Topics[0].Partitions[0].Offset
+}
