@@ -204,7 +204,9 @@ func (c *Consumer) send(ctx context.Context, list []pendingCommit, reason string
 			t := &req.Topics[i]
 			for j := range t.Partitions {
 				pp := &t.Partitions[j]
-				if pc := byTP[tp{t.Topic, pp.Partition}]; pc != nil && pc.meta != "" {
+				if pc := byTP[tp{t.Topic, pp.Partition}]; pc != nil {
+					// Without a list, "" rather than franz-go's default
+					// (the member ID): a new owner need not parse it.
 					pp.Metadata = kmsg.StringPtr(pc.meta)
 				}
 			}
