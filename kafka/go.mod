@@ -3,6 +3,7 @@ module github.com/keysched/keysched/kafka
 go 1.26.0
 
 require (
+	github.com/alecthomas/kong v1.17.0
 	github.com/keysched/keysched v0.0.0
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
