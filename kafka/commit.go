@@ -165,7 +165,7 @@ func (c *Consumer) commitLocked(ctx context.Context, ps []*partition, reason str
 			meta, fits = encodeFinished(off, p.unfinished(lim), p.highest, lim)
 			if !fits && !p.metaWarned {
 				p.metaWarned = true
-				c.log.Warn("kafka: finished offsets above the frontier do not fit the commit metadata; committing the frontier alone (a new owner may handle them again)",
+				c.log.Info("kafka: finished offsets above the frontier do not fit the commit metadata; committing the frontier alone (a new owner may handle them again)",
 					"topic", p.topic, "partition", p.id, "frontier", off, "limit_bytes", lim)
 			}
 		}

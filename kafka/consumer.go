@@ -123,7 +123,10 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		dlqSet:     cfg.dlqTopic != "",
 	}
 	c.metaMax.Store(int64(cfg.metaMax))
-	sopts := []keysched.Option{keysched.WithRetryPanics(), keysched.WithLogger(cfg.logger)}
+	// A key never holds more than its partition's in-flight bound: with that
+	// key depth, the partition's bound (not the key's) pauses fetching.
+	sopts := []keysched.Option{keysched.WithRetryPanics(), keysched.WithLogger(cfg.logger),
+		keysched.WithMaxKeyDepth(cfg.maxInFlight)}
 	sopts = append(sopts, cfg.schedOpts...)
 	sopts = append(sopts, keysched.WithDeadLetter(c.deadLetter))
 	s, err := keysched.New[schedKey](sopts...)
@@ -223,7 +226,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 // wake makes the poll loop look at held records and paused partitions.
 func (c *Consumer) wake() {
-	c.wakeReq.Store(true)
+	if c.wakeReq.Swap(true) {
+		return // already asked: one wake-up per poll
+	}
 	if f := c.pollCancel.Load(); f != nil {
 		(*f)()
 	}
@@ -290,7 +295,7 @@ func (c *Consumer) route(fp kgo.FetchTopicPartition) {
 // dispatch submits it without waiting; false when its key or the scheduler
 // is full (or closing).
 func (c *Consumer) dispatch(it *item) bool {
-	comp, err := c.sched.TrySubmit(it, c.keyOf(it.rec), it.run)
+	comp, err := c.sched.TrySubmit(it, c.keyOf(it.rec), runItem)
 	if err != nil {
 		if !errors.Is(err, keysched.ErrKeyFull) && !errors.Is(err, keysched.ErrFull) && !errors.Is(err, keysched.ErrClosed) {
 			c.log.Error("kafka: cannot submit record", "topic", it.rec.Topic, "partition", it.rec.Partition, "offset", it.rec.Offset, "err", err)
@@ -361,8 +366,10 @@ func (c *Consumer) adjustPause(p *partition) {
 	}
 }
 
-// run is the scheduler task of one record.
-func (it *item) run(ctx context.Context) error {
+// runItem is the scheduler task of every record: the record is the value
+// of the context it was submitted with (one function, no closure per record).
+func runItem(ctx context.Context) error {
+	it := itemFrom(ctx)
 	p := it.p
 	if !p.enter(false) {
 		return nil // the partition was revoked: dropped, not finished

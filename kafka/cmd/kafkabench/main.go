@@ -26,6 +26,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -62,6 +63,7 @@ type cli struct {
 	Consumers   []string      `default:"keysched,plain,keysched-partition" sep:"," placeholder:"NAME" help:"Consumers to run, in order: keysched, plain, keysched-partition (default ${default})."`
 	Timeout     time.Duration `default:"10m" help:"Give up on a consumer that has not handled every event after this long (default ${default})."`
 	JSON        bool          `name:"json" help:"One JSON object per consumer per line."`
+	CPUProfile  string        `name:"cpuprofile" placeholder:"FILE" help:"Write a CPU profile of the consumers' runs to FILE."`
 }
 
 // Result is one consumer's run (the --json line).
@@ -166,6 +168,17 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if work.kind != "none" {
 		secs := max(float64(s.hottest)*work.dur.Seconds(), float64(len(events))*work.dur.Seconds()/float64(c.Workers))
 		bound = float64(len(events)) / secs
+	}
+	if c.CPUProfile != "" {
+		f, err := os.Create(c.CPUProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	var results []Result
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -363,7 +376,7 @@ func (s *stream) consume(name string, seeds []string, topic, group string, c *cl
 	copts := []kgo.Opt{
 		kgo.SeedBrokers(seeds...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.WithHooks(t),
-		kgo.FetchMaxWait(100 * time.Millisecond),
+		kgo.FetchMaxWait(10 * time.Millisecond),
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.Timeout)
 	defer cancel()
