@@ -68,6 +68,7 @@ type Consumer struct {
 	parked map[schedKey]*item
 
 	heldParts  atomic.Int64 // partitions paused by this consumer
+	holding    atomic.Int64 // partitions with held records
 	wakeReq    atomic.Bool
 	pollCancel atomic.Pointer[context.CancelFunc]
 	revokeWake chan struct{}
@@ -183,16 +184,20 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if ctx == nil {
 		return ErrNilContext
 	}
-	if c.closing.Load() {
+	c.closeMu.Lock() // Close holds it throughout: Run starts before it or not at all
+	if c.closed {
+		c.closeMu.Unlock()
 		return ErrClosed
 	}
 	if !c.running.CompareAndSwap(false, true) {
+		c.closeMu.Unlock()
 		return ErrRunning
 	}
-	defer close(c.runDone)
 	c.runCtx = context.WithoutCancel(ctx)
 	c.bg.Add(1)
 	go c.committer()
+	c.closeMu.Unlock()
+	defer close(c.runDone)
 	for {
 		if c.closing.Load() {
 			return nil
@@ -349,6 +354,14 @@ func (c *Consumer) dispatchHeld() {
 // resumes it once it has drained to half the bound with nothing held
 // (p.mu held).
 func (c *Consumer) adjustPause(p *partition) {
+	if h := len(p.held) > 0; h != p.holding {
+		p.holding = h
+		if h {
+			c.holding.Add(1)
+		} else {
+			c.holding.Add(-1)
+		}
+	}
 	if !p.active() {
 		return
 	}
@@ -517,6 +530,10 @@ func (c *Consumer) forget(ps []*partition) {
 		p.mu.Lock()
 		clear(p.held)
 		p.held = nil
+		if p.holding {
+			p.holding = false
+			c.holding.Add(-1)
+		}
 		if p.paused.Swap(false) {
 			c.heldParts.Add(-1)
 		}
@@ -544,7 +561,11 @@ func (c *Consumer) committer() {
 		case <-c.stop:
 			return
 		case <-t.C:
-			c.commit(context.Background(), c.owned(), "interval")
+			// Bounded, so that a broker that does not answer cannot hold
+			// commitMu (and with it revokes) for ever.
+			ctx, cancel := context.WithTimeout(context.Background(), max(c.cfg.commitInterval, 30*time.Second))
+			c.commit(ctx, c.owned(), "interval")
+			cancel()
 		}
 	}
 }

@@ -43,6 +43,7 @@ type partition struct {
 	committed     int64   // last committed offset, -1 none
 	committedMeta string  // and its metadata
 	held          []*item // records waiting for room in the scheduler, in offset order
+	holding       bool    // len(held) > 0, as counted in Consumer.holding
 	skip          []span  // offsets finished by an earlier owner (commit metadata)
 	metaWarned    bool
 }
@@ -193,10 +194,13 @@ func (it *item) finish() {
 		return
 	}
 	p := it.p
-	p.inflight.Add(-1)
+	n := p.inflight.Add(-1)
 	c := p.c
 	c.finished.Add(1)
-	if c.heldParts.Load() > 0 {
+	// Wake the poll loop when it has something to do: held records to
+	// retry (room may have appeared anywhere), or this paused partition
+	// drained to its resume point.
+	if c.holding.Load() > 0 || (p.paused.Load() && n <= int64(c.cfg.maxInFlight)/2) {
 		c.wake()
 	}
 }

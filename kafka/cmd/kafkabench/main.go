@@ -53,7 +53,7 @@ type cli struct {
 	Synthetic bool    `xor:"source" help:"Generate the stream: --events events over --keys keys, key popularity Zipf(--zipf): many keys, mild skew."`
 	Events    int     `default:"100000" placeholder:"N" help:"--synthetic: events (default ${default})."`
 	Keys      int     `default:"10000" placeholder:"N" help:"--synthetic: distinct keys (default ${default})."`
-	Zipf      float64 `default:"0.8" placeholder:"S" help:"--synthetic: Zipf exponent of key popularity; 0 is uniform (default ${default})."`
+	Zipf      float64 `default:"0.5" placeholder:"S" help:"--synthetic: Zipf exponent of key popularity; 0 is uniform (default ${default})."`
 	Seed      uint64  `default:"1" placeholder:"N" help:"--synthetic: random seed (default ${default})."`
 	Limit     int     `default:"0" placeholder:"N" help:"Use only the first N events; 0: all (default ${default})."`
 
