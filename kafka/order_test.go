@@ -96,3 +96,40 @@ func TestOrderPerKey(t *testing.T) {
 		t.Error(b)
 	}
 }
+
+// PartitionOrder: the records of a partition run one at a time in offset
+// order, whatever their keys.
+func TestPartitionOrder(t *testing.T) {
+	tc := newCluster(t, 2, "t")
+	var rs []*kgo.Record
+	for i := range 400 {
+		rs = append(rs, rec("t", int32(i%2), fmt.Sprintf("k%d", i%7), fmt.Sprint(i)))
+	}
+	tc.produce(t, rs...)
+	var mu sync.Mutex
+	running := map[int32]bool{}
+	last := map[int32]int64{0: -1, 1: -1}
+	n := 0
+	var bad []string
+	h := func(ctx context.Context, r *kgo.Record) error {
+		mu.Lock()
+		if running[r.Partition] || r.Offset != last[r.Partition]+1 {
+			bad = append(bad, fmt.Sprintf("partition %d: offset %d after %d (running: %v)", r.Partition, r.Offset, last[r.Partition], running[r.Partition]))
+		}
+		running[r.Partition], last[r.Partition] = true, r.Offset
+		mu.Unlock()
+		time.Sleep(10 * time.Microsecond) // work, so that overlaps would show
+		mu.Lock()
+		running[r.Partition] = false
+		n++
+		mu.Unlock()
+		return nil
+	}
+	startConsumer(t, h, WithLogger(quiet), WithOrdering(PartitionOrder), WithClientOptions(tc.clientOpts(groupName(t), "t")...))
+	eventually(t, "every record handled", func() bool { mu.Lock(); defer mu.Unlock(); return n == 400 })
+	mu.Lock()
+	defer mu.Unlock()
+	for _, b := range bad {
+		t.Error(b)
+	}
+}

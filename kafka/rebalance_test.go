@@ -186,6 +186,10 @@ func TestNoCommitAfterRevoke(t *testing.T) {
 		WithLogger(quiet), WithCommitInterval(5*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
 	eventually(t, "member b handled the moved partition's record", func() bool { return bHandled.Load() == 1 })
 	moved := b.c.Stats().Partitions[0].Partition
+	eventually(t, "member a's Stats drop the moved partition", func() bool {
+		_, owned := a.c.partStats("t", moved)
+		return !owned && len(a.c.Stats().Partitions) == 1
+	})
 	close(release)
 	kept := 1 - moved
 	tc.produce(t, rec("t", kept, "c", "1"))
