@@ -47,7 +47,7 @@ func (tc *testCluster) clientOpts(group string, topics ...string) []kgo.Opt {
 		kgo.SeedBrokers(tc.addrs...),
 		kgo.ConsumerGroup(group),
 		kgo.ConsumeTopics(topics...),
-		kgo.SessionTimeout(1500 * time.Millisecond),
+		kgo.SessionTimeout(3 * time.Second),
 		kgo.HeartbeatInterval(50 * time.Millisecond),
 		kgo.RebalanceTimeout(10 * time.Second),
 		kgo.FetchMaxWait(50 * time.Millisecond),

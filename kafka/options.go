@@ -135,8 +135,10 @@ func WithClientOptions(opts ...kgo.Opt) Option {
 // WithSchedulerOptions passes options to the keysched scheduler that runs
 // the handlers: keysched.WithWorkers (default keysched.DefaultWorkers),
 // keysched.WithRetry, keysched.WithTaskTimeout, keysched.WithFailurePolicy
-// (Park makes failed keys wait for Resume or Skip), keysched.WithMaxKeyDepth,
-// keysched.WithMaxPending, keysched.WithPool, keysched.WithLogger. The
+// (Park makes failed keys wait for Resume or Skip), keysched.WithMaxKeyDepth
+// (default: the WithMaxInFlight bound, so that the partition's bound, not the
+// key's, pauses fetching), keysched.WithMaxPending, keysched.WithPool,
+// keysched.WithLogger (default: WithLogger's). The
 // consumer always adds keysched.WithRetryPanics (a panicking handler is a
 // failure like any other, retried by the policy) and its own
 // keysched.WithDeadLetter (given one here is an error). May be given more than
