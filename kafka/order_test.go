@@ -133,3 +133,42 @@ func TestPartitionOrder(t *testing.T) {
 		t.Error(b)
 	}
 }
+
+// Unordered: records of one key may run at once; all are handled and the
+// frontier still covers them.
+func TestUnordered(t *testing.T) {
+	tc := newCluster(t, 1, "t")
+	tc.produce(t, rec("t", 0, "k", "0"), rec("t", 0, "k", "1"), rec("t", 0, "k", "2"))
+	both := make(chan struct{})
+	var once sync.Once
+	var mu sync.Mutex
+	running := 0
+	n := 0
+	c := startConsumer(t, func(ctx context.Context, r *kgo.Record) error {
+		mu.Lock()
+		running++
+		if running == 2 {
+			once.Do(func() { close(both) })
+		}
+		mu.Unlock()
+		if r.Offset < 2 {
+			select { // offsets 0 and 1, same key, wait for each other
+			case <-both:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		mu.Lock()
+		running--
+		n++
+		mu.Unlock()
+		return nil
+	}, WithLogger(quiet), WithOrdering(Unordered), WithCommitInterval(5*time.Millisecond),
+		WithClientOptions(tc.clientOpts(groupName(t), "t")...))
+	eventually(t, "all three handled and committed", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		ps, _ := c.partStats("t", 0)
+		return n == 3 && ps.Committed == 3
+	})
+}
