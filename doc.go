@@ -225,7 +225,9 @@
 // You need durability, exactly-once side effects, or one order across keys:
 // keysched holds tasks in memory and promises none of these. Put a log in
 // front (Kafka, a database outbox) and acknowledge an event only when its
-// Completion reports success.
+// Completion reports success; the kafka module of this repository does that
+// for a franz-go group consumer, with key-level parallelism inside each
+// partition.
 //
 // You want typed publish/subscribe with several subscribers per event, each
 // with its own order, bounds and dead letters: package
