@@ -50,6 +50,9 @@ type Scheduler[K comparable] struct {
 	ready   readyQueue[K]
 	workers *workers
 	parked  parkedKeys[K]
+	obs     *Observer[K] // nil: no hook (observe.go)
+
+	obsPanics atomic.Uint64 // panics recovered from obs's functions
 
 	// passed is stored in a finished task's next once its key has moved on
 	// past it: a walker that meets it knows to look at the head again.
@@ -233,6 +236,9 @@ func New[K comparable](opts ...Option) (*Scheduler[K], error) {
 		}
 		s.dlq = fn
 	}
+	if err := s.setObserver(cfg.observer); err != nil {
+		return nil, err
+	}
 	s.pending.max = int64(cfg.maxPending)
 	s.parked.m = make(map[K]*node[K])
 	s.core.watched = make(map[*lazyChan]struct{})
@@ -286,7 +292,9 @@ func (s *Scheduler[K]) submit(ctx context.Context, key K, task Task, wait bool) 
 	// same allocation as its task.
 	var n *node[K]
 	var spare *chainHdr
-	if _, live := s.tails.load(key); live {
+	if s.cfg.taskAges {
+		n, spare = s.newStamped(key) // a node with room for its time (observe.go)
+	} else if _, live := s.tails.load(key); live {
 		n = &node[K]{key: key}
 	} else {
 		h := &headNode[K]{}
@@ -300,8 +308,14 @@ func (s *Scheduler[K]) submit(ctx context.Context, key K, task Task, wait bool) 
 			return nil, err
 		}
 		s.core.submitted.Inc()
+		if s.cfg.taskAges {
+			*s.stamp(n) = MonoNow() // before append publishes n
+		}
 		head, full := s.tails.append(n, s.maxKeyDepth, &s.core, spare)
 		if full == nil {
+			if s.obs != nil {
+				s.hookAccepted(key, *s.stamp(n))
+			}
 			if s.core.aborting.Load() {
 				// Close's abort may have walked this key before n was linked;
 				// either it saw n, or n sees the flag here.
@@ -580,7 +594,7 @@ type Stats struct {
 	Panicked  uint64 // tasks whose last attempt panicked
 	Cancelled uint64 // tasks withdrawn by Completion.Cancel
 	Aborted   uint64 // tasks Close gave up on
-	Rejected  uint64 // Submit and TrySubmit calls that returned an error
+	Rejected  uint64 // tasks refused: Submit and TrySubmit calls that returned an error, and the tasks of a batch not accepted
 	// Retried counts retries scheduled (attempts after the first).
 	Retried uint64
 	// DeadLettered counts deliveries to the dead letter (or the log).

@@ -97,6 +97,10 @@ func (s *Scheduler[K]) attempt(n *node[K]) bool {
 	c := &n.Completion
 	var err error
 	var panicked, permanent bool
+	var started Mono
+	if s.obs != nil {
+		started = s.hookStarted(n)
+	}
 	if x := c.more.Load(); x == nil && s.cfg.taskTimeout == 0 {
 		// The common case: a first attempt, its context inline.
 		c.ctxBits.Or(ctxStarted)
@@ -119,6 +123,9 @@ func (s *Scheduler[K]) attempt(n *node[K]) bool {
 			a.timer.Stop()
 		}
 		s.endAttempt(&a.bits, &a.done)
+	}
+	if s.obs != nil {
+		s.hookEnded(n, started, err, panicked)
 	}
 	if err == nil {
 		s.core.decide(c, outSucceeded, nil)
@@ -335,6 +342,9 @@ func (s *Scheduler[K]) letter(n *node[K], err error) DeadLetter[K] {
 func (s *Scheduler[K]) deliver(dl DeadLetter[K]) {
 	c := dl.Context.(dlContext).c
 	s.core.deadLettered.Add(1)
+	if s.obs != nil {
+		s.hookDeadLettered(dl.Key, dl.Err)
+	}
 	s.pending.hold()
 	defer func() {
 		if s.core.aborting.Load() {
