@@ -152,7 +152,8 @@ type DeadLetter[K comparable] struct {
 // call Drain or Close with a context other than DeadLetter.Context: they
 // would wait for the task fn is reporting (with it they fail with
 // ErrInsideTask). The dead letters of the tasks Close gives up on are
-// delivered by Close itself, one after another, before it returns.
+// delivered concurrently, each key's in its order (see Close), so fn may be
+// called from several goroutines at once.
 // Without it, each such task is logged (log/slog) with its key and error.
 // K must be the scheduler's key type, or New fails.
 func WithDeadLetter[K comparable](fn func(DeadLetter[K])) Option {
