@@ -260,11 +260,12 @@ func (s *Scheduler[K]) Resume(key K) error {
 			return nil
 		}
 		dl := s.letter(n, ErrAborted)
+		s.holdLetter() // before n can be passed: Drain and Close count it
 		s.core.decide(c, out, ErrAborted)
 		s.core.notRun.Add(1)
 		s.requeue(n)
 		s.core.publish(c)
-		s.deliver(dl)
+		s.sendLetter(dl)
 		return ErrClosed
 	}
 	s.requeue(n) // runs it, or moves the key past it

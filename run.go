@@ -295,15 +295,16 @@ type backoff struct {
 func (s *Scheduler[K]) parkFailed(n *node[K], err error) bool {
 	c := &n.Completion
 	dl := s.letter(n, err)
+	s.holdLetter() // before a Skip can move the key past n: Drain counts it
 	s.park(n)
 	if out, stop := s.stopped(c); stop && c.state.CompareAndSwap(stParked, stFinishing) {
 		s.dropParked(n)
 		s.core.decide(c, out, err)
-		s.deliver(dl)
+		s.sendLetter(dl)
 		s.publishRun(c)
 		return true
 	}
-	s.deliver(dl)
+	s.sendLetter(dl)
 	return false
 }
 
