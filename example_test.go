@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,6 +45,26 @@ func Example() {
 }
 
 // A Completion reports one task's outcome.
+// A task that waits for a later task of its own key would wait forever (that
+// task can run only after it returns): Wait, given the task's context, fails
+// at once with ErrDeadlock. So does a wait that closes a cycle of waits
+// through other keys.
+func ExampleCompletion_Wait_deadlock() {
+	ctx := context.Background()
+	s, _ := keysched.New[string](keysched.WithLogger(slog.New(slog.DiscardHandler)))
+	defer s.Close(ctx)
+
+	c, _ := s.Submit(ctx, "account-1", func(tctx context.Context) error {
+		later, err := s.Submit(tctx, "account-1", func(context.Context) error { return nil })
+		if err != nil {
+			return err
+		}
+		return later.Wait(tctx) // with the task's own context
+	})
+	fmt.Println(errors.Is(c.Wait(ctx), keysched.ErrDeadlock))
+	// Output: true
+}
+
 func ExampleCompletion_Wait() {
 	ctx := context.Background()
 	s, _ := keysched.New[int]()
@@ -188,13 +209,17 @@ func ExampleScheduler_Close() {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
-	err := s.Close(ctx)
-	fmt.Println(errors.Is(err, keysched.ErrAborted), errors.Is(queued.Err(), keysched.ErrAborted))
+	err := s.Close(ctx)         // returns within keysched.CloseGrace of ctx's end
+	var ce *keysched.CloseError // what it gave up on, counted
+	fmt.Println(errors.Is(err, keysched.ErrAborted), errors.As(err, &ce))
+	// Done once its dead letter (here: logged) was delivered.
+	fmt.Println(errors.Is(queued.Wait(context.Background()), keysched.ErrAborted))
 	<-release
 	_, err = s.Submit(context.Background(), "slow", func(context.Context) error { return nil })
 	fmt.Println(err)
 	// Output:
 	// true true
+	// true
 	// keysched: scheduler closed
 }
 
