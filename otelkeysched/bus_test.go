@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/bus"
 	"github.com/keysched/keysched/otelkeysched"
 )
@@ -99,6 +100,7 @@ func TestBusMetricsExact(t *testing.T) {
 			"keysched.bus.events.skipped{" + sub("mailer") + "}":          int64(0),
 			"keysched.bus.events.ejected{" + sub("mailer") + "}":          int64(0),
 			"keysched.bus.subscriptions.ejected{" + sub("mailer") + "}":   int64(0),
+			"keysched.tasks.oldest_age{" + sub("mailer") + "}":            0.0, // without bus.TaskAges: 0
 		}, only(vals, "subscription=mailer}"))
 		dropperVals := only(vals, "subscription=dropper}")
 		require.Equal(t, int64(1), dropperVals["keysched.tasks.pending{"+sub("dropper")+"}"])
@@ -118,10 +120,57 @@ func TestBusMetricsExact(t *testing.T) {
 		require.NoError(t, regs[1].Unregister())
 		vals, _ = collect(t, reader)
 		require.Empty(t, only(vals, "subscription=dropper}"))
-		require.Len(t, only(vals, "subscription=mailer}"), 16)
+		require.Len(t, only(vals, "subscription=mailer}"), 17)
 		close(release)
 		for _, r := range regs {
 			require.NoError(t, r.Unregister())
 		}
+	})
+}
+
+// A subscription observed with Metrics made ForSubscription: the histograms
+// and the oldest age carry its name too.
+func TestObservedSubscriptionMetrics(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reader := sdkmetric.NewManualReader()
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		defer mp.Shutdown(context.Background())
+		ctx := context.Background()
+		b, err := bus.New[string](bus.WithWorkers(4), bus.WithLogger(quiet))
+		require.NoError(t, err)
+		release := make(chan struct{})
+		defer func() {
+			close(release)
+			b.Close(ctx)
+		}()
+		m, err := otelkeysched.New[string](mp, otelkeysched.ForSubscription("ledger"))
+		require.NoError(t, err)
+		require.ErrorIs(t, m.Register(nil), keysched.ErrInvalidOption)
+		sub, err := bus.Subscribe(b, "ledger", func(_ context.Context, _ bus.Envelope[string], o orderPlaced) error {
+			if o.id == 0 {
+				<-release
+			}
+			time.Sleep(time.Second)
+			return nil
+		}, bus.Observe(m.Observer()))
+		require.NoError(t, err)
+		other, err := bus.Subscribe(b, "other", func(context.Context, bus.Envelope[string], orderPlaced) error { return nil })
+		require.NoError(t, err)
+		require.ErrorIs(t, m.RegisterSubscription(other), keysched.ErrInvalidOption)
+		require.NoError(t, m.RegisterSubscription(sub))
+		require.ErrorIs(t, m.RegisterSubscription(sub), otelkeysched.ErrRegistered)
+		defer m.Unregister()
+
+		require.NoError(t, b.Publish(ctx, "k", orderPlaced{0})) // held until release
+		require.NoError(t, b.Publish(ctx, "k2", orderPlaced{1}))
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		vals, _ := collect(t, reader)
+		L := "subscription=ledger"
+		require.Equal(t, 30.0, vals["keysched.tasks.oldest_age{"+L+"}"])
+		require.Equal(t, int64(1), vals["keysched.tasks.pending{"+L+"}"])
+		require.Equal(t, hist{Count: 2, Sum: 0, Buckets: map[float64]uint64{0.0001: 2}}, vals["keysched.task.queue_wait{"+L+"}"])
+		require.Equal(t, hist{Count: 1, Sum: 1, Buckets: map[float64]uint64{1: 1}}, vals["keysched.task.duration{outcome=succeeded,"+L+"}"])
+		require.Empty(t, only(vals, "subscription=other"), "other is not registered")
 	})
 }
