@@ -85,7 +85,7 @@ type queries struct {
 	renew, release, releaseAll         string
 	candidates, candidatesPark         string
 	acquireInsert, acquireTakeover     string // Postgres
-	acquireUpsert                      string // SQLite
+	acquireUpsert                      string // SQLite: %s is the VALUES list
 	fetch                              string
 	markSentDelete, markSentUpdate     string // prefix; the seq list is appended
 	markDead, cleanup                  string
@@ -127,8 +127,8 @@ func newQueries(d Dialect, t string) queries {
 		q.listenChannel = t
 	} else {
 		q.renew = `UPDATE ` + l + ` SET expires_at = ? WHERE owner = ? RETURNING key`
-		q.release = `DELETE FROM ` + l + ` WHERE owner = ? AND key = ?`
-		q.acquireUpsert = `INSERT INTO ` + l + ` (key, owner, expires_at) VALUES (?, ?, ?)
+		q.release = `DELETE FROM ` + l + ` WHERE owner = ? AND key IN `
+		q.acquireUpsert = `INSERT INTO ` + l + ` (key, owner, expires_at) VALUES %s
 	ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at
 	WHERE ` + l + `.expires_at <= ? RETURNING key`
 		q.fetch = `SELECT ` + rowCols + ` FROM ` + t + ` WHERE key = ? AND state = 0 AND seq > ? ORDER BY seq LIMIT ?`

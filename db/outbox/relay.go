@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -267,12 +269,15 @@ type Relay struct {
 	crash     bool            // tests: leave leases and marks as a crash would
 	noMark    bool            // tests: never mark published rows (a crash right after publishing)
 
-	// loop goroutine only
-	keys      map[string]*tenure
-	lastRenew int64
-	lastClean int64
+	lastClean int64 // loop goroutine only
 
-	mu       sync.Mutex // guards inflight, tenure.inflight, active
+	// leaseMu makes claiming and renewing take turns, so that a renewal
+	// sees every lease claimed before it (a key missing from its result is
+	// really lost).
+	leaseMu sync.Mutex
+
+	mu       sync.Mutex // guards keys, inflight, tenure.inflight, active
+	keys     map[string]*tenure
 	inflight int
 	active   int // task functions running now
 	idle     *sync.Cond
@@ -467,8 +472,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer cancelBG()
 	var wg sync.WaitGroup
 	stopFlush := make(chan struct{})
-	wg.Add(1)
+	wg.Add(2)
 	go func() { defer wg.Done(); r.flusher(bg, stopFlush) }()
+	go func() { defer wg.Done(); r.renewer(bg, stopFlush) }()
 	lctx, cancelListen := context.WithCancel(ctx)
 	defer cancelListen()
 	if r.o.dialect == Postgres && r.cfg.listen {
@@ -568,11 +574,7 @@ func (r *Relay) loop(ctx context.Context) error {
 		if r.poll(ctx) {
 			continue // a full batch: there may be more at once
 		}
-		wait := r.cfg.poll
-		if untilRenew := time.Duration(r.lastRenew + int64(r.cfg.lease/3) - r.mono()); len(r.keys) > 0 && untilRenew < wait {
-			wait = max(untilRenew, time.Millisecond)
-		}
-		timer.Reset(wait)
+		timer.Reset(r.cfg.poll)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -597,15 +599,13 @@ func (r *Relay) dbError(what string, err error) {
 // reports whether the batch was filled (more may be waiting).
 func (r *Relay) poll(ctx context.Context) (full bool) {
 	r.st.polls.Add(1)
-	if len(r.keys) > 0 && r.mono()-r.lastRenew >= int64(r.cfg.lease/3) {
-		r.renew(ctx)
-	}
 	r.releaseEnded(ctx)
 	r.mu.Lock()
 	room := r.cfg.batch - r.inflight
+	held := len(r.keys)
 	r.mu.Unlock()
 	if room > 0 {
-		if len(r.keys) < r.cfg.maxKeys {
+		if held < r.cfg.maxKeys {
 			r.acquire(ctx, room)
 		}
 		n := r.fetch(ctx, room)
@@ -615,11 +615,33 @@ func (r *Relay) poll(ctx context.Context) (full bool) {
 	if r.cfg.retention > 0 && r.mono()-r.lastClean >= int64(max(r.cfg.poll*10, time.Second)) {
 		r.cleanup(ctx)
 	}
-	r.st.keysHeld.Store(int64(len(r.keys)))
 	return full
 }
 
+// renewer renews the relay's leases every third of the lease duration, on
+// its own goroutine so that a slow poll cannot make them lapse.
+func (r *Relay) renewer(ctx context.Context, stop <-chan struct{}) {
+	tick := time.NewTicker(r.cfg.lease / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+			r.renew(ctx)
+		}
+	}
+}
+
 func (r *Relay) renew(ctx context.Context) {
+	r.leaseMu.Lock()
+	defer r.leaseMu.Unlock()
+	r.mu.Lock()
+	n := len(r.keys)
+	r.mu.Unlock()
+	if n == 0 {
+		return
+	}
 	start := r.mono()
 	var keys map[string]bool
 	var err error
@@ -632,7 +654,8 @@ func (r *Relay) renew(ctx context.Context) {
 		r.dbError("renew leases", err)
 		return
 	}
-	r.lastRenew = start
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	for k, t := range r.keys {
 		if keys[k] {
 			t.deadline.Store(start + int64(r.cfg.lease))
@@ -673,23 +696,24 @@ func (r *Relay) releaseEnded(ctx context.Context) {
 			ended = append(ended, k)
 		}
 	}
+	r.st.keysHeld.Store(int64(len(r.keys)))
 	r.mu.Unlock()
 	if len(ended) == 0 {
 		return
 	}
-	r.st.keysHeld.Store(int64(len(r.keys)))
 	var err error
 	if r.o.dialect == Postgres {
 		_, err = r.o.db.ExecContext(ctx, r.o.q.release, r.cfg.owner, ended)
 	} else {
-		err = r.sqliteTx(ctx, func(tx *sql.Tx) error {
-			for _, k := range ended {
-				if _, err := tx.ExecContext(ctx, r.o.q.release, r.cfg.owner, k); err != nil {
-					return err
-				}
+		for len(ended) > 0 && err == nil {
+			n := min(len(ended), 500)
+			args := []any{r.cfg.owner}
+			for _, k := range ended[:n] {
+				args = append(args, k)
 			}
-			return nil
-		})
+			_, err = r.o.db.ExecContext(ctx, r.o.q.release+inList(n), args...)
+			ended = ended[n:]
+		}
 	}
 	if err != nil {
 		// The leases expire by themselves; the keys are only delayed.
@@ -725,9 +749,7 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 		r.dbError("find keys", err)
 		return
 	}
-	var cands []string
-	seen := map[string]bool{}
-	limit := r.cfg.maxKeys - len(r.keys)
+	var found []string
 	for rows.Next() {
 		var k string
 		if err := rows.Scan(&k); err != nil {
@@ -735,19 +757,30 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 			r.dbError("find keys", err)
 			return
 		}
-		if !seen[k] && r.keys[k] == nil && len(cands) < limit {
-			seen[k] = true
-			cands = append(cands, k)
-		}
+		found = append(found, k)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		r.dbError("find keys", err)
 		return
 	}
+	var cands []string
+	seen := map[string]bool{}
+	r.mu.Lock()
+	limit := r.cfg.maxKeys - len(r.keys)
+	for _, k := range found {
+		if !seen[k] && r.keys[k] == nil && len(cands) < limit {
+			seen[k] = true
+			cands = append(cands, k)
+		}
+	}
+	r.mu.Unlock()
 	if len(cands) == 0 {
 		return
 	}
+	sort.Strings(cands) // one lock order for every relay
+	r.leaseMu.Lock()
+	defer r.leaseMu.Unlock()
 	start := r.mono()
 	got := map[string]bool{}
 	if r.o.dialect == Postgres {
@@ -777,31 +810,37 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 	} else {
 		now := time.Now()
 		exp := now.Add(r.cfg.lease).UnixMicro()
-		err := r.sqliteTx(ctx, func(tx *sql.Tx) error {
-			for _, k := range cands {
-				ks, err := r.queryKeys(ctx, tx, r.o.q.acquireUpsert, k, r.cfg.owner, exp, now.UnixMicro())
-				if err != nil {
-					return err
+		for len(cands) > 0 {
+			n := min(len(cands), 300)
+			args := make([]any, 0, 3*n+1)
+			var b strings.Builder
+			for i, k := range cands[:n] {
+				if i > 0 {
+					b.WriteString(", ")
 				}
-				if ks[k] {
-					got[k] = true
-				}
+				b.WriteString("(?, ?, ?)")
+				args = append(args, k, r.cfg.owner, exp)
 			}
-			return nil
-		})
-		if err != nil {
-			r.dbError("claim keys", err)
-			return
+			args = append(args, now.UnixMicro())
+			ks, err := r.queryKeys(ctx, r.o.db, fmt.Sprintf(r.o.q.acquireUpsert, b.String()), args...)
+			if err != nil {
+				r.dbError("claim keys", err)
+				break
+			}
+			for k := range ks {
+				got[k] = true
+			}
+			cands = cands[n:]
 		}
 	}
-	if len(r.keys) == 0 {
-		r.lastRenew = start // the renewal schedule starts with these leases
-	}
+	r.mu.Lock()
 	for k := range got {
 		t := &tenure{key: k}
 		t.deadline.Store(start + int64(r.cfg.lease))
 		r.keys[k] = t
 	}
+	r.st.keysHeld.Store(int64(len(r.keys)))
+	r.mu.Unlock()
 }
 
 // fetch reads up to room pending rows of the held keys, beyond what each
@@ -862,8 +901,14 @@ func (r *Relay) fetch(ctx context.Context, room int) int {
 	}
 	stopped := map[*tenure]bool{}
 	n := 0
+	r.mu.Lock()
+	byKey := make(map[string]*tenure, len(wants))
+	for _, w := range wants {
+		byKey[w.t.key] = w.t
+	}
+	r.mu.Unlock()
 	for _, e := range evs {
-		t := r.keys[e.Key]
+		t := byKey[e.Key]
 		if t == nil || stopped[t] || quota[t] == 0 || n == room {
 			// Never submit a later row of a key whose earlier row was
 			// left out: the cursor would pass over it.
@@ -1021,8 +1066,13 @@ func (r *Relay) settle(j *job) {
 	r.mu.Lock()
 	r.inflight--
 	j.t.inflight--
+	low := r.inflight <= r.cfg.batch/2
 	r.mu.Unlock()
-	r.signal()
+	if low {
+		// Refill at half the batch: a poll per settled row would read
+		// the held keys over and over for one row each.
+		r.signal()
+	}
 }
 
 func (r *Relay) flusher(ctx context.Context, stop <-chan struct{}) {
