@@ -8,6 +8,7 @@ require (
 	github.com/keysched/keysched v0.0.0
 	github.com/stretchr/testify v1.12.1
 	github.com/twmb/franz-go v1.22.3
+	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
 	go.uber.org/goleak v1.3.0
 	modernc.org/sqlite v1.62.0
 )

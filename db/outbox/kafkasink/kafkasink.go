@@ -9,7 +9,7 @@
 //	relay, _ := ob.NewRelay(sink)
 //
 // The record's key is the event's key, its value the payload, its timestamp
-// the event's creation time; its headers are the event's headers plus
+// the event's creation time; its headers are the event's headers (sorted by name) plus
 // HeaderID, HeaderType and HeaderSeq. With franz-go's default partitioner a
 // key's records go to one partition, and the relay produces a key's events
 // one at a time, in order, so a key's events land in its partition in write
@@ -27,6 +27,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -102,8 +104,8 @@ func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
 // Record returns the record New's sink produces for e on topic.
 func Record(topic string, e outbox.Event) *kgo.Record {
 	hs := make([]kgo.RecordHeader, 0, len(e.Headers)+3)
-	for k, v := range e.Headers {
-		hs = append(hs, kgo.RecordHeader{Key: k, Value: []byte(v)})
+	for _, k := range slices.Sorted(maps.Keys(e.Headers)) {
+		hs = append(hs, kgo.RecordHeader{Key: k, Value: []byte(e.Headers[k])})
 	}
 	hs = append(hs,
 		kgo.RecordHeader{Key: HeaderID, Value: []byte(e.ID)},
