@@ -68,7 +68,11 @@
 //     Published rows are marked sent (or deleted) in batches.
 //   - A key with nothing left in flight and nothing pending is released
 //     (its lease row deleted), so another relay can take it when new rows
-//     arrive. Close releases all of the relay's keys.
+//     arrive. A key held for longer than a lease duration stops fetching,
+//     and is released once its rows in flight are settled, then claimed
+//     afresh (by any relay) from its oldest pending row: that spreads busy
+//     keys over the relays and bounds how long a row committed out of seq
+//     order (below) waits. Close releases all of the relay's keys.
 //
 // Each relay keeps, per key, the local time at which its lease ends,
 // measured from before the claim or renewal was sent, so it is never later
@@ -92,10 +96,19 @@
 //
 // Order is seq order, which is insert order. On PostgreSQL two transactions
 // writing events of one key at once insert in one order and may commit in
-// the other; the relay could then see (and publish) the later seq first. Make
-// a key's transactions serialise on that key, as state changes usually do
-// (update the entity's row, which locks it, before Write). On SQLite writers
-// are serialised anyway.
+// the other; the relay could then see (and publish) the later seq first, and
+// the earlier one when it next reads the key from its oldest pending row
+// (within about a lease duration). Make a key's transactions serialise on
+// that key, as state changes usually do (update the entity's row, which locks
+// it, before Write). On SQLite writers are serialised anyway.
+//
+// Leases are only as good as the clocks: expiry is decided by the database
+// server's clock on PostgreSQL and by the wall clocks of the processes
+// sharing the file on SQLite, while a relay's own deadline runs on its
+// monotonic clock. A clock stepped forward by more than the margin between
+// the two can let a lease expire early, and two relays publish one key at
+// once, briefly. All relays of one outbox must use the same failure policy:
+// a Continue relay goes past dead rows that a Park relay stops at.
 //
 // # Failures
 //

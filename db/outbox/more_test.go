@@ -134,3 +134,60 @@ func TestBusSink(t *testing.T) {
 		}
 	}
 }
+
+// On PostgreSQL a row can commit after a later-inserted row of its key was
+// already published (two transactions on one key, committing out of insert
+// order). It is published anyway, though the key never goes idle: a relay
+// re-reads a key from its oldest pending row at least once per lease.
+func TestLateCommittedRowOnBusyKey(t *testing.T) {
+	db := dbtest.Postgres(t)
+	ctx := context.Background()
+	ob := newOutbox(t, db)
+	late, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	_, err = ob.Write(ctx, late, outbox.Event{ID: "late", Key: "busy", Payload: []byte("late")})
+	require.NoError(t, err)
+
+	write := func() error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		if _, err = ob.Write(ctx, tx, outbox.Event{Key: "busy", Payload: []byte("x")}); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}
+	got := make(chan string, 1)
+	var once sync.Once
+	r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+		if e.ID == "late" {
+			once.Do(func() { got <- e.ID })
+			return nil
+		}
+		// Keep the key busy: every publish writes the key's next row
+		// before it returns, so the relay never finds the key idle.
+		select {
+		case got <- e.ID:
+		default:
+		}
+		return write()
+	}, outbox.WithLogger(quiet), outbox.WithPollInterval(5*time.Millisecond), outbox.WithLeaseDuration(300*time.Millisecond))
+	require.NoError(t, err)
+	require.NoError(t, write())
+	runRelay(t, r)
+	<-got // a later row of the key is out
+	require.NoError(t, late.Commit())
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case id := <-got:
+			if id == "late" {
+				return
+			}
+		case <-deadline:
+			t.Fatal("the late-committed row was never published")
+		}
+	}
+}

@@ -301,8 +301,16 @@ type tenure struct {
 	deadline atomic.Int64 // r.mono() nanoseconds at which the lease ends locally
 	lost     atomic.Bool
 	after    int64 // highest seq submitted in this tenure (loop goroutine)
+	born     int64 // r.mono() when claimed
 	inflight int   // rows of this tenure not settled (r.mu)
-	fetched  bool  // rows fetched in the current poll (loop goroutine)
+	fetched  bool  // rows fetched in the current poll (r.mu)
+	// draining: the tenure is older than a lease; it fetches nothing more
+	// and is released once its rows settle, so that the key is claimed
+	// afresh from its oldest pending row (r.mu). That bounds how long a
+	// row committed late with a lower seq than rows already fetched (two
+	// PostgreSQL transactions on one key committing out of insert order)
+	// waits behind the cursor.
+	draining bool
 }
 
 type job struct {
@@ -691,7 +699,7 @@ func (r *Relay) releaseEnded(ctx context.Context) {
 	var ended []string
 	r.mu.Lock()
 	for k, t := range r.keys {
-		if t.inflight == 0 && (t.lost.Load() || !t.fetched) {
+		if t.inflight == 0 && (t.lost.Load() || !t.fetched || t.draining) {
 			delete(r.keys, k)
 			ended = append(ended, k)
 		}
@@ -835,7 +843,7 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 	}
 	r.mu.Lock()
 	for k := range got {
-		t := &tenure{key: k}
+		t := &tenure{key: k, born: start}
 		t.deadline.Store(start + int64(r.cfg.lease))
 		r.keys[k] = t
 	}
@@ -852,10 +860,14 @@ func (r *Relay) fetch(ctx context.Context, room int) int {
 		limit int
 	}
 	var wants []want
+	now := r.mono()
 	r.mu.Lock()
 	for _, t := range r.keys {
 		t.fetched = t.inflight > 0
-		if t.lost.Load() {
+		if now-t.born > int64(r.cfg.lease) {
+			t.draining = true
+		}
+		if t.lost.Load() || t.draining {
 			continue
 		}
 		if l := r.cfg.keyBatch - t.inflight; l > 0 {
