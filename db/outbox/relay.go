@@ -269,7 +269,9 @@ type Relay struct {
 	crash     bool            // tests: leave leases and marks as a crash would
 	noMark    bool            // tests: never mark published rows (a crash right after publishing)
 
-	lastClean int64 // loop goroutine only
+	lastClean int64  // loop goroutine only
+	cursor    string // loop goroutine only: where the next key walk starts
+	fetchStmt *sql.Stmt
 
 	// leaseMu makes claiming and renewing take turns, so that a renewal
 	// sees every lease claimed before it (a key missing from its result is
@@ -490,6 +492,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		go func() { defer wg.Done(); r.listen(lctx) }()
 	}
 
+	if r.o.dialect == SQLite {
+		// One query per key and poll: parse it once (pgx caches its
+		// statements by itself).
+		if st, err := r.o.db.PrepareContext(ctx, r.o.q.fetch); err == nil {
+			r.fetchStmt = st
+			defer st.Close()
+		}
+	}
 	err := r.loop(ctx)
 
 	// Shut down: no claim after this; tasks that have not started give
@@ -747,30 +757,43 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 	if r.cfg.policy == keysched.Park {
 		q = r.o.q.candidatesPark
 	}
-	var args []any
+	// Visit at most this many keys per poll; the cursor moves on, and
+	// wraps around at the last key, so every key gets its turn.
+	walk := 4*room + 64
+	args := []any{r.cursor, walk}
 	if r.o.dialect == SQLite {
 		args = append(args, time.Now().UnixMicro())
 	}
-	args = append(args, room)
 	rows, err := r.o.db.QueryContext(ctx, q, args...)
 	if err != nil {
 		r.dbError("find keys", err)
 		return
 	}
 	var found []string
+	visited, last := 0, ""
 	for rows.Next() {
 		var k string
-		if err := rows.Scan(&k); err != nil {
+		var free bool
+		if err := rows.Scan(&k, &free); err != nil {
 			rows.Close()
 			r.dbError("find keys", err)
 			return
 		}
-		found = append(found, k)
+		visited++
+		last = k
+		if free {
+			found = append(found, k)
+		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		r.dbError("find keys", err)
 		return
+	}
+	if visited < walk {
+		r.cursor = "" // reached the last key: start over next time
+	} else {
+		r.cursor = last
 	}
 	var cands []string
 	seen := map[string]bool{}
@@ -893,7 +916,14 @@ func (r *Relay) fetch(ctx context.Context, room int) int {
 			if left == 0 {
 				break
 			}
-			more, e := r.scanEvents(r.o.db.QueryContext(ctx, r.o.q.fetch, w.t.key, w.t.after, min(w.limit, left)))
+			var rows *sql.Rows
+			var e error
+			if r.fetchStmt != nil {
+				rows, e = r.fetchStmt.QueryContext(ctx, w.t.key, w.t.after, min(w.limit, left))
+			} else {
+				rows, e = r.o.db.QueryContext(ctx, r.o.q.fetch, w.t.key, w.t.after, min(w.limit, left))
+			}
+			more, e := r.scanEvents(rows, e)
 			if e != nil {
 				err = e
 				break

@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,8 +46,19 @@ func main() {
 		rounds  = flag.Int("rounds", 3, "runs per configuration")
 		isolate = flag.Duration("fail-for", 20*time.Second, "isolation run: how long the failing key's sink fails (0: skip the isolation run)")
 		batch   = flag.Int("batch", outbox.DefaultBatchSize, "relay batch size")
+		profile = flag.String("cpuprofile", "", "write a CPU profile to this file")
 	)
 	flag.Parse()
+	if *profile != "" {
+		f, err := os.Create(*profile)
+		if err != nil {
+			fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	ctx := context.Background()
 	var relayCounts []int
 	for _, s := range strings.Split(*relays, ",") {
