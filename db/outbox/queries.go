@@ -27,7 +27,6 @@ func schema(d Dialect, t string) []string {
 	done_at    TIMESTAMPTZ
 )`,
 			`CREATE INDEX IF NOT EXISTS ` + t + `_pending_key ON ` + t + ` (key, seq) WHERE state = 0`,
-			`CREATE INDEX IF NOT EXISTS ` + t + `_pending_seq ON ` + t + ` (seq) WHERE state = 0`,
 			`CREATE INDEX IF NOT EXISTS ` + t + `_dead ON ` + t + ` (key, seq) WHERE state = 2`,
 			`CREATE INDEX IF NOT EXISTS ` + t + `_sent ON ` + t + ` (done_at) WHERE state = 1`,
 			`CREATE TABLE IF NOT EXISTS ` + t + `_lease (
@@ -61,7 +60,6 @@ $$`,
 	done_at    INTEGER
 )`,
 		`CREATE INDEX IF NOT EXISTS ` + t + `_pending_key ON ` + t + ` (key, seq) WHERE state = 0`,
-		`CREATE INDEX IF NOT EXISTS ` + t + `_pending_seq ON ` + t + ` (seq) WHERE state = 0`,
 		`CREATE INDEX IF NOT EXISTS ` + t + `_dead ON ` + t + ` (key, seq) WHERE state = 2`,
 		`CREATE INDEX IF NOT EXISTS ` + t + `_sent ON ` + t + ` (done_at) WHERE state = 1`,
 		`CREATE TABLE IF NOT EXISTS ` + t + `_lease (

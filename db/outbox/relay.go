@@ -458,13 +458,14 @@ func (r *Relay) signal() {
 // Run reads and publishes pending rows until ctx ends or Close is called. A
 // relay runs once: a second Run, or Run after Close, returns ErrClosed.
 //
-// When Close is called, Run stops claiming, lets the rows in flight finish
-// (until Close's context ends: then the rest are given back unpublished),
-// marks what was published, releases its leases and returns nil. When ctx
-// ends, Run does the same at once: sink calls in flight see their context
-// cancelled, queued rows are given back, and Run returns ctx's error once the
-// sink calls have returned. Rows given back stay pending: they are published
-// later, by this outbox's next relay to claim their key.
+// When Close is called, Run stops claiming and fetching, lets the sink calls
+// in progress finish (until Close's context ends: then their contexts are
+// cancelled), gives back the rows that had not started (queued behind them,
+// or waiting out a retry backoff), marks what was published, releases its
+// leases and returns nil. When ctx ends, Run does the same at once: sink
+// calls in progress see their context cancelled, and Run returns ctx's error
+// once they have returned. Rows given back stay pending: they are published
+// by this outbox's next relay to claim their key.
 func (r *Relay) Run(ctx context.Context) error {
 	if ctx == nil {
 		return keysched.ErrNilContext
