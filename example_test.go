@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/keysched/keysched"
+	"github.com/panjf2000/ants/v2"
 )
 
 // Tasks of one key run one at a time, in the order they were submitted;
@@ -234,4 +236,330 @@ func ExampleScheduler_Stats() {
 	st := s.Stats()
 	fmt.Println(st.Submitted, st.Succeeded, st.Failed, st.Pending, st.Keys)
 	// Output: 10 9 1 0 0
+}
+
+// New checks its options: a bad one is an error, never a panic.
+func ExampleNew() {
+	s, err := keysched.New[string](
+		keysched.WithWorkers(32),       // at most 32 tasks run at once
+		keysched.WithMaxKeyDepth(100),  // queued + running tasks per key
+		keysched.WithMaxPending(10000), // accepted, unfinished tasks in all
+	)
+	if err != nil {
+		panic(err)
+	}
+	defer s.Close(context.Background())
+
+	_, err = keysched.New[string](keysched.WithMaxKeyDepth(0))
+	fmt.Println(errors.Is(err, keysched.ErrInvalidOption))
+	fmt.Println(err)
+	// Output:
+	// true
+	// keysched: invalid option: WithMaxKeyDepth(0): need at least 1
+}
+
+// Submit accepts a task for its key and returns its Completion at once; the
+// task runs later, after the key's earlier tasks.
+func ExampleScheduler_Submit() {
+	ctx := context.Background()
+	s, err := keysched.New[int]()
+	if err != nil {
+		panic(err)
+	}
+	defer s.Close(ctx)
+
+	var log []string // one key: its tasks never run at the same time
+	for _, step := range []string{"created", "paid", "shipped"} {
+		_, err := s.Submit(ctx, 1001, func(context.Context) error {
+			log = append(log, step)
+			return nil
+		})
+		if err != nil { // not accepted: nothing will run
+			panic(err)
+		}
+	}
+	last, _ := s.Submit(ctx, 1001, func(context.Context) error { return nil })
+	if err := last.Wait(ctx); err != nil {
+		panic(err)
+	}
+	fmt.Println(log) // the key's earlier tasks happened before its last one
+	// Output: [created paid shipped]
+}
+
+// Submit refuses what it cannot run, with an error saying why.
+func ExampleScheduler_Submit_errors() {
+	ctx := context.Background()
+	s, _ := keysched.New[any]()
+
+	_, err := s.Submit(ctx, "k", nil)
+	fmt.Println(err)
+	_, err = s.Submit(ctx, []int{1}, func(context.Context) error { return nil })
+	fmt.Println(errors.Is(err, keysched.ErrInvalidKey))
+
+	s.Close(ctx)
+	_, err = s.Submit(ctx, "k", func(context.Context) error { return nil })
+	fmt.Println(err)
+	// Output:
+	// keysched: nil task
+	// true
+	// keysched: scheduler closed
+}
+
+// Drain waits until every task accepted so far has finished, without closing
+// the scheduler: it accepts more work afterwards.
+func ExampleScheduler_Drain() {
+	ctx := context.Background()
+	s, _ := keysched.New[int](keysched.WithWorkers(4))
+	defer s.Close(ctx)
+
+	var done atomic.Int32
+	for i := range 100 {
+		s.Submit(ctx, i%7, func(context.Context) error { done.Add(1); return nil })
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := s.Drain(waitCtx); err != nil {
+		panic(err) // the context ended first: the error says how many are unfinished
+	}
+	st := s.Stats()
+	fmt.Println(done.Load(), st.Pending, st.Keys)
+	// Output: 100 0 0
+}
+
+// Done is a channel, to wait for a task together with something else.
+func ExampleCompletion_Done() {
+	ctx := context.Background()
+	s, _ := keysched.New[string]()
+	defer s.Close(ctx)
+
+	c, _ := s.Submit(ctx, "report-1", func(context.Context) error { return nil })
+	select {
+	case <-c.Done():
+		fmt.Println("done:", c.Err())
+	case <-time.After(time.Minute):
+		fmt.Println("still running")
+	}
+	// Output: done: <nil>
+}
+
+// A task's context keeps the values of the context given to Submit, but not
+// its cancellation: a request that ends does not cancel the work it handed
+// off. It is cancelled by Completion.Cancel, Close giving up, the attempt's
+// end and WithTaskTimeout.
+func ExampleTask() {
+	ctx := context.Background()
+	s, _ := keysched.New[string]()
+	defer s.Close(ctx)
+
+	type requestID struct{}
+	reqCtx, endRequest := context.WithCancel(context.WithValue(ctx, requestID{}, "req-81"))
+	requestOver := make(chan struct{})
+	c, _ := s.Submit(reqCtx, "user-5", func(taskCtx context.Context) error {
+		<-requestOver
+		fmt.Println(taskCtx.Value(requestID{}), taskCtx.Err(), keysched.Attempt(taskCtx))
+		return nil
+	})
+	endRequest() // the HTTP request that submitted the task has ended
+	close(requestOver)
+	c.Wait(ctx)
+	// Output: req-81 <nil> 1
+}
+
+// Without a retry policy a failed task is attempted once; its error is its
+// outcome, and it goes to the dead letter (or, without one, to the log).
+// The key moves on.
+func ExampleWithDeadLetter() {
+	ctx := context.Background()
+	s, _ := keysched.New[string](
+		keysched.WithDeadLetter(func(dl keysched.DeadLetter[string]) {
+			fmt.Printf("dead letter: key %s, %d attempt(s), %v\n", dl.Key, dl.Attempts, dl.Errors)
+		}),
+	)
+	defer s.Close(ctx)
+
+	failed, _ := s.Submit(ctx, "invoice-12", func(context.Context) error {
+		return errors.New("template missing")
+	})
+	next, _ := s.Submit(ctx, "invoice-12", func(context.Context) error { return nil })
+	fmt.Println(failed.Wait(ctx), next.Wait(ctx))
+	// Output:
+	// dead letter: key invoice-12, 1 attempt(s), [template missing]
+	// template missing <nil>
+}
+
+// An error wrapped with Permanent is not retried: the task goes to the dead
+// letter after the attempt that returned it.
+func ExamplePermanent() {
+	ctx := context.Background()
+	errNotFound := errors.New("account not found")
+	s, _ := keysched.New[string](
+		keysched.WithRetry(keysched.RetryPolicy{MaxAttempts: 5, InitialBackoff: time.Millisecond}),
+		keysched.WithDeadLetter(func(dl keysched.DeadLetter[string]) {
+			fmt.Println("attempts:", dl.Attempts, "not found:", errors.Is(dl.Err, errNotFound))
+		}),
+	)
+	defer s.Close(ctx)
+
+	c, _ := s.Submit(ctx, "acct-0", func(context.Context) error {
+		return keysched.Permanent(errNotFound) // retrying cannot help
+	})
+	fmt.Println(c.Wait(ctx))
+	// Output:
+	// attempts: 1 not found: true
+	// account not found
+}
+
+// A panicking task is recovered on its worker: the outcome is a *PanicError
+// with the value and the stack, and the key goes on.
+func ExamplePanicError() {
+	ctx := context.Background()
+	s, _ := keysched.New[string](keysched.WithDeadLetter(func(keysched.DeadLetter[string]) {}))
+	defer s.Close(ctx)
+
+	c, _ := s.Submit(ctx, "k", func(context.Context) error {
+		var m map[string]int
+		m["x"] = 1 // assignment to entry in nil map
+		return nil
+	})
+	err := c.Wait(ctx)
+	var pe *keysched.PanicError
+	fmt.Println(errors.As(err, &pe), len(pe.Stack) > 0)
+	fmt.Println(pe.Value)
+	// Output:
+	// true true
+	// assignment to entry in nil map
+}
+
+// WithTaskTimeout gives each attempt's context a deadline; a task that
+// respects its context stops there.
+func ExampleWithTaskTimeout() {
+	ctx := context.Background()
+	s, _ := keysched.New[string](
+		keysched.WithTaskTimeout(5*time.Millisecond),
+		keysched.WithDeadLetter(func(keysched.DeadLetter[string]) {}),
+	)
+	defer s.Close(ctx)
+
+	c, _ := s.Submit(ctx, "endpoint-3", func(ctx context.Context) error {
+		<-ctx.Done() // a call that hangs, bounded by its context
+		return ctx.Err()
+	})
+	fmt.Println(c.Wait(ctx))
+	// Output: context deadline exceeded
+}
+
+// Skip gives up a parked key's failed task and moves the key on to its next
+// task; Resume would run the failed task again.
+func ExampleScheduler_Skip() {
+	ctx := context.Background()
+	parked := make(chan string, 1)
+	s, _ := keysched.New[string](
+		keysched.WithFailurePolicy(keysched.Park),
+		keysched.WithDeadLetter(func(dl keysched.DeadLetter[string]) { parked <- dl.Key }),
+	)
+	defer s.Close(ctx)
+
+	bad, _ := s.Submit(ctx, "cart-8", func(context.Context) error { return errors.New("malformed event") })
+	next, _ := s.Submit(ctx, "cart-8", func(context.Context) error { return nil })
+	key := <-parked // the key is parked: next waits behind bad
+	fmt.Println(s.Parked(), s.Stats().ParkedKeys)
+
+	if err := s.Skip(key); err != nil {
+		panic(err)
+	}
+	fmt.Println(bad.Wait(ctx), next.Wait(ctx), s.Parked())
+	fmt.Println(errors.Is(s.Skip(key), keysched.ErrNotParked))
+	// Output:
+	// [cart-8] 1
+	// malformed event <nil> []
+	// true
+}
+
+// Several schedulers can share one ants pool; WithMaxConcurrency is each
+// one's bulkhead, so that one of them cannot take the whole pool.
+func ExampleWithPool() {
+	ctx := context.Background()
+	pool, err := ants.NewPool(4)
+	if err != nil {
+		panic(err)
+	}
+	defer pool.ReleaseTimeout(time.Minute)
+
+	var running, most atomic.Int32
+	task := func(context.Context) error {
+		n := running.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(time.Millisecond)
+		running.Add(-1)
+		return nil
+	}
+	orders, _ := keysched.New[int](keysched.WithPool(pool), keysched.WithMaxConcurrency(2))
+	emails, _ := keysched.New[int](keysched.WithPool(pool), keysched.WithMaxConcurrency(2))
+	for i := range 20 {
+		orders.Submit(ctx, i, task)
+	}
+	orders.Close(ctx) // waits for its tasks; leaves the shared pool alone
+	emails.Close(ctx)
+	fmt.Println("at most 2 of orders' tasks at once:", most.Load() <= 2)
+	fmt.Println("pool still open:", !pool.IsClosed())
+	// Output:
+	// at most 2 of orders' tasks at once: true
+	// pool still open: true
+}
+
+// KeyDepth tells how many tasks a key holds, queued plus running: the
+// quantity WithMaxKeyDepth bounds.
+func ExampleScheduler_KeyDepth() {
+	ctx := context.Background()
+	s, _ := keysched.New[string]()
+	defer s.Close(ctx)
+
+	release := make(chan struct{})
+	s.Submit(ctx, "busy", func(context.Context) error { <-release; return nil })
+	s.Submit(ctx, "busy", func(context.Context) error { return nil })
+	s.Submit(ctx, "busy", func(context.Context) error { return nil })
+	fmt.Println(s.KeyDepth("busy"), s.KeyDepth("idle"))
+	close(release)
+	s.Drain(ctx)
+	fmt.Println(s.KeyDepth("busy"))
+	// Output:
+	// 3 0
+	// 0
+}
+
+// Resume runs a parked key's failed task again with a fresh attempt budget;
+// the key's later tasks follow once it succeeds.
+func ExampleScheduler_Resume() {
+	ctx := context.Background()
+	parked := make(chan keysched.DeadLetter[string], 1)
+	s, _ := keysched.New[string](
+		keysched.WithRetry(keysched.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond}),
+		keysched.WithFailurePolicy(keysched.Park),
+		keysched.WithDeadLetter(func(dl keysched.DeadLetter[string]) { parked <- dl }),
+	)
+	defer s.Close(ctx)
+
+	var healthy atomic.Bool
+	c, _ := s.Submit(ctx, "account-9", func(ctx context.Context) error {
+		fmt.Println("attempt", keysched.Attempt(ctx))
+		if !healthy.Load() {
+			return errors.New("bank unreachable")
+		}
+		return nil
+	})
+	dl := <-parked
+	fmt.Println("parked after", dl.Attempts, "attempts:", s.Parked())
+
+	healthy.Store(true)
+	if err := s.Resume("account-9"); err != nil {
+		panic(err)
+	}
+	fmt.Println(c.Wait(ctx), s.Parked())
+	// Output:
+	// attempt 1
+	// attempt 2
+	// parked after 2 attempts: [account-9]
+	// attempt 3
+	// <nil> []
 }

@@ -45,6 +45,8 @@ type config struct {
 	failure        FailurePolicy
 	deadLetter     any // func(DeadLetter[K]) for the scheduler's K
 	logger         *slog.Logger
+	observer       any  // *Observer[K] for the scheduler's K (observe.go)
+	taskAges       bool // stamp tasks when accepted (observe.go)
 }
 
 func defaultConfig() config {

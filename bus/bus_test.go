@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -651,25 +652,25 @@ func TestSubscribeErrors(t *testing.T) {
 	ok := func(context.Context, Envelope[string], tick) error { return nil }
 	cases := []struct {
 		name string
-		sub  func() (*Subscription, error)
+		sub  func() (*Subscription[string], error)
 	}{
-		{"empty name", func() (*Subscription, error) { return Subscribe(b, "", ok) }},
-		{"nil handler", func() (*Subscription, error) { return Subscribe[string, tick](b, "x", nil) }},
-		{"nil bus", func() (*Subscription, error) { return Subscribe[string](nil, "x", ok) }},
-		{"nil option", func() (*Subscription, error) { return Subscribe(b, "x", ok, nil) }},
-		{"MaxConcurrency 0", func() (*Subscription, error) { return Subscribe(b, "x", ok, MaxConcurrency(0)) }},
-		{"MaxKeyDepth 0", func() (*Subscription, error) { return Subscribe(b, "x", ok, MaxKeyDepth(0)) }},
-		{"MaxPending -1", func() (*Subscription, error) { return Subscribe(b, "x", ok, MaxPending(-1)) }},
-		{"OnFull 9", func() (*Subscription, error) { return Subscribe(b, "x", ok, OnFull(9)) }},
-		{"Failure 9", func() (*Subscription, error) { return Subscribe(b, "x", ok, Failure(9)) }},
-		{"Timeout 0", func() (*Subscription, error) { return Subscribe(b, "x", ok, Timeout(0)) }},
-		{"EjectAfter 0", func() (*Subscription, error) { return Subscribe(b, "x", ok, EjectAfter(0), Timeout(1)) }},
-		{"EjectAfter without Timeout", func() (*Subscription, error) { return Subscribe(b, "x", ok, EjectAfter(1)) }},
-		{"DeadLetters nil", func() (*Subscription, error) { return Subscribe(b, "x", ok, DeadLetters[string](nil)) }},
-		{"DeadLetters wrong key type", func() (*Subscription, error) {
+		{"empty name", func() (*Subscription[string], error) { return Subscribe(b, "", ok) }},
+		{"nil handler", func() (*Subscription[string], error) { return Subscribe[string, tick](b, "x", nil) }},
+		{"nil bus", func() (*Subscription[string], error) { return Subscribe[string](nil, "x", ok) }},
+		{"nil option", func() (*Subscription[string], error) { return Subscribe(b, "x", ok, nil) }},
+		{"MaxConcurrency 0", func() (*Subscription[string], error) { return Subscribe(b, "x", ok, MaxConcurrency(0)) }},
+		{"MaxKeyDepth 0", func() (*Subscription[string], error) { return Subscribe(b, "x", ok, MaxKeyDepth(0)) }},
+		{"MaxPending -1", func() (*Subscription[string], error) { return Subscribe(b, "x", ok, MaxPending(-1)) }},
+		{"OnFull 9", func() (*Subscription[string], error) { return Subscribe(b, "x", ok, OnFull(9)) }},
+		{"Failure 9", func() (*Subscription[string], error) { return Subscribe(b, "x", ok, Failure(9)) }},
+		{"Timeout 0", func() (*Subscription[string], error) { return Subscribe(b, "x", ok, Timeout(0)) }},
+		{"EjectAfter 0", func() (*Subscription[string], error) { return Subscribe(b, "x", ok, EjectAfter(0), Timeout(1)) }},
+		{"EjectAfter without Timeout", func() (*Subscription[string], error) { return Subscribe(b, "x", ok, EjectAfter(1)) }},
+		{"DeadLetters nil", func() (*Subscription[string], error) { return Subscribe(b, "x", ok, DeadLetters[string](nil)) }},
+		{"DeadLetters wrong key type", func() (*Subscription[string], error) {
 			return Subscribe(b, "x", ok, DeadLetters(func(DeadLetter[int]) {}))
 		}},
-		{"bad retry", func() (*Subscription, error) {
+		{"bad retry", func() (*Subscription[string], error) {
 			return Subscribe(b, "x", ok, Retry(keysched.RetryPolicy{MaxAttempts: -1}))
 		}},
 	}
@@ -732,8 +733,7 @@ func TestParkResumeSkip(t *testing.T) {
 		require.NoError(t, b.Publish(ctx, "k", tick{i}))
 	}
 	require.Eventually(t, func() bool { return len(sub.Parked()) == 1 }, guard, time.Millisecond)
-	require.Equal(t, []any{"k"}, sub.Parked())
-	require.ErrorIs(t, sub.Resume(1), keysched.ErrInvalidKey)
+	require.Equal(t, []string{"k"}, sub.Parked()) // typed: a key of another type does not compile
 	require.ErrorIs(t, sub.Skip("nope"), keysched.ErrNotParked)
 	mu.Lock()
 	fail[1] = false
@@ -747,6 +747,35 @@ func TestParkResumeSkip(t *testing.T) {
 	require.NoError(t, sub.Skip("k")) // give 2 up; 3 runs
 	require.NoError(t, b.Drain(ctx))
 	require.Equal(t, []int{1, 3}, got)
+}
+
+// Resume and Skip refuse a key that cannot be a map key, and report
+// keysched.ErrClosed once Unsubscribe has given up on a parked key.
+func TestResumeSkipErrors(t *testing.T) {
+	ctx := guardCtx(t)
+	b := newBus[any](t, WithWorkers(1))
+	parked := make(chan struct{}, 1)
+	sub, err := Subscribe(b, "parker", func(context.Context, Envelope[any], tick) error {
+		return errors.New("down")
+	}, Failure(keysched.Park), DeadLetters(func(dl DeadLetter[any]) {
+		if !errors.Is(dl.Err, keysched.ErrAborted) {
+			parked <- struct{}{}
+		}
+	}))
+	require.NoError(t, err)
+	require.ErrorIs(t, sub.Resume([]int{1}), keysched.ErrInvalidKey)
+	require.ErrorIs(t, sub.Skip(math.NaN()), keysched.ErrInvalidKey)
+	require.ErrorIs(t, sub.Skip("k"), keysched.ErrNotParked)
+
+	require.NoError(t, b.Publish(ctx, "k", tick{1}))
+	<-parked
+	require.Equal(t, []any{"k"}, sub.Parked())
+	gaveUp, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, sub.Unsubscribe(gaveUp), keysched.ErrAborted)
+	require.Empty(t, sub.Parked())
+	require.ErrorIs(t, sub.Resume("k"), keysched.ErrClosed)
+	require.ErrorIs(t, sub.Skip("k"), keysched.ErrClosed)
 }
 
 func TestPublishErrorUnwrapOrder(t *testing.T) {

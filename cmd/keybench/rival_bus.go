@@ -25,7 +25,7 @@ type busTask func(context.Context) error
 
 type busRival struct {
 	b   *bus.Bus[string]
-	sub *bus.Subscription
+	sub *bus.Subscription[string]
 }
 
 func newBusRival(c rivalConfig) (rival, error) {

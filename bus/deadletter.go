@@ -1,0 +1,80 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/keysched/keysched"
+)
+
+// This file holds dead letters: the bus's DeadLetter, and how the
+// scheduler's dead letters get back to their envelopes.
+
+// A DeadLetter describes an event that a subscriber failed for good. It
+// carries the original envelope (payload, ID, headers) for a deliberate
+// replay with PublishEnvelope.
+type DeadLetter[K comparable] struct {
+	Subscriber string
+	Envelope   Envelope[K]
+	// Attempts is how many times the handler ran for the event (since the
+	// last Resume, for a parked key); 0 for an event that never ran (Close
+	// aborted it, or the subscriber was ejected first).
+	Attempts int
+	// Err is the last attempt's error, or the reason the event never ran:
+	// ErrEjected, keysched.ErrAborted. A panic is a *keysched.PanicError.
+	Err error
+	// FirstAttempt and LastAttempt are when the first and the last failed
+	// attempts ended; zero when the handler never ran for the event, and for
+	// an ejected event (whose earlier attempts, if any, are not timed).
+	FirstAttempt, LastAttempt time.Time
+}
+
+// envProbe is a context that makes a subscriber's task report its envelope
+// instead of running: how a keysched dead letter, which carries the task,
+// gets back to the event.
+type envProbe[K comparable] struct {
+	context.Context
+	env Envelope[K]
+	ok  bool
+}
+
+// onDeadLetter receives the scheduler's dead letters and hands them on with
+// the envelope.
+func (s *sub[K]) onDeadLetter(kdl keysched.DeadLetter[K]) {
+	dl := DeadLetter[K]{
+		Subscriber:   s.name,
+		Attempts:     kdl.Attempts,
+		Err:          kdl.Err,
+		FirstAttempt: kdl.FirstAttempt,
+		LastAttempt:  kdl.LastAttempt,
+	}
+	dl.Envelope.Key = kdl.Key
+	if kdl.Task != nil {
+		p := envProbe[K]{Context: context.Background()}
+		_ = kdl.Task(&p)
+		if p.ok {
+			dl.Envelope = p.env
+		}
+	}
+	if s.parking != nil && !errors.Is(kdl.Err, keysched.ErrAborted) {
+		s.willPark(kdl.Key)
+	}
+	s.deadLetter(dl)
+}
+
+// deadLetter hands dl to the subscriber's function, or logs it.
+func (s *sub[K]) deadLetter(dl DeadLetter[K]) {
+	if s.dl == nil {
+		s.bus.logger.Warn("bus: event dead-lettered", "subscriber", s.name, "key", dl.Envelope.Key,
+			"id", dl.Envelope.ID, "attempts", dl.Attempts, "err", dl.Err)
+		return
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			s.bus.logger.Error("bus: dead-letter function panicked", "subscriber", s.name,
+				"key", dl.Envelope.Key, "id", dl.Envelope.ID, "panic", r, "err", dl.Err)
+		}
+	}()
+	s.dl(dl)
+}

@@ -1,0 +1,139 @@
+package otelkeysched
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/bus"
+)
+
+// Bus metric names, besides the scheduler's (which a subscription reports
+// with the attribute subscription=<its name>).
+const (
+	BusEventsPublished      = "keysched.bus.events.published"      // Counter {event}: Publish calls past validation
+	BusEventsUnmatched      = "keysched.bus.events.unmatched"      // Counter {event}: published events no subscriber matched
+	BusSubscriptions        = "keysched.bus.subscriptions"         // UpDownCounter {subscription}: subscribed now
+	BusEventsDropped        = "keysched.bus.events.dropped"        // Counter {event}: dropped by OnFull(DropNewest), per subscription
+	BusEventsSkipped        = "keysched.bus.events.skipped"        // Counter {event}: not offered to an ejected subscription
+	BusEventsEjected        = "keysched.bus.events.ejected"        // Counter {event}: dead-lettered with ErrEjected, per subscription
+	BusSubscriptionsEjected = "keysched.bus.subscriptions.ejected" // UpDownCounter {subscription}: 1 for an ejected subscription
+)
+
+// A Subscription is what RegisterSubscription reads: a *bus.Subscription
+// (whatever its type parameters) has these methods.
+type Subscription interface {
+	Name() string
+	Stats() bus.SubStats
+}
+
+// A Bus is what RegisterBus reads: a *bus.Bus[K] has this method.
+type Bus interface {
+	Stats() bus.Stats
+}
+
+// A Registration stops reporting what RegisterSubscription or RegisterBus
+// started.
+type Registration struct {
+	once sync.Once
+	reg  metric.Registration
+	err  error
+}
+
+// Unregister stops reporting: the series are gone from the next collection
+// on. It is idempotent (later calls return the first one's result).
+func (r *Registration) Unregister() error {
+	r.once.Do(func() {
+		if err := r.reg.Unregister(); err != nil {
+			r.err = fmt.Errorf("otelkeysched: %w", err)
+		}
+	})
+	return r.err
+}
+
+// RegisterSubscription reports a bus subscriber's metrics at every
+// collection, from its Stats, with the attribute subscription=<its name>
+// (plus those of WithAttributes): the scheduler's instruments (pending,
+// running, live and parked keys, finished by outcome, retried, dead-lettered,
+// rejected) and keysched.bus.events.dropped, .skipped, .ejected and
+// keysched.bus.subscriptions.ejected. Not reported for a subscription: the
+// queue wait and duration histograms and the oldest age (the bus keeps its
+// subscribers' schedulers to itself).
+//
+// Unregister the returned Registration when the subscription is gone
+// (Unsubscribe); until then its last figures keep being reported.
+func RegisterSubscription(mp metric.MeterProvider, sub Subscription, opts ...Option) (*Registration, error) {
+	if sub == nil {
+		return nil, fmt.Errorf("%w: otelkeysched: nil Subscription", keysched.ErrInvalidOption)
+	}
+	cfg, err := newConfig(mp, opts)
+	if err != nil {
+		return nil, err
+	}
+	meter := mp.Meter(ScopeName)
+	in, err := newInstruments(meter, true)
+	if err != nil {
+		return nil, fmt.Errorf("otelkeysched: %w", err)
+	}
+	base := append(append([]attribute.KeyValue(nil), cfg.attrs...), SubscriptionKey.String(sub.Name()))
+	opt := metric.WithAttributeSet(attribute.NewSet(base...))
+	reg, err := meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		st := sub.Stats()
+		in.observeStats(o, st.Stats, base, -1)
+		o.ObserveInt64(in.dropped, int64(st.Dropped), opt)
+		o.ObserveInt64(in.skipped, int64(st.Skipped), opt)
+		o.ObserveInt64(in.ejectedEv, int64(st.EjectedEvents), opt)
+		ej := int64(0)
+		if st.Ejected {
+			ej = 1
+		}
+		o.ObserveInt64(in.ejected, ej, opt)
+		return nil
+	}, in.observables...)
+	if err != nil {
+		return nil, fmt.Errorf("otelkeysched: %w", err)
+	}
+	return &Registration{reg: reg}, nil
+}
+
+// RegisterBus reports a bus's own counters at every collection:
+// keysched.bus.events.published, keysched.bus.events.unmatched and
+// keysched.bus.subscriptions, with the attributes of WithAttributes. Its
+// subscribers are registered one by one with RegisterSubscription.
+func RegisterBus(mp metric.MeterProvider, b Bus, opts ...Option) (*Registration, error) {
+	if b == nil {
+		return nil, fmt.Errorf("%w: otelkeysched: nil Bus", keysched.ErrInvalidOption)
+	}
+	cfg, err := newConfig(mp, opts)
+	if err != nil {
+		return nil, err
+	}
+	meter := mp.Meter(ScopeName)
+	published, err1 := meter.Int64ObservableCounter(BusEventsPublished, metric.WithUnit("{event}"),
+		metric.WithDescription("Events published (Publish calls past validation)."))
+	unmatched, err2 := meter.Int64ObservableCounter(BusEventsUnmatched, metric.WithUnit("{event}"),
+		metric.WithDescription("Published events that no subscriber matched."))
+	subs, err3 := meter.Int64ObservableUpDownCounter(BusSubscriptions, metric.WithUnit("{subscription}"),
+		metric.WithDescription("Subscriptions now (subscribed, not unsubscribed)."))
+	for _, err := range []error{err1, err2, err3} {
+		if err != nil {
+			return nil, fmt.Errorf("otelkeysched: %w", err)
+		}
+	}
+	opt := metric.WithAttributeSet(attribute.NewSet(cfg.attrs...))
+	reg, err := meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		st := b.Stats()
+		o.ObserveInt64(published, int64(st.Published), opt)
+		o.ObserveInt64(unmatched, int64(st.Unmatched), opt)
+		o.ObserveInt64(subs, int64(st.Subscribers), opt)
+		return nil
+	}, published, unmatched, subs)
+	if err != nil {
+		return nil, fmt.Errorf("otelkeysched: %w", err)
+	}
+	return &Registration{reg: reg}, nil
+}

@@ -1,0 +1,321 @@
+package otelkeysched
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/keysched/keysched"
+)
+
+// ScopeName is the instrumentation scope (the Meter's name) of every
+// instrument this package makes.
+const ScopeName = "github.com/keysched/keysched/otelkeysched"
+
+// Metric names. Units follow UCUM ("s"), counts are annotated ("{task}").
+const (
+	TasksPending      = "keysched.tasks.pending"       // UpDownCounter {task}: accepted, unfinished tasks (Stats.Pending)
+	TasksRunning      = "keysched.tasks.running"       // UpDownCounter {task}: attempts running now
+	KeysLive          = "keysched.keys.live"           // UpDownCounter {key}: keys with queued or running tasks
+	KeysParked        = "keysched.keys.parked"         // UpDownCounter {key}: parked keys (FailurePolicy Park)
+	TasksFinished     = "keysched.tasks.finished"      // Counter {task}, attribute outcome
+	TasksRetried      = "keysched.tasks.retried"       // Counter {retry}: retries scheduled (attempts after the first)
+	TasksDeadLettered = "keysched.tasks.dead_lettered" // Counter {task}: dead letters delivered (or logged)
+	TasksRejected     = "keysched.tasks.rejected"      // Counter {task}: Submit and TrySubmit calls that failed
+	TaskQueueWait     = "keysched.task.queue_wait"     // Histogram s: acceptance to first start, attribute-free but for the constant ones
+	TaskDuration      = "keysched.task.duration"       // Histogram s: one attempt's run, attribute outcome (succeeded, failed, panicked)
+	TasksOldestAge    = "keysched.tasks.oldest_age"    // Gauge s: age of the oldest unfinished task
+)
+
+// Attribute keys this package sets itself. WithAttributes refuses them.
+const (
+	// OutcomeKey is the attribute of keysched.tasks.finished (succeeded,
+	// failed, panicked, cancelled, aborted) and keysched.task.duration
+	// (succeeded, failed, panicked: the attempt's).
+	OutcomeKey = attribute.Key("outcome")
+	// SubscriptionKey names a bus subscriber (RegisterSubscription).
+	SubscriptionKey = attribute.Key("subscription")
+)
+
+// Outcome attribute values.
+const (
+	OutcomeSucceeded = "succeeded"
+	OutcomeFailed    = "failed"
+	OutcomePanicked  = "panicked"
+	OutcomeCancelled = "cancelled"
+	OutcomeAborted   = "aborted"
+)
+
+// DefaultBuckets are the histograms' bucket boundaries, in seconds: from
+// 100 µs (a handler's quick path) to 5 minutes (a backlog's queue wait).
+// Change them with an SDK View.
+var DefaultBuckets = []float64{
+	0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+	0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
+}
+
+// ErrRegistered is returned by Register on a Metrics that already has a
+// scheduler, and ErrUnregistered once Unregister was called.
+var (
+	ErrRegistered   = errors.New("otelkeysched: a scheduler is already registered")
+	ErrUnregistered = errors.New("otelkeysched: unregistered")
+)
+
+// An Option configures New, RegisterSubscription and RegisterBus.
+type Option func(*config) error
+
+type config struct {
+	attrs []attribute.KeyValue
+}
+
+// WithAttributes adds constant attributes to every measurement, so that
+// several schedulers (or buses) reporting to one MeterProvider can be told
+// apart: for example attribute.String("scheduler", "ledger"). Never put a key
+// (an account or user id) here: attributes must have a small, bounded set of
+// values. The keys "outcome" and "subscription" are this package's own and
+// are refused, as are invalid attributes.
+func WithAttributes(kv ...attribute.KeyValue) Option {
+	return func(c *config) error {
+		for _, a := range kv {
+			if !a.Valid() {
+				return fmt.Errorf("%w: otelkeysched.WithAttributes: invalid attribute %q", keysched.ErrInvalidOption, a.Key)
+			}
+			if a.Key == OutcomeKey || a.Key == SubscriptionKey {
+				return fmt.Errorf("%w: otelkeysched.WithAttributes: %q is set by otelkeysched", keysched.ErrInvalidOption, a.Key)
+			}
+		}
+		c.attrs = append(c.attrs, kv...)
+		return nil
+	}
+}
+
+func newConfig(mp metric.MeterProvider, opts []Option) (config, error) {
+	var cfg config
+	if mp == nil {
+		return cfg, fmt.Errorf("%w: otelkeysched: nil MeterProvider", keysched.ErrInvalidOption)
+	}
+	for i, o := range opts {
+		if o == nil {
+			return cfg, fmt.Errorf("%w: otelkeysched: option %d is nil", keysched.ErrInvalidOption, i)
+		}
+		if err := o(&cfg); err != nil {
+			return cfg, err
+		}
+	}
+	return cfg, nil
+}
+
+// instruments are the scheduler instruments, shared by Metrics and the bus.
+type instruments struct {
+	pending, running, keys, parked       metric.Int64ObservableUpDownCounter
+	finished, retried, dead, rejected    metric.Int64ObservableCounter
+	oldest                               metric.Float64ObservableGauge
+	queueWait, duration                  metric.Float64Histogram
+	observables                          []metric.Observable
+	dropped, skipped, ejectedEv, ejected metric.Int64Observable // bus only
+}
+
+func newInstruments(meter metric.Meter, bus bool) (*instruments, error) {
+	var in instruments
+	var errs []error
+	upDown := func(name, unit, desc string) metric.Int64ObservableUpDownCounter {
+		i, err := meter.Int64ObservableUpDownCounter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		in.observables = append(in.observables, i)
+		return i
+	}
+	counter := func(name, unit, desc string) metric.Int64ObservableCounter {
+		i, err := meter.Int64ObservableCounter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		in.observables = append(in.observables, i)
+		return i
+	}
+	in.pending = upDown(TasksPending, "{task}", "Accepted tasks not yet finished: queued, running, waiting out a retry backoff, or parked.")
+	in.running = upDown(TasksRunning, "{task}", "Task attempts running now (each holds a worker).")
+	in.keys = upDown(KeysLive, "{key}", "Keys with queued or running tasks.")
+	in.parked = upDown(KeysParked, "{key}", "Keys parked after a failure (FailurePolicy Park), waiting for Resume or Skip.")
+	in.finished = counter(TasksFinished, "{task}", "Tasks that reached their terminal outcome, by outcome.")
+	in.retried = counter(TasksRetried, "{retry}", "Retries scheduled (attempts after the first).")
+	in.dead = counter(TasksDeadLettered, "{task}", "Tasks delivered to the dead letter (or logged) after failing for good.")
+	in.rejected = counter(TasksRejected, "{task}", "Submissions refused (full, closed, invalid, context ended).")
+	var err error
+	in.oldest, err = meter.Float64ObservableGauge(TasksOldestAge, metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest unfinished task (queued, running, retrying or parked), since it was accepted; 0 when none is."))
+	errs = append(errs, err)
+	in.observables = append(in.observables, in.oldest)
+	if bus {
+		in.dropped = counter("keysched.bus.events.dropped", "{event}", "Events a subscriber dropped (OnFull(DropNewest)).")
+		in.skipped = counter("keysched.bus.events.skipped", "{event}", "Events not offered to a subscriber because it was ejected.")
+		in.ejectedEv = counter("keysched.bus.events.ejected", "{event}", "Events dead-lettered with ErrEjected without their handler running.")
+		in.ejected = upDown("keysched.bus.subscriptions.ejected", "{subscription}", "Subscriptions ejected (EjectAfter): 1 for an ejected one, else 0.")
+		return &in, errors.Join(errs...)
+	}
+	in.queueWait, err = meter.Float64Histogram(TaskQueueWait, metric.WithUnit("s"),
+		metric.WithDescription("Time from a task's acceptance to the start of its first attempt."),
+		metric.WithExplicitBucketBoundaries(DefaultBuckets...))
+	errs = append(errs, err)
+	in.duration, err = meter.Float64Histogram(TaskDuration, metric.WithUnit("s"),
+		metric.WithDescription("Duration of one attempt of a task, by the attempt's outcome."),
+		metric.WithExplicitBucketBoundaries(DefaultBuckets...))
+	errs = append(errs, err)
+	return &in, errors.Join(errs...)
+}
+
+// observeStats reports a scheduler's (or a subscriber's) counters with the
+// attributes base, plus its oldest task's age when age >= 0.
+func (in *instruments) observeStats(o metric.Observer, st keysched.Stats, base []attribute.KeyValue, age float64) {
+	opt := metric.WithAttributeSet(attribute.NewSet(base...))
+	o.ObserveInt64(in.pending, int64(st.Pending), opt)
+	o.ObserveInt64(in.running, int64(st.Running), opt)
+	o.ObserveInt64(in.keys, int64(st.Keys), opt)
+	o.ObserveInt64(in.parked, int64(st.ParkedKeys), opt)
+	for _, oc := range []struct {
+		name string
+		n    uint64
+	}{
+		{OutcomeSucceeded, st.Succeeded}, {OutcomeFailed, st.Failed}, {OutcomePanicked, st.Panicked},
+		{OutcomeCancelled, st.Cancelled}, {OutcomeAborted, st.Aborted},
+	} {
+		o.ObserveInt64(in.finished, int64(oc.n), metric.WithAttributeSet(withKV(base, OutcomeKey.String(oc.name))))
+	}
+	o.ObserveInt64(in.retried, int64(st.Retried), opt)
+	o.ObserveInt64(in.dead, int64(st.DeadLettered), opt)
+	o.ObserveInt64(in.rejected, int64(st.Rejected), opt)
+	if age >= 0 {
+		o.ObserveFloat64(in.oldest, age, opt)
+	}
+}
+
+func withKV(base []attribute.KeyValue, kv ...attribute.KeyValue) attribute.Set {
+	return attribute.NewSet(append(append(make([]attribute.KeyValue, 0, len(base)+len(kv)), base...), kv...)...)
+}
+
+// Metrics reports one scheduler's metrics to a MeterProvider: its counters
+// and the age of its oldest unfinished task, read at each collection
+// (asynchronous instruments: nothing is recorded per task), and the queue
+// wait and attempt duration histograms, recorded per task by the scheduler's
+// Observer.
+//
+// Use: New, then keysched.New with keysched.WithObserver(m.Observer()), then
+// Register with the scheduler; Unregister when done. A scheduler made without
+// the observer still reports everything but the two histograms.
+//
+// No key is ever an attribute value (unbounded cardinality, personal data):
+// per-key detail is keysched.Scheduler.Keys's job. All methods are safe for
+// concurrent use.
+type Metrics[K comparable] struct {
+	in    *instruments
+	meter metric.Meter
+	attrs []attribute.KeyValue
+
+	// Per-measurement options, made once: recording allocates nothing.
+	waitOpt []metric.RecordOption
+	durOpt  [3][]metric.RecordOption // succeeded, failed, panicked
+
+	mu    sync.Mutex
+	reg   metric.Registration
+	done  bool
+	muted atomic.Bool // Unregister was called: the observer records nothing
+}
+
+// New makes the instruments for one scheduler of keys K on mp's Meter
+// ScopeName. Errors: a nil mp or a bad option (wrapping
+// keysched.ErrInvalidOption), or the MeterProvider's own.
+func New[K comparable](mp metric.MeterProvider, opts ...Option) (*Metrics[K], error) {
+	cfg, err := newConfig(mp, opts)
+	if err != nil {
+		return nil, err
+	}
+	meter := mp.Meter(ScopeName)
+	in, err := newInstruments(meter, false)
+	if err != nil {
+		return nil, fmt.Errorf("otelkeysched: %w", err)
+	}
+	m := &Metrics[K]{in: in, meter: meter, attrs: cfg.attrs}
+	m.waitOpt = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(cfg.attrs...))}
+	for i, oc := range []string{OutcomeSucceeded, OutcomeFailed, OutcomePanicked} {
+		m.durOpt[i] = []metric.RecordOption{metric.WithAttributeSet(withKV(cfg.attrs, OutcomeKey.String(oc)))}
+	}
+	return m, nil
+}
+
+// Observer returns the keysched.Observer that records the queue wait (on a
+// task's first attempt) and each attempt's duration. Give it to keysched.New
+// with keysched.WithObserver. It records nothing once Unregister was called.
+// Its cost per task: two monotonic clock reads per attempt and one at
+// acceptance (in the scheduler), plus two histogram recordings.
+func (m *Metrics[K]) Observer() keysched.Observer[K] {
+	return keysched.Observer[K]{
+		AttemptStarted: func(_ K, a keysched.AttemptInfo) {
+			if a.N == 1 && !m.muted.Load() {
+				m.in.queueWait.Record(context.Background(), a.Started.Sub(a.Accepted).Seconds(), m.waitOpt...)
+			}
+		},
+		AttemptEnded: func(_ K, a keysched.AttemptInfo) {
+			if m.muted.Load() {
+				return
+			}
+			i := 0
+			switch {
+			case a.Panicked:
+				i = 2
+			case a.Err != nil:
+				i = 1
+			}
+			m.in.duration.Record(context.Background(), a.Ended.Sub(a.Started).Seconds(), m.durOpt[i]...)
+		},
+	}
+}
+
+// Register reports s's counters and oldest task's age at every collection,
+// until Unregister. Each collection reads s.Stats and s.OldestAge (which
+// walks s's live keys' heads: see keysched.Scheduler.OldestAge); the age is
+// 0 unless s was made with the Observer (or keysched.WithTaskAges).
+// It returns ErrRegistered if a scheduler is registered already,
+// ErrUnregistered after Unregister, or the MeterProvider's error.
+func (m *Metrics[K]) Register(s *keysched.Scheduler[K]) error {
+	if s == nil {
+		return fmt.Errorf("%w: otelkeysched: Register(nil)", keysched.ErrInvalidOption)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case m.done:
+		return ErrUnregistered
+	case m.reg != nil:
+		return ErrRegistered
+	}
+	reg, err := m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		m.in.observeStats(o, s.Stats(), m.attrs, s.OldestAge().Seconds())
+		return nil
+	}, m.in.observables...)
+	if err != nil {
+		return fmt.Errorf("otelkeysched: %w", err)
+	}
+	m.reg = reg
+	return nil
+}
+
+// Unregister stops reporting: the scheduler's series are gone from the next
+// collection on (a cumulative exporter keeps the histograms' totals so far),
+// and the Observer records nothing more. It is idempotent, and final.
+func (m *Metrics[K]) Unregister() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.muted.Store(true)
+	m.done = true
+	if m.reg == nil {
+		return nil
+	}
+	reg := m.reg
+	m.reg = nil
+	if err := reg.Unregister(); err != nil {
+		return fmt.Errorf("otelkeysched: %w", err)
+	}
+	return nil
+}
