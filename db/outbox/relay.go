@@ -278,9 +278,10 @@ type Relay struct {
 	// really lost).
 	leaseMu sync.Mutex
 
-	mu       sync.Mutex // guards keys, inflight, tenure.inflight, active
+	mu       sync.Mutex // guards keys, inflight, settled, tenure.inflight, active
 	keys     map[string]*tenure
 	inflight int
+	settled  int // rows settled since the last poll
 	active   int // task functions running now
 	idle     *sync.Cond
 
@@ -622,6 +623,7 @@ func (r *Relay) poll(ctx context.Context) (full bool) {
 	r.mu.Lock()
 	room := r.cfg.batch - r.inflight
 	held := len(r.keys)
+	r.settled = 0
 	r.mu.Unlock()
 	if room > 0 {
 		if held < r.cfg.maxKeys {
@@ -1109,11 +1111,14 @@ func (r *Relay) settle(j *job) {
 	r.mu.Lock()
 	r.inflight--
 	j.t.inflight--
-	low := r.inflight <= r.cfg.batch/2
+	r.settled++
+	// Refill once half a batch has settled (or the relay is half
+	// empty): a poll per settled row would read the held keys over and
+	// over for one row each. Counting settled rows, not free slots, keeps
+	// the refill rate when a failing key holds some slots for long.
+	refill := r.settled >= r.cfg.batch/2 || r.inflight <= r.cfg.batch/2
 	r.mu.Unlock()
-	if low {
-		// Refill at half the batch: a poll per settled row would read
-		// the held keys over and over for one row each.
+	if refill {
 		r.signal()
 	}
 }

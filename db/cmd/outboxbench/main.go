@@ -48,6 +48,7 @@ func main() {
 		isolate = flag.Duration("fail-for", time.Minute, "isolation run: how long key \"bad\"'s sink fails, from the relay's start (0: skip the isolation runs); the run ends when the other keys are done")
 		batch   = flag.Int("batch", outbox.DefaultBatchSize, "relay batch size")
 		profile = flag.String("cpuprofile", "", "write a CPU profile to this file")
+		only    = flag.String("only", "", "run only the throughput or only the isolation runs")
 	)
 	flag.Parse()
 	if *profile != "" {
@@ -79,6 +80,9 @@ func main() {
 		fmt.Printf("== %s: %d events on %d keys, %d per transaction, batch %d\n", name, *events, *keys, *perTx, *batch)
 		fmt.Printf("%-8s %-7s %5s %12s %12s %8s\n", "db", "relays", "round", "write ev/s", "relay ev/s", "dups")
 		for _, nr := range relayCounts {
+			if *only == "isolation" {
+				break
+			}
 			for round := 1; round <= *rounds; round++ {
 				w, r, dups, err := throughput(ctx, db, *events, *keys, *perTx, nr, *batch)
 				if err != nil {
@@ -87,7 +91,7 @@ func main() {
 				fmt.Printf("%-8s %-7d %5d %12.0f %12.0f %8d\n", name, nr, round, w, r, dups)
 			}
 		}
-		if *isolate > 0 {
+		if *isolate > 0 && *only != "throughput" {
 			// Baseline and failing runs alternate, so that drift of this
 			// shared machine hits both alike.
 			var ratios []float64
