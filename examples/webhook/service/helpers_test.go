@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -42,6 +41,8 @@ type harness struct {
 
 	mu       sync.Mutex
 	accepted map[string][]string // partner -> IDs in acceptance order
+
+	open func() (*Store, error) // the database: a fresh SQLite file unless set
 }
 
 // quick settings: short timeouts and backoffs so tests run in seconds.
@@ -61,7 +62,13 @@ func quickConfig() Config {
 // behaviour name in shared share one endpoint) and the service.
 func newHarness(t *testing.T, behaviors map[string]sim.Behavior, mod func(*Config)) *harness {
 	t.Helper()
-	h := &harness{t: t, rec: sim.NewRecorder(), eps: map[string]*sim.Endpoint{}, accepted: map[string][]string{}}
+	path := filepath.Join(t.TempDir(), "webhook.db")
+	return newHarnessOn(t, func() (*Store, error) { return OpenSQLite(t.Context(), path) }, behaviors, mod)
+}
+
+func newHarnessOn(t *testing.T, open func() (*Store, error), behaviors map[string]sim.Behavior, mod func(*Config)) *harness {
+	t.Helper()
+	h := &harness{t: t, rec: sim.NewRecorder(), eps: map[string]*sim.Endpoint{}, accepted: map[string][]string{}, open: open}
 	cfg := quickConfig()
 	cfg.Partners = map[string]string{}
 	for p, b := range behaviors {
@@ -73,7 +80,7 @@ func newHarness(t *testing.T, behaviors map[string]sim.Behavior, mod func(*Confi
 	if mod != nil {
 		mod(&cfg)
 	}
-	h.start(cfg, filepath.Join(t.TempDir(), "webhook.db"))
+	h.start(cfg)
 	t.Cleanup(func() {
 		h.stop()
 		for _, e := range h.eps {
@@ -83,9 +90,9 @@ func newHarness(t *testing.T, behaviors map[string]sim.Behavior, mod func(*Confi
 	return h
 }
 
-func (h *harness) start(cfg Config, path string) {
+func (h *harness) start(cfg Config) {
 	t := h.t
-	st, err := OpenSQLite(t.Context(), path)
+	st, err := h.open()
 	require.NoError(t, err)
 	cfg.Store = st
 	svc, err := New(t.Context(), cfg)
@@ -177,8 +184,6 @@ func (h *harness) checkOrder(partner string) int {
 }
 
 const waitLong = 30 * time.Second
-
-var _ = os.Getenv
 
 func (h *harness) parked() []string {
 	p, err := h.svc.Parked(context.Background())

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"math"
 	"mime"
 	"net/http"
@@ -141,5 +140,3 @@ func (s *Service) handleIntake(w http.ResponseWriter, r *http.Request) {
 	s.metrics.accepted(r.Context(), partner)
 	writeJSON(w, http.StatusAccepted, IntakeResponse{ID: env.ID})
 }
-
-var _ = slog.LevelInfo

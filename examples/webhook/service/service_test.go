@@ -3,7 +3,6 @@ package service
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -51,7 +50,7 @@ func TestIntakeValidatesShape(t *testing.T) {
 	require.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
 	// Exactly one event was persisted: one outbox row and one intake record.
 	var n int
-	require.NoError(t, h.store.db.QueryRow(`SELECT COUNT(*) FROM `+IntakeTable).Scan(&n))
+	require.NoError(t, h.store.db.QueryRow(`SELECT COUNT(*) FROM `+h.store.intake).Scan(&n))
 	require.Equal(t, 1, n)
 	require.NoError(t, h.store.db.QueryRow(`SELECT COUNT(*) FROM `+h.store.Outbox().Table()).Scan(&n))
 	require.Equal(t, 1, n)
@@ -79,7 +78,7 @@ func TestFloodedPartnerGets429OthersDoNot(t *testing.T) {
 	// committed together by the group commit), and nothing else is.
 	var rows, records int
 	require.NoError(t, h.store.db.QueryRow(`SELECT COUNT(*) FROM `+h.store.Outbox().Table()+` WHERE key = 'flood'`).Scan(&rows))
-	require.NoError(t, h.store.db.QueryRow(`SELECT COUNT(*) FROM `+IntakeTable+` WHERE partner = 'flood'`).Scan(&records))
+	require.NoError(t, h.store.db.QueryRow(`SELECT COUNT(*) FROM `+h.store.intake+` WHERE partner = 'flood'`).Scan(&records))
 	require.Equal(t, 20, rows)
 	require.Equal(t, 20, records)
 	// The 429 says when to come back.
@@ -257,7 +256,6 @@ func TestSkipGivesUpTheHeadOnly(t *testing.T) {
 // A restart on the same database delivers what the last process left.
 func TestRestartDeliversBacklog(t *testing.T) {
 	h := newHarness(t, map[string]sim.Behavior{"p": {Down: true}}, nil)
-	path := filepathOf(t, h)
 	for i := range 10 {
 		h.post("p", i)
 	}
@@ -265,17 +263,10 @@ func TestRestartDeliversBacklog(t *testing.T) {
 	h.stop()
 	h.eps["p"].Set(sim.Behavior{})
 	cfg.Store = nil
-	h.start(cfg, path)
+	h.start(cfg)
 	require.Equal(t, 10, h.status("p").Backlog+int(h.status("p").Delivered))
 	require.Eventually(t, func() bool { return h.delivered("p") }, waitLong, 5*time.Millisecond)
 	h.checkOrder("p")
-}
-
-func filepathOf(t *testing.T, h *harness) string {
-	var seq int
-	var name, file string
-	require.NoError(t, h.store.db.QueryRow(`PRAGMA database_list`).Scan(&seq, &name, &file))
-	return file
 }
 
 func TestMetricsServed(t *testing.T) {
@@ -315,7 +306,6 @@ func TestMetricsServed(t *testing.T) {
 	require.Regexp(t, `webhook_partner_parked\{[^}]*partner="p"[^}]*\} 1\n`, body)
 	require.Regexp(t, `webhook_partner_parks_total\{[^}]*partner="p"[^}]*\} 1\n`, body)
 	require.Regexp(t, `webhook_deliveries_total\{[^}]*partner="q",result="delivered"[^}]*\} 3`, body)
-	_ = fmt.Sprint
 }
 
 func TestIntakeAfterCloseFailsClearly(t *testing.T) {

@@ -65,7 +65,7 @@ func main() {
 	flag.Float64Var(&p.failRate, "fail", 0.5, "fraction of calls a failing endpoint answers 500")
 	flag.DurationVar(&p.timeout, "timeout", 5*time.Second, "delivery timeout")
 	flag.IntVar(&p.workers, "workers", 64, "the service's pool for outbound calls")
-	flag.IntVar(&p.senders, "senders", 64, "concurrent intake requests at most")
+	flag.IntVar(&p.senders, "senders", 0, "concurrent intake requests at most; each partner's events go through one sender, in order (default: one sender per partner)")
 	flag.DurationVar(&p.drain, "drain", 2*time.Minute, "how long to wait after the burst for the healthy partners' events")
 	flag.BoolVar(&p.compare, "compare", true, "also run the burst with every endpoint healthy")
 	flag.StringVar(&p.logLevel, "log", "error", "the service's log level")
@@ -98,6 +98,9 @@ func main() {
 }
 
 func runAll(p params) error {
+	if p.senders <= 0 {
+		p.senders = p.partners
+	}
 	var results []result
 	r, err := runOnce(p, p.bad)
 	if err != nil {
