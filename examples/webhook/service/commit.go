@@ -23,13 +23,17 @@ type acceptReq struct {
 
 type committer struct {
 	store *Store
-	in    chan *acceptReq
-	stop  chan struct{}
-	done  chan struct{}
+	// settle is called once per request the committer took, with its
+	// transaction's outcome, before the request is answered: the backlog's
+	// bookkeeping happens even when the client has gone away meanwhile.
+	settle func(env Envelope, err error)
+	in     chan *acceptReq
+	stop   chan struct{}
+	done   chan struct{}
 }
 
-func newCommitter(st *Store) *committer {
-	c := &committer{store: st, in: make(chan *acceptReq, maxBatch), stop: make(chan struct{}), done: make(chan struct{})}
+func newCommitter(st *Store, settle func(Envelope, error)) *committer {
+	c := &committer{store: st, settle: settle, in: make(chan *acceptReq, maxBatch), stop: make(chan struct{}), done: make(chan struct{})}
 	go c.run()
 	return c
 }
@@ -37,30 +41,39 @@ func newCommitter(st *Store) *committer {
 // accept persists one event; it returns once the event's transaction has
 // committed (nil) or failed, or ctx ended (the event may then still be
 // committed: the client got no 202 and may retry; the retry is a new event).
-func (c *committer) accept(ctx context.Context, env Envelope, payload []byte) error {
+// taken reports whether the committer took the request (then settle is or
+// will be called for it; else the caller undoes its reservation).
+func (c *committer) accept(ctx context.Context, env Envelope, payload []byte) (taken bool, err error) {
 	r := &acceptReq{env: env, payload: payload, done: make(chan error, 1)}
 	select {
 	case <-c.stop:
-		return ErrClosed
+		return false, ErrClosed
 	default:
 	}
 	select {
 	case c.in <- r:
 	case <-c.stop:
-		return ErrClosed
+		return false, ErrClosed
 	case <-ctx.Done():
-		return ctx.Err()
+		return false, ctx.Err()
 	}
+	return true, c.wait(ctx, r)
+}
+
+func (c *committer) wait(ctx context.Context, r *acceptReq) error {
 	select {
 	case err := <-r.done:
 		return err
 	case <-c.done:
 		// The committer has exited: it answered what it took, so a
 		// request not answered by now was never written.
+		// (A request that slipped into the channel after the drain is
+		// not settled: settle it here, it was never written.)
 		select {
 		case err := <-r.done:
 			return err
 		default:
+			c.settle(r.env, ErrClosed)
 			return ErrClosed
 		}
 	case <-ctx.Done():
@@ -80,6 +93,7 @@ func (c *committer) run() {
 			for {
 				select {
 				case r := <-c.in:
+					c.settle(r.env, ErrClosed)
 					r.done <- ErrClosed
 				default:
 					return
@@ -101,6 +115,7 @@ func (c *committer) run() {
 		err := c.store.acceptBatch(ctx, batch)
 		cancel()
 		for _, r := range batch {
+			c.settle(r.env, err)
 			r.done <- err
 		}
 		clear(batch)

@@ -129,14 +129,18 @@ func (s *Service) handleIntake(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, errorBody{err.Error()})
 		return
 	}
-	if err := s.commit.accept(r.Context(), env, payload); err != nil {
-		s.backlog.release(partner)
+	if taken, err := s.commit.accept(r.Context(), env, payload); err != nil {
+		if !taken {
+			s.backlog.release(partner)
+		}
+		if errors.Is(err, ErrClosed) {
+			writeJSON(w, http.StatusServiceUnavailable, errorBody{"the service is shutting down; retry"})
+			return
+		}
 		s.log.Error("intake: persisting an event failed", "partner", partner, "err", err)
 		w.Header().Set("Retry-After", "1")
 		writeJSON(w, http.StatusServiceUnavailable, errorBody{"could not persist the event; retry"})
 		return
 	}
-	s.backlog.commit(partner, env.ID, env.Received)
-	s.metrics.accepted(r.Context(), partner)
 	writeJSON(w, http.StatusAccepted, IntakeResponse{ID: env.ID})
 }

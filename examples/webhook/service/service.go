@@ -34,6 +34,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/keysched/keysched"
@@ -192,6 +193,7 @@ type Service struct {
 
 	closeOnce sync.Once
 	closeErr  error
+	closed    atomic.Bool
 }
 
 // New checks cfg, loads the undelivered events from the store (a restart
@@ -228,7 +230,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		_ = s.metrics.close()
 		return nil, err
 	}
-	s.commit = newCommitter(s.store)
+	s.commit = newCommitter(s.store, s.settleIntake)
 	if cfg.MeterProvider != nil {
 		// The relay's scheduler: pending and running deliveries, live and
 		// parked keys, outcomes, retries, oldest task's age (package
@@ -308,9 +310,12 @@ func (s *Service) Parked(ctx context.Context) ([]string, error) {
 }
 
 // Resume retries a parked partner's head event with a fresh attempt budget;
-// its later events follow in order. ErrNotParked if it is not parked. The
-// action is logged.
+// its later events follow in order. ErrNotParked if it is not parked,
+// ErrClosed after Close. The action is logged.
 func (s *Service) Resume(ctx context.Context, partner string) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
 	if err := s.relay.resume(ctx, partner); err != nil {
 		return err
 	}
@@ -320,8 +325,12 @@ func (s *Service) Resume(ctx context.Context, partner string) error {
 
 // Skip gives up a parked partner's head event (it is not delivered; the
 // store keeps it marked as skipped) and lets its later events go on.
-// ErrNotParked if it is not parked. The action is logged with the event's ID.
+// ErrNotParked if it is not parked, ErrClosed after Close. The action is
+// logged with the event's ID.
 func (s *Service) Skip(ctx context.Context, partner string) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
 	id, err := s.relay.skip(ctx, partner)
 	if err != nil {
 		return err
@@ -337,6 +346,7 @@ func (s *Service) Skip(ctx context.Context, partner string) error {
 // not close the Store. Call it once the intake handler is no longer served.
 func (s *Service) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
+		s.closed.Store(true)
 		var unreg error
 		if s.schedMet != nil {
 			unreg = s.schedMet.Unregister()
@@ -346,6 +356,17 @@ func (s *Service) Close(ctx context.Context) error {
 		s.deliver.Close()
 	})
 	return s.closeErr
+}
+
+// settleIntake ends an admitted event's reservation with its transaction's
+// outcome.
+func (s *Service) settleIntake(env Envelope, err error) {
+	if err != nil {
+		s.backlog.release(env.Partner)
+		return
+	}
+	s.backlog.commit(env.Partner, env.ID, env.Received)
+	s.metrics.accepted(context.Background(), env.Partner)
 }
 
 // sink is the relay's publish function: one delivery attempt.

@@ -314,4 +314,6 @@ func TestIntakeAfterCloseFailsClearly(t *testing.T) {
 	c, _ := h.post("p", 1)
 	require.Equal(t, http.StatusServiceUnavailable, c)
 	require.NoError(t, h.svc.Close(t.Context()), "Close is idempotent")
+	require.ErrorIs(t, h.svc.Resume(t.Context(), "p"), ErrClosed)
+	require.ErrorIs(t, h.svc.Skip(t.Context(), "p"), ErrClosed)
 }
