@@ -97,10 +97,10 @@ func TestCrashDuringDeliveryLosesNothing(t *testing.T) {
 	bin := buildService(t)
 	rec := sim.NewRecorder()
 	behaviors := map[string]sim.Behavior{
-		"a": {Delay: 30 * time.Millisecond},
+		"a": {Delay: 50 * time.Millisecond}, // 3 s for its 60 events, whatever the CPU
 		"b": {Delay: 2 * time.Millisecond, FailRate: 0.3},
 		"c": {Delay: 5 * time.Millisecond},
-		"d": {Delay: 8 * time.Millisecond},
+		"d": {Delay: 40 * time.Millisecond},
 	}
 	var eps []string
 	for p, b := range behaviors {
@@ -112,7 +112,7 @@ func TestCrashDuringDeliveryLosesNothing(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "webhook.db")
 	args := []string{"-db", db, "-intake", "127.0.0.1:0", "-admin", "127.0.0.1:0",
 		"-endpoints", strings.Join(eps, ","), "-sim-rate", "0",
-		"-timeout", "500ms", "-lease", "2s", "-attempts", "1000", "-backoff", "5ms", "-log", "warn"}
+		"-timeout", "500ms", "-lease", "2s", "-breaker-open", "100ms", "-attempts", "1000", "-backoff", "5ms", "-log", "warn"}
 
 	p := startService(t, bin, args...)
 	t0 := time.Now()

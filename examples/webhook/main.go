@@ -57,6 +57,8 @@ type options struct {
 	rate          float64
 	logLevel      string
 	lease         time.Duration
+	brkFailures   uint
+	brkOpen       time.Duration
 }
 
 func parseFlags() (options, error) {
@@ -77,6 +79,8 @@ func parseFlags() (options, error) {
 	fs.IntVar(&o.concurrency, "dest-concurrency", 8, "calls in flight per destination (bulkhead)")
 	fs.Float64Var(&o.rate, "dest-rate", 200, "calls per second per destination (token bucket)")
 	fs.StringVar(&o.logLevel, "log", "info", "log level: debug, info, warn, error")
+	fs.UintVar(&o.brkFailures, "breaker-failures", 5, "consecutive failed calls that open a destination's circuit breaker")
+	fs.DurationVar(&o.brkOpen, "breaker-open", 10*time.Second, "how long an open breaker refuses calls before trying one")
 	fs.DurationVar(&o.lease, "lease", 30*time.Second, "relay lease per partner: after a crash, how long before a new process takes a partner over; well above -timeout")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return o, err
@@ -162,6 +166,7 @@ func run() error {
 		Limits:         service.DestinationLimits{Concurrency: o.concurrency, Rate: o.rate, Burst: max(1, int(o.rate/4))},
 		Timeout:        o.timeout,
 		LeaseDuration:  o.lease,
+		Breaker:        service.BreakerSettings{Failures: uint32(min(o.brkFailures, 1<<31)), OpenFor: o.brkOpen},
 		Retry:          keysched.RetryPolicy{MaxAttempts: o.attempts, InitialBackoff: o.backoff, MaxBackoff: 30 * time.Second},
 		Logger:         log,
 		MeterProvider:  mp,
