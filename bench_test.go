@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/keysched/keysched/internal/antspool"
 	"github.com/keysched/keysched/internal/striped"
@@ -32,6 +33,23 @@ import (
 const benchKeys = 10_000
 
 func benchWorkers() int { return runtime.GOMAXPROCS(0) }
+
+// cpuMeter reports, next to ns/op (wall time), cpu-ns/op: the CPU time the
+// whole process (submitters, workers, the garbage collector) spent per task
+// between start and stop. On a shared, oversubscribed machine wall time
+// measures the neighbours as much as the code; CPU time per task much less.
+type cpuMeter struct {
+	b     *testing.B
+	start time.Duration
+}
+
+func startCPU(b *testing.B) *cpuMeter { return &cpuMeter{b: b, start: processCPU()} }
+
+func (m *cpuMeter) stop() {
+	if d := processCPU() - m.start; d > 0 && m.b.N > 0 {
+		m.b.ReportMetric(float64(d.Nanoseconds())/float64(m.b.N), "cpu-ns/op")
+	}
+}
 
 type benchRival interface {
 	submit(ctx context.Context, key int, ran *atomic.Int64) error
@@ -114,6 +132,7 @@ func BenchmarkNoOp(b *testing.B) {
 				open := make(chan struct{})
 				b.ReportAllocs()
 				b.ResetTimer()
+				cpu := startCPU(b)
 				if mode == "backlog" {
 					// Hold every worker: keys benchKeys.. are not used below.
 					for w := range benchWorkers() {
@@ -136,6 +155,83 @@ func BenchmarkNoOp(b *testing.B) {
 					b.Fatal(err)
 				}
 				b.StopTimer()
+				cpu.stop()
+				if ran.Load() != int64(b.N) {
+					b.Fatalf("ran %d of %d", ran.Load(), b.N)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkBatch compares, per task, 64 single Submits with one SubmitBatch
+// of 64, on the no-op workload over benchKeys keys (consecutive tasks on
+// different keys: no runs of one key to link together).
+//
+//   - phase=submit: every worker is held by a gate task while the tasks are
+//     submitted; only the submissions are timed (the drain is not). This is
+//     what batching changes: admission, allocation, ready-queue trips.
+//
+//   - phase=all: submit and drain, workers running alongside.
+//
+//     go test -run '^$' -bench Batch -benchmem -count 8 . | tee batch.txt
+//     benchstat -col /submit batch.txt
+func BenchmarkBatch(b *testing.B) {
+	const size = 64
+	for _, phase := range []string{"submit", "all"} {
+		for _, how := range []string{"single", "batch64"} {
+			b.Run("phase="+phase+"/submit="+how, func(b *testing.B) {
+				ctx := context.Background()
+				s, err := New[int](WithWorkers(benchWorkers()), WithMaxPending(b.N+benchKeys+size), WithMaxKeyDepth(b.N+1))
+				if err != nil {
+					b.Fatal(err)
+				}
+				var ran atomic.Int64
+				task := func(context.Context) error { ran.Add(1); return nil }
+				items := make([]BatchItem[int], size)
+				open := make(chan struct{})
+				if phase == "submit" {
+					for w := range benchWorkers() {
+						if _, err := s.Submit(ctx, benchKeys+w, func(context.Context) error { <-open; return nil }); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				cpu := startCPU(b)
+				for i := 0; i < b.N; i += size {
+					m := min(size, b.N-i)
+					if how == "single" {
+						for j := range m {
+							if _, err := s.Submit(ctx, (i+j)%benchKeys, task); err != nil {
+								b.Fatal(err)
+							}
+						}
+						continue
+					}
+					for j := range m {
+						items[j] = BatchItem[int]{Key: (i + j) % benchKeys, Task: task}
+					}
+					if _, err := s.SubmitBatch(ctx, items[:m]); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if phase == "submit" {
+					b.StopTimer()
+					cpu.stop()
+				}
+				close(open)
+				if err := s.Drain(ctx); err != nil {
+					b.Fatal(err)
+				}
+				if phase != "submit" {
+					b.StopTimer()
+					cpu.stop()
+				}
+				if err := s.Close(ctx); err != nil {
+					b.Fatal(err)
+				}
 				if ran.Load() != int64(b.N) {
 					b.Fatalf("ran %d of %d", ran.Load(), b.N)
 				}

@@ -111,6 +111,9 @@ type core struct {
 	retried      atomic.Uint64
 	deadLettered atomic.Uint64
 	notRun       atomic.Int64 // tasks aborted before they started (or resumed)
+	// passing counts, once Close has given up, tasks whose pending slot is
+	// released and whose Completion is about to be done (see pass).
+	passing atomic.Int64
 
 	watchMu sync.Mutex
 	watched map[*lazyChan]struct{}
@@ -120,21 +123,53 @@ type core struct {
 	wakeStalled func(c *Completion, from uint32)
 }
 
-// finish records c's outcome and releases everyone waiting on it. The caller
-// owns c: it moved c to stFinishing, or it is the runner of c.
-//
-// It lets go of the task function: whoever finishes a task has already handed
-// it to the dead letter if it needed to, and nobody reads it afterwards.
+// finish records c's outcome and releases everyone waiting on it (decide,
+// then publish). The caller owns c: it moved c to stFinishing, or it is the
+// runner of c.
 func (k *core) finish(c *Completion, outcome int, err error) {
+	k.decide(c, outcome, err)
+	k.publish(c)
+}
+
+// decide writes and counts c's outcome and moves c to stDecided: its key may
+// move past it. The outcome is counted before anyone can see c done, so that
+// Stats read after a Completion is done counts it.
+//
+// It lets go of the task function: whoever decides a task has already made
+// its dead letter if it needed one, and nobody reads it afterwards.
+func (k *core) decide(c *Completion, outcome int, err error) {
 	if err != nil {
 		c.extra().err = err
 	}
 	c.task = nil
+	k.outcomes[outcome].Inc()
+	c.state.Store(stDecided)
+}
+
+// publish makes c, decided, done: Done is closed and Wait returns. If a dead
+// letter of c is still being delivered, it leaves that to the delivery's end
+// (endLetter): a Completion is done only once its dead letters were
+// delivered, on every path. Publishing twice is harmless.
+func (k *core) publish(c *Completion) {
+	if c.ctxBits.Load()&dlCount != 0 {
+		// The Or and endLetter's Add are ordered on one word: either this
+		// sees the count at zero, or endLetter sees the request.
+		if c.ctxBits.Or(ctxPubReq)&dlCount != 0 {
+			return
+		}
+	}
 	c.state.Store(stDone)
 	if g := c.sig.Load(); g != nil { // else Done, when called, sees stDone
 		g.done.close()
 	}
-	k.outcomes[outcome].Inc()
+}
+
+// endLetter records that a dead letter of c (counted by Scheduler.letter) was
+// delivered, and publishes c if it was decided meanwhile.
+func (k *core) endLetter(c *Completion) {
+	if b := c.ctxBits.Add(^(dlUnit - 1)); b&dlCount == 0 && b&ctxPubReq != 0 {
+		k.publish(c)
+	}
 }
 
 // watch registers an attempt context's Done channel, so that Close's abort
@@ -349,7 +384,17 @@ func (s *Scheduler[K]) Drain(ctx context.Context) error {
 		return fmt.Errorf("keysched: drain: %d tasks unfinished, %d keys parked: %w",
 			s.pending.count(), s.parkedCount(), err)
 	}
+	s.awaitPassing()
 	return nil
+}
+
+// awaitPassing waits for the Completions that runners are about to make done
+// after releasing their pending slots (only once Close has given up: see
+// pass). Those runners run no user code in that window.
+func (s *Scheduler[K]) awaitPassing() {
+	for s.core.passing.Load() != 0 {
+		runtime.Gosched()
+	}
 }
 
 // Close shuts the scheduler down. From the moment it starts, Submit and
@@ -450,10 +495,10 @@ func (s *Scheduler[K]) settle() {
 	for i := 0; ; i++ {
 		for n := s.ready.pop(); n != nil; n = s.ready.pop() {
 			for n != nil && s.step(n) {
-				n = s.advance(n)
+				n = s.pass(n)
 			}
 		}
-		if s.pending.count() <= s.heldByRunning() || time.Now().After(deadline) {
+		if s.pending.count() <= s.heldByRunning() && s.core.passing.Load() == 0 || time.Now().After(deadline) {
 			return
 		}
 		if i < 100 {
@@ -510,13 +555,15 @@ func (s *Scheduler[K]) abortNode(n *node[K]) {
 			if !c.state.CompareAndSwap(st, stFinishing) {
 				continue
 			}
-			// No user code between taking it and finishing it (see step).
+			// No user code between taking it and deciding it (see step). It
+			// is done once its dead letter was delivered.
 			dl := s.letter(n, ErrAborted)
-			s.core.finish(c, outAborted, ErrAborted)
+			s.core.decide(c, outAborted, ErrAborted)
 			s.core.notRun.Add(1)
 			if st != stQueued {
 				s.wakeStalled(c, st)
 			}
+			s.core.publish(c)
 			s.deliver(dl)
 			return
 		default:
@@ -528,8 +575,12 @@ func (s *Scheduler[K]) abortNode(n *node[K]) {
 // Stats is a snapshot of a scheduler's state and counters. The fields are
 // read one by one while tasks run, so they agree with each other only when
 // the scheduler is idle: after Drain or Close returns,
-// Submitted == Succeeded + Failed + Panicked + Cancelled + Aborted and
-// Pending == 0.
+// Submitted == Succeeded + Failed + Panicked + Cancelled + Aborted,
+// Pending == 0 and Keys == 0. A task's outcome is counted before its
+// Completion is done. When Close gave up and returned while tasks still ran,
+// each of them (and the aborted tasks queued behind it on its key) stops
+// counting in Pending and Keys before its Completion is done: once every
+// Completion is done, Stats is settled.
 type Stats struct {
 	Keys    int // keys with queued or running tasks now
 	Pending int // accepted tasks not yet finished (and not yet passed by their key), plus dead letters being delivered
@@ -543,7 +594,7 @@ type Stats struct {
 	Panicked  uint64 // tasks whose last attempt panicked
 	Cancelled uint64 // tasks withdrawn by Completion.Cancel
 	Aborted   uint64 // tasks Close gave up on
-	Rejected  uint64 // Submit and TrySubmit calls that returned an error
+	Rejected  uint64 // tasks refused: Submit and TrySubmit calls that returned an error, and the tasks of a batch not accepted
 	// Retried counts retries scheduled (attempts after the first).
 	Retried uint64
 	// DeadLettered counts deliveries to the dead letter (or the log).

@@ -5,17 +5,21 @@ import (
 	"sync/atomic"
 )
 
-// Task states. A task moves queued -> running -> done, with waiting (a retry
-// backoff) and parked (the Park failure policy) as detours back to running.
-// Every transition out of queued, waiting and parked is a CompareAndSwap, so
-// exactly one of the runner, Cancel and Close's abort decides each task; the
-// winner moves it to stFinishing, writes the outcome, then stores stDone.
+// Task states. A task moves queued -> running -> decided -> done, with
+// waiting (a retry backoff) and parked (the Park failure policy) as detours
+// back to running. Every transition out of queued, waiting and parked is a
+// CompareAndSwap, so exactly one of the runner, Cancel and Close's abort
+// decides each task; the winner moves it to stFinishing, writes the outcome
+// and counts it, then stores stDecided: from then on its key may move past
+// it. It becomes stDone (its Completion done) by publish, once its dead
+// letters, if any, were delivered (see core.publish).
 const (
 	stQueued uint32 = iota
 	stRunning
 	stWaiting
 	stParked
-	stFinishing // decided (by Cancel or Close's abort); outcome being written
+	stFinishing // taken (by Cancel or Close's abort); outcome being written
+	stDecided   // outcome written and counted; Completion not yet done
 	stDone
 )
 
@@ -67,6 +71,15 @@ const (
 	ctxWatched                      // its Done channel is registered with core.watch
 	ctxCancelReq                    // Completion only: Cancel was called
 	ctxStarted                      // Completion only: the first attempt started
+	ctxPubReq                       // Completion only: decided while a dead letter was being delivered
+)
+
+// dlUnit counts, in a Completion's ctxBits above the flags, the dead letters
+// of its task being delivered: the task is not done before they were (see
+// core.publish).
+const (
+	dlUnit  uint32 = 1 << 16
+	dlCount        = ^(dlUnit - 1)
 )
 
 // A Completion is the handle of one accepted task: it tells when the task
@@ -114,8 +127,9 @@ type taskExtra struct {
 	fail     failureRecord
 }
 
-// extra returns the task's extra part, making it. Only the task's owner
-// calls it: its runner, or whoever moved it to stFinishing.
+// extra returns the task's extra part, making it. Its owner (its runner, or
+// whoever moved it to stFinishing) writes the failure record and outcome;
+// waits made with the task's context only use taskExtra.waiting.
 func (c *Completion) extra() *taskExtra {
 	if x := c.more.Load(); x != nil {
 		return x
@@ -124,8 +138,12 @@ func (c *Completion) extra() *taskExtra {
 	if c.ctxBits.Load()&ctxStarted != 0 {
 		x.attempts.Store(1)
 	}
-	c.more.Store(x)
-	return x
+	// A task's own goroutines may make it too (Wait with the task's
+	// context registers the wait here): one of them wins.
+	if c.more.CompareAndSwap(nil, x) {
+		return x
+	}
+	return c.more.Load()
 }
 
 // attempts returns how many attempts of the task have started.
@@ -142,7 +160,9 @@ func (c *Completion) attempts() int {
 func (c *Completion) core() *core { return c.hdr.core }
 
 // Done returns a channel closed once the task has reached its terminal
-// outcome. The channel is made on the first call.
+// outcome. By then Stats counts that outcome, and the task's dead letter, if
+// it has one, was delivered (see WithDeadLetter). The channel is made on the
+// first call.
 func (c *Completion) Done() <-chan struct{} {
 	g := c.signals()
 	ch, made := g.done.get()

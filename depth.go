@@ -103,6 +103,62 @@ func (b *pendingBound) tryAcquire() error {
 	}
 }
 
+// tryAcquireN takes up to want slots (at least one), as many as are free.
+func (b *pendingBound) tryAcquireN(want int64) (int64, error) {
+	for {
+		w := b.taken.Load()
+		if w&closedBit != 0 {
+			return 0, ErrClosed
+		}
+		room := b.max - (w - b.seen.Load())
+		if room < want {
+			f := b.freed.Value()
+			b.seen.Store(f)
+			if room = b.max - (w - f); room <= 0 {
+				return 0, ErrFull
+			}
+		}
+		got := min(want, room)
+		if b.taken.CompareAndSwap(w, w+got) {
+			return got, nil
+		}
+	}
+}
+
+// acquireN is acquire for up to want slots: it takes as many as are free (at
+// least one), waiting for the first when wait is set.
+func (b *pendingBound) acquireN(ctx context.Context, want int64, wait bool, closing <-chan struct{}) (int64, error) {
+	got, err := b.tryAcquireN(want)
+	if err != ErrFull || !wait {
+		return got, err
+	}
+	for {
+		ch := b.room.register()
+		got, err = b.tryAcquireN(want)
+		if err != ErrFull {
+			b.room.unregister()
+			return got, err
+		}
+		select {
+		case <-ch:
+		case <-closing:
+		case <-ctx.Done():
+			b.room.unregister()
+			return 0, fmt.Errorf("%w (waited for room until the context ended): %w", ErrFull, ctx.Err())
+		}
+		b.room.unregister()
+	}
+}
+
+// releaseN gives back n slots taken and not used.
+func (b *pendingBound) releaseN(n int64) {
+	b.freed.Add(n)
+	b.room.wake()
+	if b.idle.waiters.Load() > 0 && b.count() == 0 {
+		b.idle.wake()
+	}
+}
+
 // acquire takes a slot, waiting for one when wait is set, until ctx ends or
 // the scheduler closes (closing is closed when Close starts).
 func (b *pendingBound) acquire(ctx context.Context, wait bool, closing <-chan struct{}) error {

@@ -30,6 +30,9 @@ var (
 	// (a floating-point NaN anywhere in it). Nothing is enqueued, and the
 	// scheduler keeps working for every other key.
 	ErrInvalidKey = errors.New("keysched: invalid key")
+	// ErrEmptyBatch is returned by SubmitBatch and TrySubmitBatch for a
+	// batch with no items.
+	ErrEmptyBatch = errors.New("keysched: empty batch")
 	// ErrNilContext is returned when a nil context.Context is passed.
 	ErrNilContext = errors.New("keysched: nil context")
 	// ErrInsideTask is returned by Drain and Close when called with the

@@ -44,6 +44,20 @@ func (q *readyQueue[K]) push(n *node[K]) {
 	q.mu.Unlock()
 }
 
+// pushList appends the n nodes linked from first to last by readyNext.
+func (q *readyQueue[K]) pushList(first, last *node[K], n int) {
+	q.mu.Lock()
+	last.readyNext = nil
+	if q.tail == nil {
+		q.head = first
+	} else {
+		q.tail.readyNext = first
+	}
+	q.tail = last
+	q.n.Add(int64(n))
+	q.mu.Unlock()
+}
+
 func (q *readyQueue[K]) pop() *node[K] {
 	if q.n.Load() == 0 {
 		return nil

@@ -195,6 +195,72 @@ func (m *psm) Submit(t *rapid.T) {
 	m.want.Submitted++
 }
 
+// SubmitBatch submits a batch of 1 to 6 tasks (keys often repeated, so runs
+// of one key occur), with SubmitBatch or TrySubmitBatch. The model accepts
+// items in order while they fit (pending first, then the key's depth) and
+// expects the first that does not to be refused with its reason, the rest
+// with it; a waiting SubmitBatch waits there until its context ends.
+func (m *psm) SubmitBatch(t *rapid.T) {
+	size := rapid.IntRange(1, 6).Draw(t, "batchSize")
+	var items []BatchItem[int]
+	var ps []*ptask
+	key := rapid.IntRange(0, m.keys-1).Draw(t, "batchKey")
+	for i := range size {
+		if rapid.IntRange(0, 2).Draw(t, "sameKey") == 0 {
+			key = rapid.IntRange(0, m.keys-1).Draw(t, "batchKey")
+		}
+		p := &ptask{id: m.next + i, key: key, gate: make(chan struct{})}
+		p.b = behaviour(rapid.IntRange(0, int(numBehaviours)-1).Draw(t, "behaviour"))
+		p.n = rapid.IntRange(1, 4).Draw(t, "failures")
+		items = append(items, BatchItem[int]{Key: key, Task: m.task(p)})
+		ps = append(ps, p)
+	}
+	// The model's prediction.
+	accept, pend := 0, m.pending()
+	depth := map[int]int{}
+	var wantErr error
+	for _, p := range ps {
+		if pend >= m.maxPend {
+			wantErr = ErrFull
+			break
+		}
+		if len(m.chains[p.key])+depth[p.key] >= m.maxDepth {
+			wantErr = ErrKeyFull
+			break
+		}
+		accept++
+		pend++
+		depth[p.key]++
+	}
+	var cs []*Completion
+	var err error
+	if rapid.Bool().Draw(t, "tryBatch") || wantErr == nil {
+		cs, err = m.s.TrySubmitBatch(context.Background(), items)
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+		cs, err = m.s.SubmitBatch(ctx, items)
+		cancel()
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		if err == context.DeadlineExceeded {
+			// The deadline passed before SubmitBatch looked: nothing accepted.
+			accept, wantErr = 0, context.DeadlineExceeded
+		}
+	}
+	if wantErr == nil {
+		require.NoError(t, err)
+	} else {
+		require.ErrorIs(t, err, wantErr)
+	}
+	require.Len(t, cs, accept)
+	for i, p := range ps[:accept] {
+		p.c = cs[i]
+		m.chains[p.key] = append(m.chains[p.key], p)
+	}
+	m.next += accept // refused tasks' ids are reused: they never run
+	m.want.Submitted += uint64(accept)
+	m.want.Rejected += uint64(size - accept)
+}
+
 // head returns the key's oldest task that has not been cancelled.
 func (m *psm) head(key int) *ptask {
 	for _, p := range m.chains[key] {

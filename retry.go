@@ -136,9 +136,11 @@ type DeadLetter[K comparable] struct {
 // scheduler lock held, while the worker that ran the last attempt waits for
 // it: it should be quick, as the key waits too. While it runs it counts in
 // Stats.Pending, and Drain and Close wait for it. It may submit to the
-// scheduler with DeadLetter.Context (which never waits for room). For a task
-// that failed while running, its Completion is done only after fn returns;
-// for one that Cancel or Close took, just before. Under the Park policy the
+// scheduler with DeadLetter.Context (which never waits for room). A task's
+// Completion is done only once its dead letter was delivered (fn returned),
+// on every path: a failure under Continue, Park then Skip, Resume or Cancel,
+// Close's abort. Code that commits an offset or acknowledges a message when
+// a Completion is done can rely on it. Under the Park policy the
 // key is already parked when fn is called, so fn may Resume or Skip it. A
 // panic in fn, or a runtime.Goexit, is recovered and logged. fn must not
 // call Drain or Close with a context other than DeadLetter.Context: they
@@ -245,15 +247,16 @@ func (s *Scheduler[K]) Resume(key K) error {
 	c.state.Store(stQueued)
 	// A Cancel or abort that saw it owned here only set its flag.
 	if out, stop := s.stopped(c); stop && c.state.CompareAndSwap(stQueued, stFinishing) {
-		dl := s.letter(n, ErrAborted)
 		if out == outCancelled {
 			s.core.finish(c, out, context.Canceled)
 			s.requeue(n)
 			return nil
 		}
-		s.core.finish(c, out, ErrAborted)
+		dl := s.letter(n, ErrAborted)
+		s.core.decide(c, out, ErrAborted)
 		s.core.notRun.Add(1)
 		s.requeue(n)
+		s.core.publish(c)
 		s.deliver(dl)
 		return ErrClosed
 	}

@@ -39,7 +39,7 @@ func (s *Scheduler[K]) runLoop() {
 			if !s.step(n) {
 				break // waiting for a retry, or parked: the key is held
 			}
-			next := s.advance(n)
+			next := s.pass(n)
 			if next == nil {
 				break
 			}
@@ -69,12 +69,13 @@ func (s *Scheduler[K]) step(n *node[K]) bool {
 				// delivered, as abortNode does.
 				if out == outAborted {
 					dl := s.letter(n, ErrAborted)
-					s.core.finish(c, outAborted, ErrAborted)
+					s.core.decide(c, outAborted, ErrAborted)
 					s.core.notRun.Add(1)
 					s.deliver(dl)
 				} else {
-					s.core.finish(c, outCancelled, context.Canceled)
+					s.core.decide(c, outCancelled, context.Canceled)
 				}
+				s.publishRun(c)
 				return true
 			}
 			return s.attempt(n)
@@ -127,7 +128,8 @@ func (s *Scheduler[K]) attempt(n *node[K]) bool {
 		s.hookEnded(n, started, err, panicked)
 	}
 	if err == nil {
-		s.core.finish(c, outSucceeded, nil)
+		s.core.decide(c, outSucceeded, nil)
+		s.publishRun(c)
 		return true
 	}
 	return s.failed(n, err, panicked, permanent)
@@ -198,7 +200,8 @@ func (s *Scheduler[K]) failed(n *node[K], err error, panicked, permanent bool) b
 	// running: never retried.
 	if out, stop := s.stopped(c); stop {
 		s.deliver(s.letter(n, err))
-		s.core.finish(c, out, err)
+		s.core.decide(c, out, err)
+		s.publishRun(c)
 		return true
 	}
 	retryable := !permanent && (!panicked || s.cfg.retryPanics)
@@ -215,7 +218,8 @@ func (s *Scheduler[K]) failed(n *node[K], err error, panicked, permanent bool) b
 		out = outPanicked
 	}
 	s.deliver(s.letter(n, err))
-	s.core.finish(c, out, err)
+	s.core.decide(c, out, err)
+	s.publishRun(c)
 	return true
 }
 
@@ -267,8 +271,9 @@ func (s *Scheduler[K]) wait(n *node[K], err error, d time.Duration) bool {
 		w.timer.Load().Stop()
 		if out, _ := s.stopped(c); c.state.CompareAndSwap(stWaiting, stFinishing) {
 			dl := s.letter(n, err)
-			s.core.finish(c, out, err)
+			s.core.decide(c, out, err)
 			s.deliver(dl)
+			s.publishRun(c)
 			return true
 		}
 		// Cancel or the abort took and finished it; its wakeStalled found
@@ -292,8 +297,9 @@ func (s *Scheduler[K]) parkFailed(n *node[K], err error) bool {
 	s.park(n)
 	if out, stop := s.stopped(c); stop && c.state.CompareAndSwap(stParked, stFinishing) {
 		s.dropParked(n)
-		s.core.finish(c, out, err)
+		s.core.decide(c, out, err)
 		s.deliver(dl)
+		s.publishRun(c)
 		return true
 	}
 	s.deliver(dl)
@@ -303,8 +309,12 @@ func (s *Scheduler[K]) parkFailed(n *node[K], err error) bool {
 // letter describes n, which failed for good with err. It copies what it
 // needs, so that it can be delivered after n was finished or parked (and
 // may already be running again, resumed).
+//
+// It counts the letter as being delivered (deliver ends it): until it is, n's
+// Completion is not done, whoever decides n meanwhile.
 func (s *Scheduler[K]) letter(n *node[K], err error) DeadLetter[K] {
 	c := &n.Completion
+	c.ctxBits.Add(dlUnit)
 	dl := DeadLetter[K]{Key: n.key, Task: c.task, Err: err, Attempts: c.attempts(), Context: dlContext{c}}
 	if x := c.more.Load(); x != nil && x.fail.errs != nil {
 		dl.Attempts -= x.fail.base
@@ -316,22 +326,37 @@ func (s *Scheduler[K]) letter(n *node[K], err error) DeadLetter[K] {
 	return dl
 }
 
-// deliver hands dl to the dead-letter function, or logs it when there is
-// none. Either is user code (the logger's handler too): it runs on a
-// goroutine of its own while the caller waits, so that a panic in it is
+// deliver hands dl, made by letter, to the dead-letter function, or logs it
+// when there is none. Either is user code (the logger's handler too): it runs
+// on a goroutine of its own while the caller waits, so that a panic in it is
 // recovered and logged, and a runtime.Goexit (t.FailNow in a test's
 // callback) ends that goroutine, not the worker.
 //
 // While it runs it holds a pending slot (Stats.Pending counts it), so that
 // Drain and Close wait for it: a dead-letter function may Skip or Resume the
-// very key it reports, and then must not outlive Close.
+// very key it reports, and then must not outlive Close. When it returns, the
+// task is published if it was decided meanwhile (a Skip, Cancel or abort of
+// the parked task, or its resumed run): normally before the slot is released,
+// so that Drain returns only once every Completion is done; once Close has
+// given up, after, so that a Completion done then is no longer in Stats.
 func (s *Scheduler[K]) deliver(dl DeadLetter[K]) {
+	c := dl.Context.(dlContext).c
 	s.core.deadLettered.Add(1)
 	if s.obs != nil {
 		s.hookDeadLettered(dl.Key, dl.Err)
 	}
 	s.pending.hold()
-	defer s.pending.release()
+	defer func() {
+		if s.core.aborting.Load() {
+			s.core.passing.Add(1) // see pass
+			s.pending.release()
+			s.core.endLetter(c)
+			s.core.passing.Add(-1)
+		} else {
+			s.core.endLetter(c)
+			s.pending.release()
+		}
+	}()
 	done := make(chan struct{})
 	go func() {
 		returned := false
@@ -380,6 +405,39 @@ func (s *Scheduler[K]) advance(n *node[K]) *node[K] {
 	return next
 }
 
+// publishRun publishes c, which its runner decided, unless Close has given
+// up: then pass publishes it once its key has moved past it.
+func (s *Scheduler[K]) publishRun(c *Completion) {
+	if !s.core.aborting.Load() {
+		s.core.publish(c)
+	}
+}
+
+// pass hands n's key on (advance) and returns the task to run next. If n is
+// decided but not yet done (its runner decided it after Close gave up, or its
+// dead letter is still being delivered), the tasks behind n that are finished
+// already (aborted by Close) are passed too before n is published: once the
+// Completion of a task that Close left running is done, Stats no longer
+// counts it, its key or the aborted tasks behind it.
+//
+// Between the two, core.passing counts it: Close and Drain, which see the
+// pending count reach zero first, wait for it so that every Completion is
+// done when they return.
+func (s *Scheduler[K]) pass(n *node[K]) *node[K] {
+	c := &n.Completion
+	if c.state.Load() != stDecided {
+		return s.advance(n) // the common case: done already
+	}
+	s.core.passing.Add(1)
+	next := s.advance(n)
+	for next != nil && next.state.Load() >= stDecided {
+		next = s.advance(next)
+	}
+	s.core.publish(c)
+	s.core.passing.Add(-1)
+	return next
+}
+
 // requeue hands a task that waited (a retry timer fired, Resume, or a Cancel
 // or abort that took a waiting or parked task) back to a runner.
 func (s *Scheduler[K]) requeue(n *node[K]) {
@@ -424,7 +482,7 @@ func (s *Scheduler[K]) goexit(cur *node[K]) {
 			s.endFirstAttempt(c)
 		}
 		if s.failed(cur, &PanicError{Value: errGoexit, Stack: debug.Stack()}, true, false) {
-			if next := s.advance(cur); next != nil {
+			if next := s.pass(cur); next != nil {
 				s.ready.push(next)
 			}
 		}

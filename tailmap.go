@@ -67,6 +67,54 @@ func (t tailMap[K]) append(n *node[K], maxDepth int64, k *core, spare *chainHdr)
 	return head, full
 }
 
+// appendRun links the nodes of run, consecutive tasks of one key, at the end
+// of their key's chain in one Compute: as many as the key's depth bound
+// allows. It returns how many it linked (a prefix of run), head when run[0]
+// starts a new chain (the caller dispatches it), and the chain when the bound
+// stopped it short (to wait on). A new chain's header is allocated inside the
+// Compute: the only allocation allowed there.
+func (t tailMap[K]) appendRun(run []node[K], maxDepth int64, k *core) (linked int, head bool, full *chainHdr) {
+	first := &run[0]
+	t.m.Compute(first.key, func(tail *node[K], loaded bool) (*node[K], bool) {
+		var ch *chainHdr
+		var room int64
+		if loaded {
+			ch = tail.hdr
+			room = maxDepth - ch.depth.Load()
+		} else {
+			ch = new(chainHdr)
+			ch.core = k
+			room = maxDepth
+		}
+		m := int(min(room, int64(len(run))))
+		if m < len(run) {
+			full = ch
+		}
+		if m <= 0 {
+			return tail, !loaded // unchanged; a key that was absent stays so
+		}
+		for i := range m {
+			run[i].hdr = ch
+			if i+1 < m {
+				run[i].next.Store(&run[i+1])
+			}
+		}
+		run[m-1].next.Store(nil)
+		linked = m
+		ch.depth.Add(int64(m))
+		if !loaded {
+			ch.head.Store(&first.Completion)
+			head = true
+			return &run[m-1], false
+		}
+		// As in append: the predecessor's completer sees first here, or
+		// finds it in removeIfTail after this Compute.
+		tail.next.Store(first)
+		return &run[m-1], false
+	})
+	return linked, head, full
+}
+
 // removeIfTail is called when n, finished, had no successor. If n is still
 // its key's tail the key is drained and removed, in the same Compute that
 // confirms it; otherwise a task was appended meanwhile (inside an earlier

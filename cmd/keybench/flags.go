@@ -21,7 +21,7 @@ type cli struct {
 	Events    int     `default:"200000" placeholder:"N" group:"Stream" help:"--synthetic: number of events (default ${default})."`
 	Keys      int     `default:"10000" placeholder:"N" group:"Stream" help:"--synthetic: number of distinct keys (default ${default})."`
 	Zipf      float64 `default:"1.1" placeholder:"S" group:"Stream" help:"--synthetic: Zipf exponent: the key of rank k is drawn with probability proportional to 1/k^S; 0 is uniform, 1 or more is heavily skewed (default ${default})."`
-	Seed      uint64  `default:"1" placeholder:"N" group:"Stream" help:"--synthetic: random seed; the same seed gives the same stream (default ${default})."`
+	Seed      uint64  `default:"0" placeholder:"N" group:"Stream" help:"The run's seed: striped's lane hash (which keys share the slow key's lane: its neighbours) and --synthetic's generator; the same seed gives the same lanes and the same stream. 0 draws one at random; the header prints it (default ${default})."`
 	Rounds    int     `default:"1" placeholder:"R" group:"Stream" help:"Replay the stream R times, one copy after another, keys prefixed with the round number (r/KEY): independent chains, a longer run (default ${default})."`
 	Limit     int     `default:"0" placeholder:"N" group:"Stream" help:"Replay only the first N events of the stream, before --rounds; 0 replays all (default ${default})."`
 
@@ -43,7 +43,7 @@ type cli struct {
 const description = `keybench replays a keyed event stream through rival per-key schedulers, one
 after another in one process, and compares what isolation costs (throughput,
 allocations, goroutines, memory) with what it buys (order, and the latency of
-the keys that are not the slow one).
+the keys that are not the slow one, and of its neighbours).
 
 Each event's handler checks that its key is in the state the event expects
 (an order violation if not), applies the event, then does the --work, which

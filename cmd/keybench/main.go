@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -128,6 +129,9 @@ func bench(ctx context.Context, c *cli, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	for c.Seed == 0 {
+		c.Seed = rand.Uint64()
+	}
 	st, err := loadStream(ctx, c)
 	if err != nil {
 		return err
@@ -148,8 +152,11 @@ func bench(ctx context.Context, c *cli, stdout, stderr io.Writer) error {
 	if c.SlowFactor == 1 {
 		w.slowID = -1 // no slow key: cold p99 is p99
 	}
-	cfg := rivalConfig{Workers: c.Workers, Queue: c.Queue, KeyDepth: c.KeyDepth}
+	cfg := rivalConfig{Workers: c.Workers, Queue: c.Queue, KeyDepth: c.KeyDepth, Seed: c.Seed}
 	info := runInfo{source: st.source, sum: sum, work: work, cfg: cfg, rate: c.Rate}
+	if w.slowID >= 0 {
+		info.neighbourKeys = w.markNeighbours(c.Seed, c.Workers)
+	}
 	if work.kind == workIO {
 		info.ioWait = calibrateIO(work.dur)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/internal/striped"
 	"github.com/keysched/keysched/internal/trace"
 )
 
@@ -33,6 +34,7 @@ func runKeybench(t *testing.T, args ...string) (code int, stdout, stderr string)
 var jsonFields = []string{
 	"scheduler", "events", "keys", "seconds", "events_per_sec", "p50_us", "p99_us", "p999_us",
 	"cold_p99_us", "order_violations", "state_mismatches", "peak_goroutines", "peak_heap_bytes", "allocs_per_event",
+	"neighbour_p99_us", "neighbour_events", "seed",
 }
 
 // parseJSONLines checks that every line is one object with exactly the
@@ -337,4 +339,107 @@ func TestBrokenOrderedRivalFails(t *testing.T) {
 	require.Equal(t, exitFail, code)
 	require.Contains(t, stdout, "test-swap", "the table is printed first")
 	require.Contains(t, stderr, "test-swap promises per-key order but showed 1000 order violations")
+}
+
+// The neighbours are the keys that striped, under the run's seed, puts on the
+// slow key's lane: with that key blocked, exactly they wait behind it on the
+// striped rival keybench builds, and every other key runs.
+func TestNeighboursShareTheSlowKeysLane(t *testing.T) {
+	events := trace.Sample()[:3000]
+	for _, seed := range []uint64{1, 2, 99} {
+		const lanes = 8
+		w := newWorkload(events, workSpec{kind: workNone}, "Makefile", 20, 0)
+		nk := w.markNeighbours(seed, lanes)
+		require.Positive(t, nk, "seed %d", seed)
+		rv, err := newStriped(rivalConfig{Workers: lanes, Queue: lanes * len(w.keys), Seed: seed})
+		require.NoError(t, err)
+		ctx := context.Background()
+		gate := make(chan struct{})
+		require.NoError(t, rv.Submit(ctx, "Makefile", func() { <-gate }))
+		ran := make([]chan struct{}, len(w.keys))
+		for id, k := range w.keys {
+			if int32(id) == w.slowID {
+				continue
+			}
+			ran[id] = make(chan struct{})
+			require.NoError(t, rv.Submit(ctx, k, func() { close(ran[id]) }))
+		}
+		for id := range w.keys {
+			if ran[id] != nil && !w.neighbour[id] {
+				<-ran[id] // its lane is free: it runs
+			}
+		}
+		blocked := 0
+		for id := range w.keys {
+			if w.neighbour[id] {
+				select {
+				case <-ran[id]:
+					t.Fatalf("seed %d: neighbour %s ran while the slow key held its lane", seed, w.keys[id])
+				default:
+					blocked++
+				}
+			}
+		}
+		require.Equal(t, nk, blocked)
+		close(gate)
+		require.NoError(t, rv.Close())
+	}
+	// The partition depends on the seed.
+	a := newWorkload(events, workSpec{kind: workNone}, "Makefile", 20, 0)
+	b := newWorkload(events, workSpec{kind: workNone}, "Makefile", 20, 0)
+	a.markNeighbours(1, 8)
+	b.markNeighbours(2, 8)
+	require.NotEqual(t, a.neighbour, b.neighbour)
+	require.Equal(t, striped.Lane(laneHash(7)("x"), 8), laneOf(7, 8, "x"))
+}
+
+// Every rival reports the neighbours' latency over the same events; the count
+// is what the seed's partition gives, the same seed gives the same count, and
+// the seed is in the output.
+func TestNeighbourFigures(t *testing.T) {
+	args := []string{"--json", "--limit", "2000", "--work", "none", "--workers", "8", "--seed", "5",
+		"--schedulers", "chain,striped,pool"}
+	code, stdout, stderr := runKeybench(t, args...)
+	require.Equal(t, 0, code, stderr)
+	rows := parseJSONLines(t, stdout)
+	w := newWorkload(trace.Sample()[:2000], workSpec{kind: workNone}, "Makefile", 20, 0)
+	w.markNeighbours(5, 8)
+	want := 0
+	for i := range w.events {
+		if w.neighbour[w.ids[i]] {
+			want++
+		}
+	}
+	require.Positive(t, want)
+	for name, row := range rows {
+		require.EqualValues(t, want, row["neighbour_events"], name)
+		require.Positive(t, row["neighbour_p99_us"], name)
+		require.EqualValues(t, 5, row["seed"], name)
+	}
+	code, again, stderr := runKeybench(t, args...)
+	require.Equal(t, 0, code, stderr)
+	require.EqualValues(t, want, parseJSONLines(t, again)["chain"]["neighbour_events"])
+
+	// No slow key, no neighbours.
+	code, stdout, stderr = runKeybench(t, "--json", "--limit", "500", "--work", "none", "--slow-key", "none", "--schedulers", "chain")
+	require.Equal(t, 0, code, stderr)
+	row := parseJSONLines(t, stdout)["chain"]
+	require.EqualValues(t, 0, row["neighbour_events"])
+	require.EqualValues(t, 0, row["neighbour_p99_us"])
+	require.NotZero(t, row["seed"], "a seed is drawn when none is given")
+}
+
+// The table's first result line is the neighbours' p99, with its count, and
+// the header prints the seed so that the run can be repeated.
+func TestHeadlineIsNeighbours(t *testing.T) {
+	code, stdout, stderr := runKeybench(t, "--limit", "1500", "--work", "none", "--workers", "8", "--seed", "12345",
+		"--schedulers", "chain,striped")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, "seed     12345 (striped's lane hash; --seed 12345 repeats")
+	_, results, ok := strings.Cut(stdout, "\n\n")
+	require.True(t, ok)
+	first := strings.SplitN(results, "\n", 2)[0]
+	require.Regexp(t, `^neighbours p99: [1-9][0-9]* events of the [1-9][0-9]* keys that share Makefile's lane under striped \(seed 12345\)$`, first)
+	require.Regexp(t, `chain vs striped: neighbours p99 x[0-9.]+\n`, results)
+	require.Contains(t, results, "nbr p99")
 }

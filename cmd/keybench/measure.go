@@ -22,6 +22,9 @@ type workload struct {
 	keys   []string // keys[id]: the key
 	final  []string // final[id]: the key's state after a sequential replay
 	zero   []bool   // zero[i]: events[i].PrevBlob is all zeros (absent key)
+	// neighbour[id]: key id shares the slow key's lane under striped (and is
+	// not the slow key). Set by markNeighbours; nil when there is no slow key.
+	neighbour []bool
 
 	work       workSpec
 	slowID     int32 // id of the slow key, or -1
@@ -49,17 +52,42 @@ func newWorkload(events []trace.Event, work workSpec, slowKey string, slowFactor
 	return w
 }
 
+// markNeighbours marks the slow key's neighbours: the keys that striped, with
+// n lanes hashed under seed, puts on the slow key's lane. It returns how many
+// keys that is.
+func (w *workload) markNeighbours(seed uint64, n int) int {
+	w.neighbour = make([]bool, len(w.keys))
+	if w.slowID < 0 {
+		return 0
+	}
+	lane := laneOf(seed, n, w.keys[w.slowID])
+	count := 0
+	for id, k := range w.keys {
+		if int32(id) != w.slowID && laneOf(seed, n, k) == lane {
+			w.neighbour[id] = true
+			count++
+		}
+	}
+	return count
+}
+
 // result is one rival's row. The JSON names are keybench's output format.
 type result struct {
-	Scheduler       string  `json:"scheduler"`
-	Events          int     `json:"events"`
-	Keys            int     `json:"keys"`
-	Seconds         float64 `json:"seconds"`
-	EventsPerSec    float64 `json:"events_per_sec"`
-	P50us           float64 `json:"p50_us"`
-	P99us           float64 `json:"p99_us"`
-	P999us          float64 `json:"p999_us"`
-	ColdP99us       float64 `json:"cold_p99_us"`
+	Scheduler    string  `json:"scheduler"`
+	Events       int     `json:"events"`
+	Keys         int     `json:"keys"`
+	Seconds      float64 `json:"seconds"`
+	EventsPerSec float64 `json:"events_per_sec"`
+	P50us        float64 `json:"p50_us"`
+	P99us        float64 `json:"p99_us"`
+	P999us       float64 `json:"p999_us"`
+	ColdP99us    float64 `json:"cold_p99_us"`
+	// NeighbourP99us is the p99 latency of the events of the slow key's
+	// neighbours (see markNeighbours); 0 when there are none.
+	NeighbourP99us  float64 `json:"neighbour_p99_us"`
+	NeighbourEvents int     `json:"neighbour_events"`
+	// Seed is the run's --seed (striped's lane hash).
+	Seed            uint64  `json:"seed"`
 	OrderViolations int64   `json:"order_violations"`
 	StateMismatches int     `json:"state_mismatches"`
 	PeakGoroutines  int     `json:"peak_goroutines"`
@@ -252,6 +280,7 @@ func measure(ctx context.Context, w *workload, info rivalInfo, cfg rivalConfig, 
 		hist:            newHist(),
 		ordered:         info.Ordered,
 		baseHeap:        m0.HeapAlloc,
+		Seed:            cfg.Seed,
 	}
 	if n > 0 {
 		res.AllocsPerEvent = float64(m1.Mallocs-m0.Mallocs) / float64(n)
@@ -272,6 +301,18 @@ func measure(ctx context.Context, w *workload, info rivalInfo, cfg rivalConfig, 
 	us := func(h *hdrhistogram.Histogram, p float64) float64 { return float64(h.ValueAtPercentile(p)) / 1e3 }
 	res.P50us, res.P99us, res.P999us = us(res.hist, 50), us(res.hist, 99), us(res.hist, 99.9)
 	res.ColdP99us = us(cold, 99)
+	if w.neighbour != nil {
+		nb := newHist()
+		for i, l := range r.lat {
+			if w.neighbour[w.ids[i]] {
+				_ = nb.RecordValue(max(l, 1))
+				res.NeighbourEvents++
+			}
+		}
+		if res.NeighbourEvents > 0 {
+			res.NeighbourP99us = us(nb, 99)
+		}
+	}
 	return res, nil
 }
 

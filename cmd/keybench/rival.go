@@ -42,6 +42,8 @@ type rivalConfig struct {
 	// KeyDepth bounds one key's queued plus running events, for the rivals
 	// that bound it (keysched's WithMaxKeyDepth). 0 means the rival's default.
 	KeyDepth int
+	// Seed is the run's seed: striped hashes keys onto lanes with it.
+	Seed uint64
 }
 
 // rivalInfo registers a rival under a name.

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"sync"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/internal/antspool"
 	"github.com/keysched/keysched/internal/gopk"
@@ -93,8 +94,23 @@ func newStriped(c rivalConfig) (rival, error) {
 	if queue <= 0 {
 		queue = keysched.DefaultMaxPending
 	}
-	return &stripedRival{striped.New[string](c.Workers, max(1, queue/c.Workers))}, nil
+	return &stripedRival{striped.NewHashed(c.Workers, max(1, queue/c.Workers), laneHash(c.Seed))}, nil
 }
+
+// laneHash is striped's hash of a key under the run's seed: xxhash of the
+// key, mixed with the seed (splitmix64's finaliser), so that every seed
+// partitions the keys into lanes differently and one seed always the same way.
+func laneHash(seed uint64) func(string) uint64 {
+	return func(k string) uint64 {
+		z := xxhash.Sum64String(k) + seed*0x9e3779b97f4a7c15
+		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+		z = (z ^ z>>27) * 0x94d049bb133111eb
+		return z ^ z>>31
+	}
+}
+
+// laneOf returns the striped lane of key under seed with n lanes.
+func laneOf(seed uint64, n int, key string) int { return striped.Lane(laneHash(seed)(key), n) }
 
 func (r *stripedRival) Submit(ctx context.Context, key string, fn func()) error {
 	return r.l.Submit(ctx, key, fn)

@@ -43,3 +43,27 @@ func TestFullLaneWaits(t *testing.T) {
 	close(gate)
 	l.Close()
 }
+
+// NewHashed puts keys on the lanes its hash says: two keys on one lane wait
+// behind each other (head-of-line blocking), a key on another lane does not.
+func TestNewHashedPlacesKeysByTheHash(t *testing.T) {
+	l := NewHashed[int](2, 8, func(k int) uint64 { return uint64(k) })
+	defer l.Close()
+	require.Equal(t, 0, Lane(4, 2))
+	require.Equal(t, 1, Lane(7, 2))
+	gate := make(chan struct{})
+	ctx := context.Background()
+	require.NoError(t, l.Submit(ctx, 2, func() { <-gate })) // lane 0 blocked
+	behind := make(chan struct{})
+	require.NoError(t, l.Submit(ctx, 4, func() { close(behind) })) // lane 0 too
+	other := make(chan struct{})
+	require.NoError(t, l.Submit(ctx, 3, func() { close(other) })) // lane 1
+	<-other
+	select {
+	case <-behind:
+		t.Fatal("key 4 ran while key 2, on its lane, was blocked")
+	default:
+	}
+	close(gate)
+	<-behind
+}

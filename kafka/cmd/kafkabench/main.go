@@ -1,0 +1,498 @@
+// Command kafkabench produces a keyed event stream into a Kafka topic and
+// consumes it with rival consumers, one after another in one process: the
+// keysched Kafka adapter (KeyOrder), the same adapter with PartitionOrder,
+// and a plain franz-go consumer that handles each partition's records one at
+// a time on a goroutine of its own (the shape of franz-go's
+// goroutine-per-partition example). It reports, for each, events per second,
+// p99 latency (from the poll that returned a record to the end of its
+// handler), order violations and duplicates, next to the stream's own bound.
+//
+// By default it starts an in-process kfake cluster; --brokers uses a real
+// one (it creates the topic, named by --topic plus a random suffix, and
+// leaves it).
+//
+//	go run ./kafka/cmd/kafkabench --work io=1ms --partitions 8 --trace ../shared/data/git-history.tsv.gz
+//	go run ./kafka/cmd/kafkabench --work io=1ms --partitions 8 --synthetic
+//	go run ./kafka/cmd/kafkabench --work none --partitions 8 --json
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"os"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/alecthomas/kong"
+	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/internal/trace"
+	"github.com/keysched/keysched/kafka"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+type cli struct {
+	Brokers    []string `sep:"," placeholder:"HOST:PORT" help:"Seed brokers of a real cluster (comma-separated). Default: an in-process kfake cluster."`
+	Topic      string   `default:"kafkabench" help:"Topic name prefix; a random suffix is added (default ${default})."`
+	Partitions int      `default:"8" placeholder:"P" help:"Partitions of the topic (default ${default})."`
+
+	Trace     string  `placeholder:"FILE" xor:"source" help:"Produce the keyed stream in FILE (plain or gzipped TSV: seq, unix_time, commit, key, prev_blob, next_blob, status; e.g. ../shared/data/git-history.tsv.gz). Default: the embedded sample, the first 20,000 events of the git/git history."`
+	Synthetic bool    `xor:"source" help:"Generate the stream: --events events over --keys keys, key popularity Zipf(--zipf): many keys, mild skew."`
+	Events    int     `default:"100000" placeholder:"N" help:"--synthetic: events (default ${default})."`
+	Keys      int     `default:"10000" placeholder:"N" help:"--synthetic: distinct keys (default ${default})."`
+	Zipf      float64 `default:"0.5" placeholder:"S" help:"--synthetic: Zipf exponent of key popularity; 0 is uniform (default ${default})."`
+	Seed      uint64  `default:"1" placeholder:"N" help:"--synthetic: random seed (default ${default})."`
+	Limit     int     `default:"0" placeholder:"N" help:"Use only the first N events; 0: all (default ${default})."`
+
+	Work        string        `default:"io=1ms" placeholder:"SPEC" help:"Each handler's work: none; io=DUR (sleeps DUR, like a network call); cpu=DUR (a busy loop) (default ${default})."`
+	Workers     int           `default:"256" placeholder:"N" help:"The adapter's workers (keysched.WithWorkers) (default ${default})."`
+	MaxInFlight int           `default:"4096" placeholder:"N" help:"The adapter's per-partition bound, WithMaxInFlight (default ${default})."`
+	Consumers   []string      `default:"keysched,plain,keysched-partition" sep:"," placeholder:"NAME" help:"Consumers to run, in order: keysched, plain, keysched-partition (default ${default})."`
+	Timeout     time.Duration `default:"10m" help:"Give up on a consumer that has not handled every event after this long (default ${default})."`
+	JSON        bool          `name:"json" help:"One JSON object per consumer per line."`
+	CPUProfile  string        `name:"cpuprofile" placeholder:"FILE" help:"Write a CPU profile of the consumers' runs to FILE."`
+}
+
+// Result is one consumer's run (the --json line).
+type Result struct {
+	Consumer          string  `json:"consumer"`
+	Partitions        int     `json:"partitions"`
+	Events            int     `json:"events"`
+	Seconds           float64 `json:"seconds"`
+	EventsPerSec      float64 `json:"events_per_sec"`
+	BoundEventsPerSec float64 `json:"bound_events_per_sec"`
+	P99us             float64 `json:"p99_us"`
+	OrderViolations   int64   `json:"order_violations"`
+	Duplicates        int64   `json:"duplicates"`
+}
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "kafkabench:", err)
+		os.Exit(1)
+	}
+}
+
+type workSpec struct {
+	kind string // none, io, cpu
+	dur  time.Duration
+}
+
+func parseWork(s string) (workSpec, error) {
+	if s == "none" {
+		return workSpec{kind: "none"}, nil
+	}
+	k, d, ok := strings.Cut(s, "=")
+	if !ok || (k != "io" && k != "cpu") {
+		return workSpec{}, fmt.Errorf("--work %q: want none, io=DUR or cpu=DUR", s)
+	}
+	dur, err := time.ParseDuration(d)
+	if err != nil || dur <= 0 {
+		return workSpec{}, fmt.Errorf("--work %q: %q is not a positive duration", s, d)
+	}
+	return workSpec{kind: k, dur: dur}, nil
+}
+
+func (w workSpec) do() {
+	switch w.kind {
+	case "io":
+		// time.Sleep, not keybench's timerfd: that costs two system calls
+		// per wait, and on a shared 2-core machine it made the consumers
+		// CPU-bound (synthetic stream: 21-29k events/s against 59-80k).
+		time.Sleep(w.dur)
+	case "cpu":
+		for end := time.Now().Add(w.dur); time.Now().Before(end); {
+		}
+	}
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	var c cli
+	parser, err := kong.New(&c, kong.Name("kafkabench"), kong.Writers(stdout, stderr),
+		kong.Description("Produce a keyed stream into Kafka and consume it with rival consumers."))
+	if err != nil {
+		return err
+	}
+	if _, err := parser.Parse(args); err != nil {
+		return err
+	}
+	work, err := parseWork(c.Work)
+	if err != nil {
+		return err
+	}
+	if c.Partitions < 1 || c.Workers < 1 || c.MaxInFlight < 1 || c.Limit < 0 {
+		return errors.New("--partitions, --workers and --max-in-flight need at least 1, --limit 0 or more")
+	}
+	for _, name := range c.Consumers {
+		if !slices.Contains([]string{"keysched", "plain", "keysched-partition"}, name) {
+			return fmt.Errorf("--consumers: unknown consumer %q", name)
+		}
+	}
+	events, err := loadEvents(&c)
+	if err != nil {
+		return err
+	}
+	events = trace.Limit(events, c.Limit)
+	if len(events) == 0 {
+		return errors.New("the stream is empty")
+	}
+	s := newStream(events)
+
+	seeds := c.Brokers
+	topic := fmt.Sprintf("%s-%08x", c.Topic, rand.Uint32())
+	if len(seeds) == 0 {
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(c.Partitions), topic),
+			kfake.GroupMinSessionTimeout(100*time.Millisecond))
+		if err != nil {
+			return err
+		}
+		defer cluster.Close()
+		seeds = cluster.ListenAddrs()
+	} else if err := createTopic(seeds, topic, c.Partitions); err != nil {
+		return err
+	}
+	if err := produce(seeds, topic, s); err != nil {
+		return err
+	}
+	bound := 0.0
+	if work.kind != "none" {
+		secs := max(float64(s.hottest)*work.dur.Seconds(), float64(len(events))*work.dur.Seconds()/float64(c.Workers))
+		bound = float64(len(events)) / secs
+	}
+	if c.CPUProfile != "" {
+		f, err := os.Create(c.CPUProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	var results []Result
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	if !c.JSON {
+		fmt.Fprintf(stdout, "%d events, %d keys, hottest key %d events, %d partitions, work %s, %d workers\n",
+			len(events), s.keys, s.hottest, c.Partitions, c.Work, c.Workers)
+		fmt.Fprintln(tw, "consumer\tevents/s\tof bound\tp99 µs\tseconds\torder violations\tduplicates\t")
+	}
+	for i, name := range c.Consumers {
+		r, err := s.consume(name, seeds, topic, fmt.Sprintf("%s-g%d", topic, i), &c, work)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		r.Partitions, r.BoundEventsPerSec = c.Partitions, bound
+		results = append(results, r)
+		if c.JSON {
+			b, _ := json.Marshal(r)
+			fmt.Fprintln(stdout, string(b))
+		} else {
+			of := "-"
+			if bound > 0 {
+				of = fmt.Sprintf("%.0f%%", 100*r.EventsPerSec/bound)
+			}
+			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%.0f\t%.2f\t%d\t%d\t\n", r.Consumer, r.EventsPerSec, of, r.P99us, r.Seconds, r.OrderViolations, r.Duplicates)
+		}
+	}
+	if !c.JSON {
+		tw.Flush()
+		if bound > 0 {
+			fmt.Fprintf(stdout, "bound: %.0f events/s = events / max(hottest key's events x work, events x work / workers)\n", bound)
+		}
+	}
+	return nil
+}
+
+func loadEvents(c *cli) ([]trace.Event, error) {
+	switch {
+	case c.Trace != "":
+		return trace.LoadFile(c.Trace)
+	case c.Synthetic:
+		return trace.Synthetic(c.Events, c.Keys, c.Zipf, c.Seed)
+	}
+	return trace.Sample(), nil
+}
+
+func createTopic(seeds []string, topic string, partitions int) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrCreateTopicsRequest()
+	rt := kmsg.NewCreateTopicsRequestTopic()
+	rt.Topic, rt.NumPartitions, rt.ReplicationFactor = topic, int32(partitions), -1
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(context.Background(), cl)
+	if err != nil {
+		return err
+	}
+	return kerr.ErrorForCode(resp.Topics[0].ErrorCode)
+}
+
+// stream is the produced stream and what the consumers' handlers check
+// against it.
+type stream struct {
+	events  []trace.Event
+	ids     []int32 // key id of each event
+	ord     []int32 // position of each event within its key
+	keys    int
+	hottest int
+}
+
+func newStream(events []trace.Event) *stream {
+	ids, keys := trace.KeyIDs(events)
+	s := &stream{events: events, ids: ids, ord: make([]int32, len(events)), keys: len(keys)}
+	n := make([]int32, len(keys))
+	for i, id := range ids {
+		s.ord[i] = n[id]
+		n[id]++
+		s.hottest = max(s.hottest, int(n[id]))
+	}
+	return s
+}
+
+func produce(seeds []string, topic string, s *stream) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.DefaultProduceTopic(topic),
+		kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(100000))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	var first atomic.Pointer[error]
+	var wg sync.WaitGroup
+	for i := range s.events {
+		v := make([]byte, 8)
+		binary.BigEndian.PutUint64(v, uint64(i))
+		wg.Add(1)
+		cl.Produce(context.Background(), &kgo.Record{Key: []byte(s.events[i].Key), Value: v}, func(_ *kgo.Record, err error) {
+			if err != nil {
+				first.CompareAndSwap(nil, &err)
+			}
+			wg.Done()
+		})
+	}
+	wg.Wait()
+	if e := first.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+// tally is one consumer run's bookkeeping.
+type tally struct {
+	s          *stream
+	work       workSpec
+	polled     []atomic.Int64 // when each event was first polled, Unix ns
+	handled    []atomic.Bool
+	latency    []int64 // ns, first handling
+	last       []atomic.Int32
+	count      atomic.Int64
+	dups       atomic.Int64
+	violations atomic.Int64
+	start      atomic.Int64
+	end        atomic.Int64
+	all        chan struct{}
+}
+
+func newTally(s *stream, work workSpec) *tally {
+	t := &tally{s: s, work: work, polled: make([]atomic.Int64, len(s.events)), handled: make([]atomic.Bool, len(s.events)),
+		latency: make([]int64, len(s.events)), last: make([]atomic.Int32, s.keys), all: make(chan struct{})}
+	for i := range t.last {
+		t.last[i].Store(-1)
+	}
+	return t
+}
+
+// OnFetchRecordUnbuffered is the franz-go hook: a record leaves the client
+// for the consumer.
+func (t *tally) OnFetchRecordUnbuffered(r *kgo.Record, polled bool) {
+	if !polled || len(r.Value) != 8 {
+		return
+	}
+	now := time.Now().UnixNano()
+	t.start.CompareAndSwap(0, now)
+	seq := binary.BigEndian.Uint64(r.Value)
+	if seq < uint64(len(t.polled)) {
+		t.polled[seq].CompareAndSwap(0, now)
+	}
+}
+
+func (t *tally) handle(_ context.Context, r *kgo.Record) error {
+	if len(r.Value) != 8 {
+		return nil
+	}
+	seq := binary.BigEndian.Uint64(r.Value)
+	if seq >= uint64(len(t.s.events)) {
+		return nil
+	}
+	id, ord := t.s.ids[seq], t.s.ord[seq]
+	if last := t.last[id].Load(); ord > last+1 {
+		t.violations.Add(1) // an earlier event of the key has not finished
+	}
+	t.work.do()
+	for {
+		last := t.last[id].Load()
+		if ord <= last || t.last[id].CompareAndSwap(last, ord) {
+			break
+		}
+	}
+	if t.handled[seq].Swap(true) {
+		t.dups.Add(1)
+		return nil
+	}
+	now := time.Now().UnixNano()
+	t.latency[seq] = now - t.polled[seq].Load()
+	if t.count.Add(1) == int64(len(t.s.events)) {
+		t.end.Store(now)
+		close(t.all)
+	}
+	return nil
+}
+
+func (t *tally) result(name string) Result {
+	n := len(t.s.events)
+	secs := float64(t.end.Load()-t.start.Load()) / 1e9
+	lat := slices.Clone(t.latency)
+	slices.Sort(lat)
+	p99 := lat[min(n-1, int(math.Ceil(0.99*float64(n)))-1)]
+	return Result{Consumer: name, Events: n, Seconds: secs, EventsPerSec: float64(n) / secs,
+		P99us: float64(p99) / 1e3, OrderViolations: t.violations.Load(), Duplicates: t.dups.Load()}
+}
+
+func (s *stream) consume(name string, seeds []string, topic, group string, c *cli, work workSpec) (Result, error) {
+	t := newTally(s, work)
+	copts := []kgo.Opt{
+		kgo.SeedBrokers(seeds...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.WithHooks(t),
+		kgo.FetchMaxWait(10 * time.Millisecond),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.Timeout)
+	defer cancel()
+	var err error
+	switch name {
+	case "plain":
+		err = runPlain(ctx, copts, t)
+	default:
+		order := kafka.KeyOrder
+		if name == "keysched-partition" {
+			order = kafka.PartitionOrder
+		}
+		err = runAdapter(ctx, copts, t, order, c)
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	return t.result(name), nil
+}
+
+func runAdapter(ctx context.Context, copts []kgo.Opt, t *tally, order kafka.Ordering, c *cli) error {
+	cons, err := kafka.NewConsumer(t.handle, kafka.WithClientOptions(copts...), kafka.WithOrdering(order),
+		kafka.WithMaxInFlight(c.MaxInFlight), kafka.WithCommitInterval(time.Second),
+		kafka.WithSchedulerOptions(keysched.WithWorkers(c.Workers), keysched.WithMaxPending(max(keysched.DefaultMaxPending, c.MaxInFlight*c.Partitions))))
+	if err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cons.Run(ctx) }()
+	var werr error
+	select {
+	case <-t.all:
+	case <-ctx.Done():
+		werr = fmt.Errorf("handled %d of %d events before --timeout", t.count.Load(), len(t.s.events))
+	}
+	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer ccancel()
+	_ = cons.Close(cctx)
+	if err := <-done; err != nil && werr == nil && !errors.Is(err, context.DeadlineExceeded) {
+		werr = err
+	}
+	return werr
+}
+
+// runPlain is franz-go's goroutine-per-partition consumer: the poll loop
+// hands each partition's records to that partition's goroutine, which
+// handles them one at a time and marks them for the next autocommit.
+func runPlain(ctx context.Context, copts []kgo.Opt, t *tally) error {
+	var (
+		mu      sync.Mutex
+		workers = map[int32]chan []*kgo.Record{}
+		wg      sync.WaitGroup
+	)
+	stopAll := func() {
+		mu.Lock()
+		for p, ch := range workers {
+			close(ch)
+			delete(workers, p)
+		}
+		mu.Unlock()
+		wg.Wait()
+	}
+	cl, err := kgo.NewClient(append(copts, kgo.AutoCommitMarks(), kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsRevoked(func(ctx context.Context, cl *kgo.Client, _ map[string][]int32) {
+			// One member: revokes come only with the final close.
+			_ = cl.CommitMarkedOffsets(ctx)
+		}))...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	go func() {
+		select {
+		case <-t.all:
+		case <-ctx.Done():
+		}
+		cl.CloseAllowingRebalance()
+	}()
+	for {
+		fs := cl.PollRecords(ctx, 10000)
+		if fs.IsClientClosed() || ctx.Err() != nil {
+			break
+		}
+		fs.EachPartition(func(p kgo.FetchTopicPartition) {
+			if len(p.Records) == 0 {
+				return
+			}
+			mu.Lock()
+			ch := workers[p.Partition]
+			if ch == nil {
+				ch = make(chan []*kgo.Record, 16)
+				workers[p.Partition] = ch
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for rs := range ch {
+						for _, r := range rs {
+							_ = t.handle(ctx, r)
+						}
+						cl.MarkCommitRecords(rs...)
+					}
+				}()
+			}
+			mu.Unlock()
+			ch <- p.Records
+		})
+		cl.AllowRebalance()
+	}
+	stopAll()
+	select {
+	case <-t.all:
+		return nil
+	default:
+		return fmt.Errorf("handled %d of %d events before --timeout", t.count.Load(), len(t.s.events))
+	}
+}

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// A tiny run of every consumer, so the benchmark cannot rot: the JSON lines
+// carry the documented fields, every event is handled, none out of order.
+func TestTinyRun(t *testing.T) {
+	var out, errOut bytes.Buffer
+	err := run([]string{"--synthetic", "--events", "300", "--keys", "20", "--work", "io=100us", "--partitions", "2",
+		"--workers", "8", "--json"}, &out, &errOut)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, errOut.String())
+	}
+	sc := bufio.NewScanner(&out)
+	var names []string
+	for sc.Scan() {
+		var fields map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &fields); err != nil {
+			t.Fatalf("%q: %v", sc.Text(), err)
+		}
+		for _, f := range []string{"consumer", "partitions", "events", "seconds", "events_per_sec", "bound_events_per_sec",
+			"p99_us", "order_violations", "duplicates"} {
+			if _, ok := fields[f]; !ok {
+				t.Errorf("line %q lacks %s", sc.Text(), f)
+			}
+		}
+		if len(fields) != 9 {
+			t.Errorf("line %q: %d fields, want 9", sc.Text(), len(fields))
+		}
+		var r Result
+		_ = json.Unmarshal(sc.Bytes(), &r)
+		if r.Events != 300 || r.Partitions != 2 || r.OrderViolations != 0 || r.EventsPerSec <= 0 || r.BoundEventsPerSec <= 0 {
+			t.Errorf("result %+v", r)
+		}
+		names = append(names, r.Consumer)
+	}
+	if strings.Join(names, ",") != "keysched,plain,keysched-partition" {
+		t.Errorf("consumers %v", names)
+	}
+}
+
+func TestBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--work", "io=-1ms"},
+		{"--work", "sleep"},
+		{"--partitions", "0"},
+		{"--consumers", "nope"},
+		{"--synthetic", "--trace", "x"},
+	} {
+		var out, errOut bytes.Buffer
+		if err := run(args, &out, &errOut); err == nil {
+			t.Errorf("%v: no error", args)
+		}
+	}
+}

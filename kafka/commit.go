@@ -1,0 +1,282 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// metaPrefix starts the commit metadata that lists the offsets finished above
+// the committed frontier: "ks1:<frontier>:<gap>.<len>,..." in base 36, each
+// run of finished offsets given by its distance from the end of the previous
+// run (or from the frontier) and its length.
+const metaPrefix = "ks1:"
+
+// encodeFinished encodes the finished offsets in (base, highest] given the
+// unfinished ones (ascending, the first being base). It returns "" when there
+// is nothing to say, and fits=false when the encoding would exceed limit
+// bytes (then nothing is encoded).
+func encodeFinished(base int64, unfinished []int64, highest int64, limit int) (meta string, fits bool) {
+	if len(unfinished) == 0 {
+		return "", true // all finished: the frontier says it all
+	}
+	var b []byte
+	prev := base // the last offset not covered by a run
+	add := func(from, to int64) {
+		if len(b) == 0 {
+			b = append(b, metaPrefix...)
+			b = strconv.AppendInt(b, base, 36)
+			b = append(b, ':')
+		} else {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, from-prev, 36)
+		b = append(b, '.')
+		b = strconv.AppendInt(b, to-from+1, 36)
+		prev = to
+	}
+	last := base
+	for _, u := range unfinished[1:] {
+		if u > last+1 {
+			add(last+1, u-1)
+		}
+		last = u
+		if len(b) > limit {
+			return "", false
+		}
+	}
+	if highest > last {
+		add(last+1, highest)
+	}
+	if len(b) > limit {
+		return "", false
+	}
+	return string(b), true
+}
+
+// decodeFinished parses commit metadata written by encodeFinished for the
+// committed offset base; nil when it is not such metadata or is for another
+// offset.
+func decodeFinished(meta string, base int64) []span {
+	rest, ok := strings.CutPrefix(meta, metaPrefix)
+	if !ok {
+		return nil
+	}
+	b, runs, ok := strings.Cut(rest, ":")
+	if !ok {
+		return nil
+	}
+	if v, err := strconv.ParseInt(b, 36, 64); err != nil || v != base {
+		return nil
+	}
+	var out []span
+	prev := base
+	for r := range strings.SplitSeq(runs, ",") {
+		g, l, ok := strings.Cut(r, ".")
+		if !ok {
+			return nil
+		}
+		gap, err1 := strconv.ParseInt(g, 36, 64)
+		n, err2 := strconv.ParseInt(l, 36, 64)
+		if err1 != nil || err2 != nil || gap < 1 || n < 1 || prev > (1<<62) || gap > (1<<62) || n > (1<<62) {
+			return nil
+		}
+		from := prev + gap
+		to := from + n - 1
+		out = append(out, span{from, to})
+		prev = to
+	}
+	return out
+}
+
+// onOffsetsFetched reads back the committed offsets and their metadata of
+// newly assigned partitions, before fetching starts.
+func (c *Consumer) onOffsetsFetched(_ context.Context, _ *kgo.Client, resp *kmsg.OffsetFetchResponse) error {
+	for _, t := range resp.Topics {
+		for _, pp := range t.Partitions {
+			c.fetchedOffset(t.Topic, pp.Partition, pp.Offset, pp.Metadata)
+		}
+	}
+	for _, g := range resp.Groups {
+		for _, t := range g.Topics {
+			for _, pp := range t.Partitions {
+				c.fetchedOffset(t.Topic, pp.Partition, pp.Offset, pp.Metadata)
+			}
+		}
+	}
+	return nil
+}
+
+func (c *Consumer) fetchedOffset(topic string, part int32, off int64, meta *string) {
+	p := c.lookup(topic, part)
+	if p == nil || off < 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.fetched {
+		return
+	}
+	p.committed = off
+	if meta != nil {
+		p.committedMeta = *meta
+		p.skip = decodeFinished(*meta, off)
+	}
+}
+
+type pendingCommit struct {
+	p    *partition
+	off  int64
+	meta string
+}
+
+// commit commits the frontiers of ps that are still owned (not lost, not
+// revoked) and moved since their last commit.
+func (c *Consumer) commit(ctx context.Context, ps []*partition, reason string) {
+	c.commitMu.Lock()
+	defer c.commitMu.Unlock()
+	c.commitLocked(ctx, ps, reason)
+}
+
+// commitLocked is commit with c.commitMu held. Holding it while the revoke
+// removes a partition from the owned set fences commits: none is sent for a
+// partition after its revoke or loss callback returned.
+func (c *Consumer) commitLocked(ctx context.Context, ps []*partition, reason string) {
+	var list []pendingCommit
+	lim := int(c.metaMax.Load())
+	for _, p := range ps {
+		if p.noCommit.Load() || c.lookup(p.topic, p.id) != p {
+			continue
+		}
+		p.mu.Lock()
+		off, _, ok := p.frontier()
+		if !ok {
+			p.mu.Unlock()
+			continue
+		}
+		meta := ""
+		if lim > 0 {
+			var fits bool
+			meta, fits = encodeFinished(off, p.unfinished(lim), p.highest, lim)
+			if !fits && !p.metaWarned {
+				p.metaWarned = true
+				c.log.Info("kafka: finished offsets above the frontier do not fit the commit metadata; committing the frontier alone (a new owner may handle them again)",
+					"topic", p.topic, "partition", p.id, "frontier", off, "limit_bytes", lim)
+			}
+		}
+		if off < p.committed || (off == p.committed && meta == p.committedMeta) {
+			p.mu.Unlock()
+			continue
+		}
+		p.mu.Unlock()
+		list = append(list, pendingCommit{p, off, meta})
+	}
+	c.send(ctx, list, reason, true)
+}
+
+func (c *Consumer) send(ctx context.Context, list []pendingCommit, reason string, withMeta bool) {
+	if len(list) == 0 {
+		return
+	}
+	offsets := make(map[string]map[int32]kgo.EpochOffset)
+	byTP := make(map[tp]*pendingCommit, len(list))
+	for i := range list {
+		pc := &list[i]
+		if !withMeta {
+			pc.meta = ""
+		}
+		pc.p.mu.Lock()
+		_, epoch, _ := pc.p.frontierEpoch(pc.off)
+		pc.p.mu.Unlock()
+		if offsets[pc.p.topic] == nil {
+			offsets[pc.p.topic] = make(map[int32]kgo.EpochOffset)
+		}
+		offsets[pc.p.topic][pc.p.id] = kgo.EpochOffset{Epoch: epoch, Offset: pc.off}
+		byTP[tp{pc.p.topic, pc.p.id}] = pc
+	}
+	pctx := kgo.PreCommitFnContext(ctx, func(req *kmsg.OffsetCommitRequest) error {
+		for i := range req.Topics {
+			t := &req.Topics[i]
+			for j := range t.Partitions {
+				pp := &t.Partitions[j]
+				if pc := byTP[tp{t.Topic, pp.Partition}]; pc != nil {
+					// Without a list, "" rather than franz-go's default
+					// (the member ID): a new owner need not parse it.
+					pp.Metadata = kmsg.StringPtr(pc.meta)
+				}
+			}
+		}
+		return nil
+	})
+	var tooLarge []pendingCommit
+	c.cl.CommitOffsetsSync(pctx, offsets, func(_ *kgo.Client, req *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err != nil {
+			c.commitErrs.Add(1)
+			c.log.Warn("kafka: commit failed", "reason", reason, "err", err)
+			return
+		}
+		for i, t := range resp.Topics {
+			topic := t.Topic
+			if topic == "" && i < len(req.Topics) {
+				topic = req.Topics[i].Topic
+			}
+			for _, pp := range t.Partitions {
+				pc := byTP[tp{topic, pp.Partition}]
+				if pc == nil {
+					continue
+				}
+				if e := kerr.ErrorForCode(pp.ErrorCode); e != nil {
+					if errors.Is(e, kerr.OffsetMetadataTooLarge) && pc.meta != "" {
+						tooLarge = append(tooLarge, *pc)
+						continue
+					}
+					c.commitErrs.Add(1)
+					c.log.Warn("kafka: commit refused", "reason", reason, "topic", topic, "partition", pp.Partition, "offset", pc.off, "err", e)
+					continue
+				}
+				pc.p.mu.Lock()
+				if pc.off >= pc.p.committed {
+					pc.p.committed, pc.p.committedMeta = pc.off, pc.meta
+				}
+				pc.p.mu.Unlock()
+				c.commits.Add(1)
+			}
+		}
+	})
+	if len(tooLarge) > 0 {
+		smallest := len(tooLarge[0].meta)
+		for _, pc := range tooLarge {
+			smallest = min(smallest, len(pc.meta))
+			c.log.Warn("kafka: the broker refused the commit metadata as too large (offset.metadata.max.bytes); committing the frontier alone",
+				"topic", pc.p.topic, "partition", pc.p.id, "frontier", pc.off, "metadata_bytes", len(pc.meta))
+		}
+		// Later commits keep under half of what was refused.
+		for {
+			cur := c.metaMax.Load()
+			next := min(cur, int64(smallest/2))
+			if c.metaMax.CompareAndSwap(cur, next) {
+				break
+			}
+		}
+		c.send(ctx, tooLarge, reason, false)
+	}
+}
+
+// frontierEpoch returns the leader epoch to commit off with: that of the
+// record at off when it is unfinished, else that of the highest record seen
+// (p.mu held).
+func (p *partition) frontierEpoch(off int64) (int64, int32, bool) {
+	p.trim()
+	if p.head < len(p.queue) && p.queue[p.head].rec.Offset == off {
+		return off, p.queue[p.head].rec.LeaderEpoch, true
+	}
+	if p.fetched && off == p.highest+1 {
+		return off, p.highestEpoch, true
+	}
+	return off, -1, true
+}

@@ -1,0 +1,631 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/keysched/keysched"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// A Handler handles one record. It runs on a worker of the consumer's
+// scheduler, never concurrently with another record of its key (see
+// Ordering). Returning nil finishes the record; an error (or a panic) is a
+// failed attempt, retried by the scheduler's retry policy and, when the
+// attempts are spent, dead-lettered. ctx carries the values of Run's context
+// and is cancelled when the record's partition is taken away after the revoke
+// timeout, when Close gives up, or at the scheduler's task timeout. A handler
+// may run more than once for one record (at-least-once delivery): make it
+// idempotent. It must not keep r after returning.
+type Handler func(ctx context.Context, r *kgo.Record) error
+
+// schedKey is a chain of the scheduler: (topic, partition, key) under
+// KeyOrder, (topic, partition) under PartitionOrder, a record of its own
+// under Unordered.
+type schedKey struct {
+	topic string
+	part  int32
+	null  bool   // a nil record key
+	key   string // the record key's bytes
+	off   int64  // Unordered: the record's offset; else -1
+}
+
+type tp struct {
+	topic string
+	part  int32
+}
+
+// A Consumer consumes the topics of one consumer group with franz-go and runs
+// each record's Handler on a keysched scheduler: records of one key in
+// offset order, different keys of one partition concurrently. It commits,
+// per partition, the commit frontier: the offset of the lowest record fetched
+// and not finished (or one past the highest fetched when all are finished),
+// so a commit never passes unfinished work; delivery is at-least-once.
+//
+// All methods are safe for concurrent use. Call Run once, and Close to end.
+type Consumer struct {
+	cfg    config
+	h      Handler
+	cl     *kgo.Client
+	sched  *keysched.Scheduler[schedKey]
+	group  string
+	log    *slog.Logger
+	dlqSet bool
+
+	mu    sync.Mutex // guards parts
+	parts map[tp]*partition
+	epoch atomic.Uint64
+
+	commitMu sync.Mutex // one commit at a time; revoke and loss take it too
+	metaMax  atomic.Int64
+
+	parkMu sync.Mutex
+	parked map[schedKey]*item
+
+	heldParts  atomic.Int64 // partitions paused by this consumer
+	holding    atomic.Int64 // partitions with held records
+	wakeReq    atomic.Bool
+	pollCancel atomic.Pointer[context.CancelFunc]
+	revokeWake chan struct{}
+
+	runCtx   context.Context // values for handlers; set by Run
+	running  atomic.Bool
+	runDone  chan struct{}
+	closing  atomic.Bool
+	stop     chan struct{} // closed when Close starts
+	giveUp   chan struct{} // closed when Close's context ended
+	giveOnce sync.Once
+	closeMu  sync.Mutex
+	closed   bool
+	closeErr error
+	bg       sync.WaitGroup // the committer
+
+	finished     atomic.Uint64
+	deadLettered atomic.Uint64
+	skippedMeta  atomic.Uint64
+	commits      atomic.Uint64
+	commitErrs   atomic.Uint64
+}
+
+// NewConsumer returns a consumer that runs h for every record. It creates the
+// franz-go client (which starts joining the group) and the scheduler; call
+// Close to release both. It fails with ErrNilHandler for a nil h, and with an
+// error wrapping ErrInvalidOption for a bad option, a client option franz-go
+// refuses, or a missing consumer group or topic.
+func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
+	if h == nil {
+		return nil, ErrNilHandler
+	}
+	cfg := defaultConfig()
+	for i, o := range opts {
+		if o == nil {
+			return nil, optionError("option %d is nil", i)
+		}
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	c := &Consumer{
+		cfg:        cfg,
+		h:          h,
+		log:        cfg.logger,
+		parts:      make(map[tp]*partition),
+		parked:     make(map[schedKey]*item),
+		revokeWake: make(chan struct{}, 1),
+		runCtx:     context.Background(),
+		runDone:    make(chan struct{}),
+		stop:       make(chan struct{}),
+		giveUp:     make(chan struct{}),
+		dlqSet:     cfg.dlqTopic != "",
+	}
+	c.metaMax.Store(int64(cfg.metaMax))
+	// A key never holds more than its partition's in-flight bound: with that
+	// key depth, the partition's bound (not the key's) pauses fetching.
+	sopts := []keysched.Option{keysched.WithRetryPanics(), keysched.WithLogger(cfg.logger),
+		keysched.WithMaxKeyDepth(cfg.maxInFlight)}
+	sopts = append(sopts, cfg.schedOpts...)
+	sopts = append(sopts, keysched.WithDeadLetter(c.deadLetter))
+	s, err := keysched.New[schedKey](sopts...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: scheduler: %w", ErrInvalidOption, err)
+	}
+	c.sched = s
+	copts := append([]kgo.Opt{}, cfg.clientOpts...)
+	copts = append(copts,
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsAssigned(c.onAssigned),
+		kgo.OnPartitionsRevoked(c.onRevoked),
+		kgo.OnPartitionsLost(c.onLost),
+		kgo.OnOffsetsFetched(c.onOffsetsFetched),
+	)
+	cl, err := kgo.NewClient(copts...)
+	if err != nil {
+		_ = s.Close(context.Background())
+		return nil, fmt.Errorf("%w: franz-go client: %w", ErrInvalidOption, err)
+	}
+	group, _ := cl.OptValue(kgo.ConsumerGroup).(string)
+	if group == "" || len(cl.GetConsumeTopics()) == 0 && !isRegex(cl) {
+		cl.Close()
+		_ = s.Close(context.Background())
+		return nil, optionError("WithClientOptions: need kgo.ConsumerGroup and kgo.ConsumeTopics (or kgo.ConsumeRegex)")
+	}
+	c.cl, c.group = cl, group
+	return c, nil
+}
+
+func isRegex(cl *kgo.Client) bool {
+	b, _ := cl.OptValue(kgo.ConsumeRegex).(bool)
+	return b
+}
+
+// Client returns the franz-go client, for what the consumer does not wrap
+// (admin requests, producing). Do not poll, commit, pause or close it.
+func (c *Consumer) Client() *kgo.Client { return c.cl }
+
+// Group returns the consumer group's name.
+func (c *Consumer) Group() string { return c.group }
+
+// Run fetches records and dispatches them to the scheduler until ctx ends or
+// Close is called. It returns nil after Close, an error wrapping ctx's error
+// when ctx ended (call Close then: it drains, commits and leaves the group),
+// ErrRunning if Run was called before, ErrClosed if Close has started. The
+// handlers' contexts carry ctx's values, not its cancellation.
+//
+// Run never blocks on a key: a record that finds its key (or the scheduler)
+// full is held back, and its partition paused until room appears;
+// heartbeats and rebalances go on meanwhile.
+func (c *Consumer) Run(ctx context.Context) error {
+	if ctx == nil {
+		return ErrNilContext
+	}
+	c.closeMu.Lock() // Close holds it throughout: Run starts before it or not at all
+	if c.closed {
+		c.closeMu.Unlock()
+		return ErrClosed
+	}
+	if !c.running.CompareAndSwap(false, true) {
+		c.closeMu.Unlock()
+		return ErrRunning
+	}
+	c.runCtx = context.WithoutCancel(ctx)
+	c.bg.Add(1)
+	go c.committer()
+	c.closeMu.Unlock()
+	defer close(c.runDone)
+	for {
+		if c.closing.Load() {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("kafka: run: %w", err)
+		}
+		c.wakeReq.Store(false)
+		c.dispatchHeld()
+		pctx, cancel := context.WithCancel(ctx)
+		c.pollCancel.Store(&cancel)
+		if c.wakeReq.Load() || c.closing.Load() {
+			cancel()
+		}
+		fetches := c.cl.PollRecords(pctx, c.cfg.maxPoll)
+		c.pollCancel.Store(nil)
+		cancel()
+		if fetches.IsClientClosed() {
+			c.cl.AllowRebalance()
+			return nil
+		}
+		fetches.EachError(func(t string, p int32, err error) {
+			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+				c.log.Warn("kafka: fetch error", "topic", t, "partition", p, "err", err)
+			}
+		})
+		fetches.EachPartition(c.route)
+		c.cl.AllowRebalance()
+	}
+}
+
+// wake makes the poll loop look at held records and paused partitions.
+func (c *Consumer) wake() {
+	if c.wakeReq.Swap(true) {
+		return // already asked: one wake-up per poll
+	}
+	if f := c.pollCancel.Load(); f != nil {
+		(*f)()
+	}
+}
+
+func (c *Consumer) lookup(topic string, part int32) *partition {
+	c.mu.Lock()
+	p := c.parts[tp{topic, part}]
+	c.mu.Unlock()
+	return p
+}
+
+func (c *Consumer) owned() []*partition {
+	c.mu.Lock()
+	ps := make([]*partition, 0, len(c.parts))
+	for _, p := range c.parts {
+		ps = append(ps, p)
+	}
+	c.mu.Unlock()
+	return ps
+}
+
+func (c *Consumer) keyOf(r *kgo.Record) schedKey {
+	switch c.cfg.ordering {
+	case PartitionOrder:
+		return schedKey{topic: r.Topic, part: r.Partition, off: -1}
+	case Unordered:
+		return schedKey{topic: r.Topic, part: r.Partition, off: r.Offset}
+	}
+	return schedKey{topic: r.Topic, part: r.Partition, null: r.Key == nil, key: string(r.Key), off: -1}
+}
+
+// route takes one partition's records from a poll.
+func (c *Consumer) route(fp kgo.FetchTopicPartition) {
+	p := c.lookup(fp.Topic, fp.Partition)
+	if p == nil || !p.active() {
+		return // not ours (any more): the owner fetches them
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.active() {
+		return
+	}
+	p.hwm = fp.HighWatermark
+	for _, r := range fp.Records {
+		if p.fetched && r.Offset <= p.highest {
+			continue // fetched again: already tracked
+		}
+		if len(p.skip) > 0 && p.skipped(r.Offset) {
+			p.seen(r)
+			c.skippedMeta.Add(1)
+			continue
+		}
+		p.seen(r)
+		it := &item{Context: c.runCtx, p: p, rec: r}
+		p.add(it)
+		if len(p.held) > 0 || !c.dispatch(it) {
+			p.held = append(p.held, it)
+		}
+	}
+	c.adjustPause(p)
+}
+
+// dispatch submits it without waiting; false when its key or the scheduler
+// is full (or closing).
+func (c *Consumer) dispatch(it *item) bool {
+	comp, err := c.sched.TrySubmit(it, c.keyOf(it.rec), runItem)
+	if err != nil {
+		if !errors.Is(err, keysched.ErrKeyFull) && !errors.Is(err, keysched.ErrFull) && !errors.Is(err, keysched.ErrClosed) {
+			c.log.Error("kafka: cannot submit record", "topic", it.rec.Topic, "partition", it.rec.Partition, "offset", it.rec.Offset, "err", err)
+		}
+		return false
+	}
+	it.comp.Store(comp)
+	return true
+}
+
+// dispatchHeld retries the held records of every owned partition, in
+// offset order per key: a key whose record stays held keeps its later
+// records held too; other keys go on.
+func (c *Consumer) dispatchHeld() {
+	for _, p := range c.owned() {
+		if !p.paused.Load() {
+			continue
+		}
+		p.mu.Lock()
+		if p.active() && len(p.held) > 0 && !c.closing.Load() {
+			var blocked map[schedKey]struct{}
+			kept := p.held[:0]
+			full := false
+			for _, it := range p.held {
+				k := c.keyOf(it.rec)
+				if !full {
+					if _, b := blocked[k]; !b {
+						if c.dispatch(it) {
+							continue
+						}
+						if c.sched.KeyDepth(k) == 0 {
+							full = true // the scheduler, not the key, is full
+						}
+						if blocked == nil {
+							blocked = make(map[schedKey]struct{})
+						}
+						blocked[k] = struct{}{}
+					}
+				}
+				kept = append(kept, it)
+			}
+			clear(p.held[len(kept):])
+			p.held = kept
+		}
+		c.adjustPause(p)
+		p.mu.Unlock()
+	}
+}
+
+// adjustPause pauses p at its in-flight bound or with held records, and
+// resumes it once it has drained to half the bound with nothing held
+// (p.mu held).
+func (c *Consumer) adjustPause(p *partition) {
+	if h := len(p.held) > 0; h != p.holding {
+		p.holding = h
+		if h {
+			c.holding.Add(1)
+		} else {
+			c.holding.Add(-1)
+		}
+	}
+	if !p.active() {
+		return
+	}
+	n := p.inflight.Load()
+	max := int64(c.cfg.maxInFlight)
+	switch {
+	case !p.paused.Load() && (n >= max || len(p.held) > 0):
+		p.paused.Store(true)
+		c.heldParts.Add(1)
+		c.cl.PauseFetchPartitions(map[string][]int32{p.topic: {p.id}})
+	case p.paused.Load() && len(p.held) == 0 && n <= max/2:
+		p.paused.Store(false)
+		c.heldParts.Add(-1)
+		c.cl.ResumeFetchPartitions(map[string][]int32{p.topic: {p.id}})
+	}
+}
+
+// runItem is the scheduler task of every record: the record is the value
+// of the context it was submitted with (one function, no closure per record).
+func runItem(ctx context.Context) error {
+	it := itemFrom(ctx)
+	p := it.p
+	if !p.enter(false) {
+		return nil // the partition was revoked: dropped, not finished
+	}
+	defer p.leave()
+	it.attempts.Add(1)
+	err := p.c.h(ctx, it.rec)
+	if err == nil {
+		it.finish()
+		return nil
+	}
+	if errors.Is(ctx.Err(), context.Canceled) {
+		// Interrupted (revoke timeout, Close gave up): not a failure.
+		it.interrupted.Store(true)
+	}
+	return err
+}
+
+// onAssigned starts a new assignment (a new epoch) for each partition.
+func (c *Consumer) onAssigned(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for t, ps := range m {
+		for _, id := range ps {
+			k := tp{t, id}
+			if old := c.parts[k]; old != nil {
+				old.state.Store(stGone)
+				old.cancel()
+			}
+			p := &partition{c: c, topic: t, id: id, epoch: c.epoch.Add(1), hwm: -1, committed: -1}
+			p.ctx, p.cancel = context.WithCancel(context.Background())
+			c.parts[k] = p
+		}
+	}
+}
+
+func (c *Consumer) take(m map[string][]int32) []*partition {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var ps []*partition
+	for t, ids := range m {
+		for _, id := range ids {
+			if p := c.parts[tp{t, id}]; p != nil {
+				ps = append(ps, p)
+			}
+		}
+	}
+	return ps
+}
+
+func (c *Consumer) onRevoked(ctx context.Context, _ *kgo.Client, m map[string][]int32) {
+	c.revoke(ctx, c.take(m), true)
+}
+
+func (c *Consumer) onLost(ctx context.Context, _ *kgo.Client, m map[string][]int32) {
+	c.revoke(ctx, c.take(m), false)
+}
+
+// revoke ends the assignments ps: stop dispatching, wait (up to the revoke
+// timeout) for running handlers, interrupt what still runs, commit the
+// frontiers (unless lost), drop queued and held records, clear pauses.
+func (c *Consumer) revoke(ctx context.Context, ps []*partition, commit bool) {
+	if len(ps) == 0 {
+		return
+	}
+	for _, p := range ps {
+		if !commit {
+			p.noCommit.Store(true)
+		}
+		p.mu.Lock()
+		p.state.CompareAndSwap(stActive, stRevoking)
+		p.mu.Unlock()
+	}
+	c.waitRunning(ps, c.cfg.revokeTimeout)
+	c.interrupt(ps)
+	c.commitMu.Lock()
+	if commit {
+		c.commitLocked(ctx, ps, "revoke")
+	}
+	c.unown(ps)
+	c.commitMu.Unlock()
+	c.forget(ps)
+}
+
+// unown removes ps from the owned set (c.commitMu held).
+func (c *Consumer) unown(ps []*partition) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, p := range ps {
+		if c.parts[tp{p.topic, p.id}] == p {
+			delete(c.parts, tp{p.topic, p.id})
+		}
+	}
+}
+
+// waitRunning waits until no handler of ps runs, d passes, or Close gives up.
+func (c *Consumer) waitRunning(ps []*partition, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		busy := false
+		for _, p := range ps {
+			if p.running.Load() > 0 {
+				busy = true
+				break
+			}
+		}
+		if !busy {
+			return
+		}
+		select {
+		case <-c.revokeWake:
+		case <-t.C:
+			return
+		case <-c.giveUp:
+			return
+		}
+	}
+}
+
+// interrupt stops the work of ps: the assignment's context ends (dead-letter
+// produces stop), running handlers have their context cancelled, queued,
+// waiting and parked records are withdrawn. None of them is finished.
+func (c *Consumer) interrupt(ps []*partition) {
+	for _, p := range ps {
+		p.mu.Lock()
+		p.state.Store(stGone)
+		p.cancel()
+		for _, it := range p.queue[p.head:] {
+			if !it.done.Load() {
+				if comp := it.comp.Load(); comp != nil {
+					comp.Cancel()
+				}
+			}
+		}
+		p.mu.Unlock()
+	}
+}
+
+// forget cleans up after ps left the owned set: held records are dropped,
+// pauses cleared, parked keys forgotten.
+func (c *Consumer) forget(ps []*partition) {
+	resume := map[string][]int32{}
+	for _, p := range ps {
+		p.mu.Lock()
+		clear(p.held)
+		p.held = nil
+		if p.holding {
+			p.holding = false
+			c.holding.Add(-1)
+		}
+		if p.paused.Swap(false) {
+			c.heldParts.Add(-1)
+		}
+		resume[p.topic] = append(resume[p.topic], p.id)
+		p.mu.Unlock()
+	}
+	c.cl.ResumeFetchPartitions(resume)
+	c.parkMu.Lock()
+	for k, it := range c.parked {
+		if it.p.state.Load() == stGone {
+			delete(c.parked, k)
+		}
+	}
+	c.parkMu.Unlock()
+}
+
+// committer commits the owned partitions' frontiers every commit interval
+// until Close.
+func (c *Consumer) committer() {
+	defer c.bg.Done()
+	t := time.NewTicker(c.cfg.commitInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+			// Bounded, so that a broker that does not answer cannot hold
+			// commitMu (and with it revokes) for ever.
+			ctx, cancel := context.WithTimeout(context.Background(), max(c.cfg.commitInterval, 30*time.Second))
+			c.commit(ctx, c.owned(), "interval")
+			cancel()
+		}
+	}
+}
+
+// Close stops fetching, waits until the dispatched records are finished or
+// ctx ends, interrupts what is left (those records are not finished: the
+// next owner handles them), commits the frontiers, leaves the group, closes
+// the client and the scheduler. It returns nil when everything dispatched
+// finished, else an error wrapping ctx's error that says how many records
+// were left. It returns soon after ctx ends, whatever the revoke timeout.
+// Later calls return the first one's result. When Close returns, the
+// consumer's goroutines have ended, except handlers that ignore their
+// context. Do not call it from a Handler.
+func (c *Consumer) Close(ctx context.Context) error {
+	if ctx == nil {
+		return ErrNilContext
+	}
+	c.closeMu.Lock()
+	defer c.closeMu.Unlock()
+	if c.closed {
+		return c.closeErr
+	}
+	c.closed = true
+	c.closing.Store(true)
+	close(c.stop)
+	stopGiveUp := context.AfterFunc(ctx, func() { c.giveOnce.Do(func() { close(c.giveUp) }) })
+	defer stopGiveUp()
+	c.wake()
+	if c.running.Load() {
+		<-c.runDone
+	}
+	c.bg.Wait()
+
+	var err error
+	if derr := c.sched.Drain(ctx); derr != nil {
+		n := 0
+		for _, p := range c.owned() {
+			n += int(p.inflight.Load())
+		}
+		err = fmt.Errorf("kafka: close: %d records unfinished (the next owner handles them): %w", n, ctx.Err())
+	}
+	ps := c.owned()
+	for _, p := range ps {
+		p.state.CompareAndSwap(stActive, stRevoking)
+	}
+	c.interrupt(ps)
+	// The final commit gets a few seconds of its own even when ctx ended.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	c.commitMu.Lock()
+	c.commitLocked(cctx, ps, "close")
+	c.unown(ps)
+	c.commitMu.Unlock()
+	cancel()
+	c.forget(ps)
+	c.cl.CloseAllowingRebalance()
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	if serr := c.sched.Close(sctx); serr != nil && err == nil {
+		err = fmt.Errorf("kafka: close: handlers still running: %w", serr)
+	}
+	scancel()
+	c.closeErr = err
+	return err
+}

@@ -1,0 +1,225 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/keysched/keysched"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Dead-letter headers. The names and the decimal-string values follow Kafka
+// Connect's error-reporting convention (the __connect.errors.* headers of its
+// dead-letter queue); timestamp, consumer group and attempts, which Connect
+// does not write, are added in the same namespace. They are appended after
+// the original record's headers.
+const (
+	HeaderTopic          = "__connect.errors.topic"                // original topic
+	HeaderPartition      = "__connect.errors.partition"            // original partition, decimal
+	HeaderOffset         = "__connect.errors.offset"               // original offset, decimal
+	HeaderTimestamp      = "__connect.errors.timestamp"            // original timestamp, Unix milliseconds, decimal
+	HeaderConsumerGroup  = "__connect.errors.consumer.group"       // the consumer group
+	HeaderAttempts       = "__connect.errors.attempts"             // handler attempts made, decimal
+	HeaderExceptionClass = "__connect.errors.exception.class.name" // the error's Go type (%T), e.g. *keysched.PanicError
+	HeaderMessage        = "__connect.errors.exception.message"    // the error's message (a panic: its value)
+	HeaderStacktrace     = "__connect.errors.exception.stacktrace" // a panic's stack; absent otherwise
+)
+
+// deadLetter is the scheduler's dead-letter function: a record failed for
+// good. It is finished only once its dead letter is acknowledged; records
+// interrupted by a revoke or Close, and those of partitions no longer owned,
+// are neither dead-lettered nor finished.
+func (c *Consumer) deadLetter(dl keysched.DeadLetter[schedKey]) {
+	it := itemFrom(dl.Context)
+	if it == nil || it.interrupted.Load() || errors.Is(dl.Err, keysched.ErrAborted) {
+		return
+	}
+	p := it.p
+	if !p.enter(true) {
+		return
+	}
+	defer p.leave()
+	if slices.Contains(c.sched.Parked(), dl.Key) {
+		it.lastErr.Store(&dl.Err)
+		c.parkMu.Lock()
+		c.parked[dl.Key] = it
+		c.parkMu.Unlock()
+		return
+	}
+	if err := c.produceDeadLetter(p.ctx, it, dl.Err, true); err != nil {
+		return // not finished: the next owner handles it
+	}
+	it.finish()
+}
+
+// produceDeadLetter writes it's dead letter and waits for the broker's
+// acknowledgement; with retry, a failure is retried (100 ms doubling to 10 s)
+// until ctx ends. Without a dead-letter topic it logs the record.
+func (c *Consumer) produceDeadLetter(ctx context.Context, it *item, cause error, retry bool) error {
+	r := it.rec
+	if !c.dlqSet {
+		c.log.Error("kafka: record failed for good (no dead-letter topic: logged and counted finished)",
+			"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "attempts", it.attempts.Load(), "err", cause)
+		c.deadLettered.Add(1)
+		return nil
+	}
+	hs := make([]kgo.RecordHeader, 0, len(r.Headers)+9)
+	hs = append(hs, r.Headers...)
+	hs = append(hs,
+		kgo.RecordHeader{Key: HeaderTopic, Value: []byte(r.Topic)},
+		kgo.RecordHeader{Key: HeaderPartition, Value: strconv.AppendInt(nil, int64(r.Partition), 10)},
+		kgo.RecordHeader{Key: HeaderOffset, Value: strconv.AppendInt(nil, r.Offset, 10)},
+		kgo.RecordHeader{Key: HeaderTimestamp, Value: strconv.AppendInt(nil, r.Timestamp.UnixMilli(), 10)},
+		kgo.RecordHeader{Key: HeaderConsumerGroup, Value: []byte(c.group)},
+		kgo.RecordHeader{Key: HeaderAttempts, Value: strconv.AppendInt(nil, int64(it.attempts.Load()), 10)},
+	)
+	msg, class := "", "<nil>"
+	if cause != nil {
+		msg, class = cause.Error(), fmt.Sprintf("%T", cause)
+	}
+	var pe *keysched.PanicError
+	if errors.As(cause, &pe) {
+		msg = fmt.Sprint(pe.Value)
+	}
+	hs = append(hs,
+		kgo.RecordHeader{Key: HeaderExceptionClass, Value: []byte(class)},
+		kgo.RecordHeader{Key: HeaderMessage, Value: []byte(msg)},
+	)
+	if pe != nil {
+		hs = append(hs, kgo.RecordHeader{Key: HeaderStacktrace, Value: pe.Stack})
+	}
+	dead := &kgo.Record{Topic: c.cfg.dlqTopic, Key: r.Key, Value: r.Value, Headers: hs}
+	backoff := 100 * time.Millisecond
+	for {
+		err := c.cl.ProduceSync(ctx, dead).FirstErr()
+		if err == nil {
+			c.deadLettered.Add(1)
+			return nil
+		}
+		c.log.Error("kafka: dead-letter produce failed; the record stays unfinished",
+			"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "dead_letter_topic", c.cfg.dlqTopic, "err", err)
+		if !retry || ctx.Err() != nil {
+			return err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(satMul(backoff, 2), 10*time.Second)
+	}
+}
+
+// A ParkedKey is a key stopped on a failed record (with the scheduler's
+// keysched.Park failure policy): its later records wait, and its partition's
+// frontier stays at that record, until Resume or Skip.
+type ParkedKey struct {
+	Topic     string
+	Partition int32
+	// Key is the record key (nil for the nil-key chain). Under
+	// PartitionOrder a whole partition parks, and Key is the failed
+	// record's.
+	Key []byte
+	// Offset, Attempts and Err describe the failed record: its offset, the
+	// handler attempts made, the last error.
+	Offset   int64
+	Attempts int
+	Err      error
+}
+
+// Parked returns the keys parked now, of partitions this member owns, in no
+// particular order.
+func (c *Consumer) Parked() []ParkedKey {
+	c.parkMu.Lock()
+	defer c.parkMu.Unlock()
+	out := make([]ParkedKey, 0, len(c.parked))
+	for _, it := range c.parked {
+		if it.p.state.Load() == stGone {
+			continue
+		}
+		r := it.rec
+		var err error
+		if e := it.lastErr.Load(); e != nil {
+			err = *e
+		}
+		out = append(out, ParkedKey{Topic: r.Topic, Partition: r.Partition, Key: r.Key, Offset: r.Offset, Attempts: int(it.attempts.Load()), Err: err})
+	}
+	return out
+}
+
+func (c *Consumer) parkedKey(k ParkedKey) schedKey {
+	r := &kgo.Record{Topic: k.Topic, Partition: k.Partition, Key: k.Key, Offset: k.Offset}
+	return c.keyOf(r)
+}
+
+// takeParked removes k from the parked set.
+func (c *Consumer) takeParked(k ParkedKey) (schedKey, *item, error) {
+	if c.closing.Load() {
+		return schedKey{}, nil, ErrClosed
+	}
+	sk := c.parkedKey(k)
+	c.parkMu.Lock()
+	defer c.parkMu.Unlock()
+	it := c.parked[sk]
+	if it == nil || it.p.state.Load() == stGone {
+		return sk, nil, ErrNotParked
+	}
+	delete(c.parked, sk)
+	return sk, it, nil
+}
+
+// Resume runs a parked key's failed record again, with a fresh attempt
+// budget. It returns ErrNotParked for a key not parked (or of a partition no
+// longer owned), ErrClosed once Close has started. Only Topic, Partition and
+// Key (Offset too under Unordered) of k are used.
+func (c *Consumer) Resume(k ParkedKey) error {
+	sk, _, err := c.takeParked(k)
+	if err != nil {
+		return err
+	}
+	if err := c.sched.Resume(sk); err != nil {
+		if errors.Is(err, keysched.ErrNotParked) {
+			return ErrNotParked
+		}
+		return err
+	}
+	return nil
+}
+
+// Skip dead-letters a parked key's failed record (waiting for the produce's
+// acknowledgement), which finishes it, and moves the key on to its next
+// record. When the dead-letter produce fails the key stays parked and Skip
+// returns the produce's error. Errors otherwise as for Resume.
+func (c *Consumer) Skip(k ParkedKey) error {
+	sk, it, err := c.takeParked(k)
+	if err != nil {
+		return err
+	}
+	p := it.p
+	if !p.enter(false) {
+		return ErrNotParked
+	}
+	var cause error
+	if e := it.lastErr.Load(); e != nil {
+		cause = *e
+	}
+	if err := c.produceDeadLetter(p.ctx, it, cause, false); err != nil {
+		p.leave()
+		c.parkMu.Lock()
+		c.parked[sk] = it
+		c.parkMu.Unlock()
+		return fmt.Errorf("kafka: skip: dead letter not written, the key stays parked: %w", err)
+	}
+	it.finish()
+	p.leave()
+	if err := c.sched.Skip(sk); err != nil && !errors.Is(err, keysched.ErrNotParked) {
+		return err
+	}
+	return nil
+}

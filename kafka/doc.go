@@ -1,0 +1,106 @@
+// Package kafka consumes Kafka topics with key-level parallelism inside each
+// partition: a franz-go group consumer feeds a keysched scheduler, so that
+// records with the same (topic, partition, key) are handled one at a time in
+// offset order while different keys of one partition run concurrently on a
+// shared, bounded pool of workers. A slow record stalls its key, not its
+// partition.
+//
+// # Guarantees
+//
+// Delivery is at-least-once: a record may be handled more than once (after a
+// crash, a lost partition, a revoke that timed out, or a retry), so handlers
+// must be idempotent.
+//
+//   - Order (KeyOrder, the default): records of one key are handled one at a
+//     time in offset order; every attempt of a record, and its dead letter,
+//     ends before the key's next record starts. Records with a nil key share
+//     one chain per partition; the same key bytes in two topics are two keys.
+//     PartitionOrder orders whole partitions; Unordered orders nothing.
+//   - Commit frontier: per partition the consumer commits the offset of the
+//     lowest record fetched and not finished (one past the highest fetched
+//     when all are finished), with that record's leader epoch. Offsets that
+//     never arrive (compaction, transaction markers) do not hold it back. A
+//     commit never passes unfinished work, and commits of a partition never
+//     go down within an assignment.
+//   - Finished means the handler returned nil, or the record's dead letter
+//     was acknowledged by the broker (a synchronous produce). A record whose
+//     handler was interrupted (revoke timeout, Close gave up) is not
+//     finished: neither committed nor dead-lettered; the next owner handles
+//     it.
+//   - Ownership: every assignment of a partition is a new epoch. Work is
+//     stamped with it; results of an earlier assignment are dropped, and no
+//     commit is sent for a partition after its revoke or loss (the broker
+//     does not check this).
+//   - Fewer duplicates than the frontier alone: the offsets finished above the
+//     frontier travel in the commit's metadata (runs, at most
+//     WithCommitMetadataLimit bytes, default 4 KiB); a new owner skips them.
+//     When the list does not fit, or the broker refuses it
+//     (OFFSET_METADATA_TOO_LARGE), the frontier is committed alone and the
+//     log says so.
+//   - Backpressure in bounded memory: the poll loop never blocks on a key. A
+//     record that finds its key or the scheduler full is held back, and a
+//     partition with WithMaxInFlight records unfinished (held ones included)
+//     or with held records is paused (fetching stops for it alone) and
+//     resumed once it has drained to half the bound. Heartbeats and
+//     rebalances go on while a key is stuck; memory is bounded by partitions
+//     x WithMaxInFlight plus one poll (WithMaxPollRecords).
+//
+// # Failures
+//
+// A handler's error or panic is a failed attempt, retried by the scheduler's
+// retry policy (keysched.WithRetry through WithSchedulerOptions; panics are
+// retried too, the consumer adds keysched.WithRetryPanics). When the attempts
+// are spent (or the error is keysched.Permanent) the record is produced to
+// the dead-letter topic (WithDeadLetterTopic) and finished once the broker
+// acknowledges it; a failing produce is retried while the key waits, and the
+// record stays unfinished until it succeeds or the partition is taken away.
+// Without a dead-letter topic the record is logged at Error and counted
+// finished. Under keysched.Park the key stops on the failed record instead
+// (Parked lists it; Resume runs it again; Skip dead-letters it and moves
+// on), holding its partition's frontier and, at the bound, its fetching.
+//
+// Dead letters carry the original key, value and headers, then these
+// headers, in Kafka Connect's convention (the __connect.errors.* names, values
+// as UTF-8 decimal strings), extended in the same namespace with
+// timestamp, consumer group and attempts: HeaderTopic, HeaderPartition,
+// HeaderOffset, HeaderTimestamp (Unix ms), HeaderConsumerGroup,
+// HeaderAttempts, HeaderExceptionClass (the error's Go type),
+// HeaderMessage, and HeaderStacktrace for a panic.
+//
+// # Rebalances
+//
+// The client runs with kgo.BlockRebalanceOnPoll (rebalances wait until the
+// poll loop has dispatched a poll's records, never until they are handled)
+// and the cooperative-sticky balancer unless the caller picks another. On a
+// revoke the consumer stops dispatching the partition, waits up to
+// WithRevokeTimeout for its running handlers, interrupts the rest (their
+// contexts are cancelled), commits its frontier synchronously, drops its
+// queued and held records (neither success nor dead letter: the next owner
+// handles them), forgets its parked keys and clears its pause. A loss does the
+// same without the commit. Close stops fetching, drains until its context
+// ends, interrupts what is left, commits, and leaves the group with
+// CloseAllowingRebalance; it returns soon after its context ends whatever the
+// revoke timeout.
+//
+// # Options and defaults
+//
+//	WithClientOptions        franz-go options: seeds, kgo.ConsumerGroup and
+//	                         kgo.ConsumeTopics (required), TLS, timeouts...
+//	WithSchedulerOptions     keysched options: workers (default 64), retry,
+//	                         task timeout, failure policy, bounds
+//	WithOrdering             KeyOrder (default), PartitionOrder, Unordered
+//	WithMaxInFlight          records per partition fetched and not finished (4096)
+//	WithCommitInterval       time between commits (5 s)
+//	WithRevokeTimeout        wait for running handlers on revoke or loss (10 s)
+//	WithDeadLetterTopic      where failed records go (none: logged)
+//	WithCommitMetadataLimit  bytes of finished-offset metadata per commit (4096; 0 off)
+//	WithMaxPollRecords       records per poll (10000)
+//	WithLogger               slog logger (slog.Default())
+//
+// A resumed partition is fetched again only after the broker answers the
+// fetch in flight, which can take up to kgo.FetchMaxWait (franz-go's default
+// is 5 s) when the other partitions have no new data: with pauses likely,
+// set a lower FetchMaxWait (the tests and kafkabench use 10-50 ms).
+//
+// See README.md for the benchmark (kafka/cmd/kafkabench) and its figures.
+package kafka

@@ -1,0 +1,320 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/keysched/keysched"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+func header(r *kgo.Record, k string) (string, bool) {
+	for _, h := range r.Headers {
+		if h.Key == k {
+			return string(h.Value), true
+		}
+	}
+	return "", false
+}
+
+// Properties 3 and 4: several records of one partition failing at once are
+// each retried and each dead-lettered; a panic is a failure, retried and
+// dead-lettered with its value; a key's next record starts only after the
+// dead letter is written; dead letters carry the record and the headers.
+func TestFailuresRetriedAndDeadLettered(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	var rs []*kgo.Record
+	for i := range 20 {
+		r := rec("t", 0, fmt.Sprintf("k%d", i%5), fmt.Sprintf("v%d", i))
+		r.Headers = []kgo.RecordHeader{{Key: "h1", Value: []byte(fmt.Sprint(i))}}
+		rs = append(rs, r)
+	}
+	tc.produce(t, rs...)
+	failing := map[int64]bool{3: true, 8: true, 4: true}
+	const panicking = 9
+	var mu sync.Mutex
+	attempts := map[int64]int{}
+	var bad []string
+	var handled atomic.Int64
+	h := func(ctx context.Context, r *kgo.Record) error {
+		mu.Lock()
+		attempts[r.Offset]++
+		mu.Unlock()
+		// Key k3's records 13 and 18 come after its failing 3 and 8; key
+		// k4's 14 and 19 after 4 and 9: their dead letters must be written.
+		if need := map[int64]int64{13: 2, 14: 3}[r.Offset]; need > 0 {
+			if n := tc.endOffset(t, "dlq", 0); n < need {
+				mu.Lock()
+				bad = append(bad, fmt.Sprintf("offset %d started with %d dead letters written, want >= %d", r.Offset, n, need))
+				mu.Unlock()
+			}
+		}
+		if failing[r.Offset] {
+			return fmt.Errorf("boom %d", r.Offset)
+		}
+		if r.Offset == panicking {
+			panic(fmt.Sprintf("panic %d", r.Offset))
+		}
+		handled.Add(1)
+		return nil
+	}
+	commits := tc.watchCommits(t)
+	c := startConsumer(t, h, WithLogger(quiet), WithDeadLetterTopic("dlq"), WithCommitInterval(5*time.Millisecond),
+		WithSchedulerOptions(keysched.WithRetry(keysched.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond})),
+		WithClientOptions(tc.clientOpts(groupName(t), "t")...))
+	eventually(t, "final commit of 20", func() bool {
+		cs := commits.of("t", 0)
+		return len(cs) > 0 && cs[len(cs)-1].Offset == 20
+	})
+	if handled.Load() != 16 {
+		t.Errorf("handled %d, want 16", handled.Load())
+	}
+	mu.Lock()
+	for off := range failing {
+		if attempts[off] != 3 {
+			t.Errorf("offset %d: %d attempts, want 3", off, attempts[off])
+		}
+	}
+	if attempts[panicking] != 3 {
+		t.Errorf("panicking offset: %d attempts, want 3 (a panic is retried like a failure)", attempts[panicking])
+	}
+	for _, b := range bad {
+		t.Error(b)
+	}
+	mu.Unlock()
+	dead := tc.readAll(t, "dlq", 4)
+	var offs []string
+	for _, d := range dead {
+		off, _ := header(d, HeaderOffset)
+		offs = append(offs, off)
+		orig := rs[mustAtoi(t, off)]
+		if string(d.Key) != string(orig.Key) || string(d.Value) != string(orig.Value) {
+			t.Errorf("dead letter %s: key %q value %q, want %q %q", off, d.Key, d.Value, orig.Key, orig.Value)
+		}
+		if v, _ := header(d, "h1"); v != off {
+			t.Errorf("dead letter %s lost the original header: %q", off, v)
+		}
+		want := map[string]string{HeaderTopic: "t", HeaderPartition: "0", HeaderConsumerGroup: c.Group(), HeaderAttempts: "3",
+			HeaderTimestamp: fmt.Sprint(orig.Timestamp.UnixMilli())}
+		if off == "9" {
+			want[HeaderMessage] = "panic 9"
+			want[HeaderExceptionClass] = "*keysched.PanicError"
+			if st, ok := header(d, HeaderStacktrace); !ok || !strings.Contains(st, "goroutine") {
+				t.Errorf("panic dead letter without a stack: %q", st)
+			}
+		} else {
+			want[HeaderMessage] = "boom " + off
+		}
+		for k, v := range want {
+			if got, ok := header(d, k); k == HeaderTimestamp && orig.Timestamp.IsZero() {
+				continue
+			} else if !ok || got != v {
+				t.Errorf("dead letter %s: header %s = %q, want %q", off, k, got, v)
+			}
+		}
+	}
+	slices.Sort(offs)
+	if fmt.Sprint(offs) != "[3 4 8 9]" {
+		t.Errorf("dead letters for offsets %v, want 3 4 8 9 once each", offs)
+	}
+	if st := c.Stats(); st.DeadLettered != 4 {
+		t.Errorf("Stats.DeadLettered %d", st.DeadLettered)
+	}
+}
+
+func mustAtoi(t *testing.T, s string) int {
+	var n int
+	if _, err := fmt.Sscan(s, &n); err != nil {
+		t.Fatalf("%q: %v", s, err)
+	}
+	return n
+}
+
+// failProduces makes the cluster refuse every Produce while on is set.
+func (tc *testCluster) failProduces(on *atomic.Bool) {
+	tc.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		tc.KeepControl()
+		if !on.Load() {
+			return nil, nil, false
+		}
+		r := req.(*kmsg.ProduceRequest)
+		resp := r.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range r.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.TopicAuthorizationFailed.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+}
+
+// Property 4: when the dead-letter produce fails the record is not
+// finished: the frontier stays, the key waits; once the produce goes
+// through, both move on.
+func TestDeadLetterProduceFailureLeavesRecordUnfinished(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	tc.produce(t, rec("t", 0, "a", "fail"), rec("t", 0, "a", "next"), rec("t", 0, "b", "other"))
+	commits := tc.watchCommits(t)
+	var failing atomic.Bool
+	failing.Store(true)
+	tc.failProduces(&failing)
+	var next, other atomic.Bool
+	h := func(ctx context.Context, r *kgo.Record) error {
+		switch string(r.Value) {
+		case "fail":
+			return keysched.Permanent(errors.New("bad record"))
+		case "next":
+			next.Store(true)
+		case "other":
+			other.Store(true)
+		}
+		return nil
+	}
+	logs := &logBuffer{}
+	c := startConsumer(t, h, WithLogger(logs.logger()), WithDeadLetterTopic("dlq"), WithCommitInterval(5*time.Millisecond),
+		WithClientOptions(tc.clientOpts(groupName(t), "t")...))
+	eventually(t, "the other key handled and a failed dead-letter produce logged", func() bool {
+		return other.Load() && strings.Count(logs.String(), "dead-letter produce failed") >= 2
+	})
+	eventually(t, "a commit made while the dead letter fails", func() bool { return len(commits.of("t", 0)) > 0 })
+	if next.Load() {
+		t.Fatal("the key's next record ran before its failed record's dead letter was written")
+	}
+	if ps, _ := c.partStats("t", 0); ps.Frontier != 0 || ps.InFlight != 2 {
+		t.Errorf("while the dead letter fails: %+v", ps)
+	}
+	for _, cm := range commits.of("t", 0) {
+		if cm.Offset > 0 {
+			t.Fatalf("committed %d past the record whose dead letter failed", cm.Offset)
+		}
+	}
+	failing.Store(false)
+	eventually(t, "commit of 3", func() bool {
+		cs := commits.of("t", 0)
+		return next.Load() && len(cs) > 0 && cs[len(cs)-1].Offset == 3
+	})
+	if n := tc.endOffset(t, "dlq", 0); n != 1 {
+		t.Errorf("%d dead letters, want 1", n)
+	}
+}
+
+// Park, Resume and Skip: a parked key holds its later records and the
+// frontier; Resume runs the record again; Skip dead-letters it.
+func TestParkResumeSkip(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	tc.produce(t, rec("t", 0, "a", "a0"), rec("t", 0, "a", "a1"), rec("t", 0, "b", "b0"), rec("t", 0, "b", "b1"), rec("t", 0, "c", "c0"))
+	commits := tc.watchCommits(t)
+	var fixed atomic.Bool
+	var mu sync.Mutex
+	var seen []string
+	h := func(ctx context.Context, r *kgo.Record) error {
+		v := string(r.Value)
+		if v == "b0" || (v == "a0" && !fixed.Load()) {
+			return errors.New("fails " + v)
+		}
+		mu.Lock()
+		seen = append(seen, v)
+		mu.Unlock()
+		return nil
+	}
+	has := func(v string) bool { mu.Lock(); defer mu.Unlock(); return slices.Contains(seen, v) }
+	c := startConsumer(t, h, WithLogger(quiet), WithDeadLetterTopic("dlq"), WithCommitInterval(5*time.Millisecond),
+		WithSchedulerOptions(keysched.WithFailurePolicy(keysched.Park)),
+		WithClientOptions(tc.clientOpts(groupName(t), "t")...))
+	eventually(t, "two keys parked, c handled", func() bool { return len(c.Parked()) == 2 && has("c0") })
+	if has("a1") || has("b1") {
+		t.Fatal("a parked key's next record ran")
+	}
+	if ps, _ := c.partStats("t", 0); ps.Frontier != 0 {
+		t.Errorf("frontier %d with offset 0 parked", ps.Frontier)
+	}
+	if n := tc.endOffset(t, "dlq", 0); n != 0 {
+		t.Errorf("parking wrote %d dead letters; only Skip does", n)
+	}
+	parked := map[string]ParkedKey{}
+	for _, k := range c.Parked() {
+		parked[string(k.Key)] = k
+	}
+	if k := parked["b"]; k.Offset != 2 || k.Topic != "t" || k.Err == nil || k.Attempts != 1 {
+		t.Errorf("parked b: %+v", k)
+	}
+	fixed.Store(true)
+	if err := c.Resume(parked["a"]); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Resume(parked["a"]); !errors.Is(err, ErrNotParked) {
+		t.Errorf("second Resume: %v", err)
+	}
+	eventually(t, "a resumed", func() bool { return has("a0") && has("a1") })
+	if err := c.Skip(parked["b"]); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "b moved on and commit of 5", func() bool {
+		cs := commits.of("t", 0)
+		return has("b1") && len(cs) > 0 && cs[len(cs)-1].Offset == 5
+	})
+	d := tc.readAll(t, "dlq", 1)[0]
+	if off, _ := header(d, HeaderOffset); off != "2" || string(d.Value) != "b0" {
+		t.Errorf("dead letter %s %q", off, d.Value)
+	}
+	if len(c.Parked()) != 0 {
+		t.Errorf("still parked: %v", c.Parked())
+	}
+}
+
+// Revoke vs lost: a lost partition is not committed; its running handler is
+// interrupted and the record handled again after the member rejoins.
+func TestLostPartitionIsNotCommitted(t *testing.T) {
+	tc := newCluster(t, 1, "t")
+	tc.produce(t, rec("t", 0, "a", "0"), rec("t", 0, "b", "1"), rec("t", 0, "c", "2"))
+	commits := tc.watchCommits(t)
+	var interrupted atomic.Bool
+	var handled sync.Map
+	h := func(ctx context.Context, r *kgo.Record) error {
+		if r.Offset == 1 && !interrupted.Load() {
+			<-ctx.Done()
+			interrupted.Store(true)
+			return ctx.Err()
+		}
+		n, _ := handled.LoadOrStore(r.Offset, new(atomic.Int64))
+		n.(*atomic.Int64).Add(1)
+		return nil
+	}
+	c := startConsumer(t, h, WithLogger(quiet), WithCommitInterval(time.Hour), WithRevokeTimeout(20*time.Millisecond),
+		WithClientOptions(tc.clientOpts(groupName(t), "t")...))
+	eventually(t, "offsets 0 and 2 handled", func() bool {
+		_, a := handled.Load(int64(0))
+		_, b := handled.Load(int64(2))
+		return a && b
+	})
+	// The next heartbeat says the member is unknown: franz-go reports the
+	// partitions lost and rejoins.
+	tc.ControlKey(int16(kmsg.Heartbeat), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		resp := req.ResponseKind().(*kmsg.HeartbeatResponse)
+		resp.ErrorCode = kerr.UnknownMemberID.Code
+		return resp, nil, true
+	})
+	eventually(t, "the partition assigned again, offset 1 handled", func() bool {
+		ps, ok := c.partStats("t", 0)
+		_, done := handled.Load(int64(1))
+		return ok && ps.Epoch == 2 && done && interrupted.Load()
+	})
+	if cs := commits.of("t", 0); len(cs) != 0 {
+		t.Errorf("commits %+v after a loss with a one-hour interval", cs)
+	}
+}

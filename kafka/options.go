@@ -1,0 +1,277 @@
+package kafka
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/keysched/keysched"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Defaults applied by NewConsumer when no option sets them.
+const (
+	// DefaultMaxInFlight bounds each partition's records fetched and not
+	// finished (queued, running, waiting for a retry, parked, or held
+	// back by the poll loop). A record costs its bytes plus about 300
+	// bytes of bookkeeping.
+	DefaultMaxInFlight = 4096
+	// DefaultCommitInterval is how often the frontiers of owned
+	// partitions are committed (franz-go's auto-commit default).
+	DefaultCommitInterval = 5 * time.Second
+	// DefaultRevokeTimeout is how long a revoke (or loss) waits for the
+	// revoked partitions' running handlers before interrupting them. Keep
+	// it well below the group's rebalance timeout (franz-go: 60 s).
+	DefaultRevokeTimeout = 10 * time.Second
+	// DefaultMetadataMaxBytes bounds the commit metadata that lists the
+	// offsets finished above the frontier: the broker's default
+	// offset.metadata.max.bytes.
+	DefaultMetadataMaxBytes = 4096
+	// DefaultMaxPollRecords bounds the records one poll returns.
+	DefaultMaxPollRecords = 10000
+)
+
+// Ordering says which records of a partition must be handled one at a time.
+type Ordering int
+
+const (
+	// KeyOrder (the default): records with the same (topic, partition,
+	// key) are handled one at a time in offset order; different keys run
+	// concurrently. Records with a nil key share one chain per partition
+	// (an empty, non-nil key is a key of its own).
+	KeyOrder Ordering = iota
+	// PartitionOrder: the records of a partition are handled one at a
+	// time in offset order, like a plain consumer with one goroutine per
+	// partition.
+	PartitionOrder
+	// Unordered: every record runs as soon as a worker is free.
+	Unordered
+)
+
+func (o Ordering) String() string {
+	switch o {
+	case KeyOrder:
+		return "KeyOrder"
+	case PartitionOrder:
+		return "PartitionOrder"
+	case Unordered:
+		return "Unordered"
+	}
+	return fmt.Sprintf("Ordering(%d)", int(o))
+}
+
+// Sentinel errors; compare with errors.Is.
+var (
+	// ErrInvalidOption is wrapped by every error NewConsumer returns for
+	// a bad option (a scheduler option's error wraps
+	// keysched.ErrInvalidOption too).
+	ErrInvalidOption = errors.New("kafka: invalid option")
+	// ErrNilHandler is returned by NewConsumer for a nil Handler.
+	ErrNilHandler = errors.New("kafka: nil handler")
+	// ErrClosed is returned by Run, Resume and Skip once Close has started.
+	ErrClosed = errors.New("kafka: consumer closed")
+	// ErrRunning is returned by a second call of Run.
+	ErrRunning = errors.New("kafka: Run already called")
+	// ErrNotParked is returned by Resume and Skip for a key that is not
+	// parked (or whose partition this member no longer owns).
+	ErrNotParked = errors.New("kafka: key is not parked")
+	// ErrNilContext is returned for a nil context.Context.
+	ErrNilContext = errors.New("kafka: nil context")
+)
+
+// An Option configures NewConsumer. A bad value makes NewConsumer fail with
+// an error wrapping ErrInvalidOption.
+type Option func(*config) error
+
+type config struct {
+	clientOpts     []kgo.Opt
+	schedOpts      []keysched.Option
+	ordering       Ordering
+	maxInFlight    int
+	commitInterval time.Duration
+	revokeTimeout  time.Duration
+	dlqTopic       string
+	logger         *slog.Logger
+	metaMax        int
+	maxPoll        int
+}
+
+func defaultConfig() config {
+	return config{
+		ordering:       KeyOrder,
+		maxInFlight:    DefaultMaxInFlight,
+		commitInterval: DefaultCommitInterval,
+		revokeTimeout:  DefaultRevokeTimeout,
+		logger:         slog.Default(),
+		metaMax:        DefaultMetadataMaxBytes,
+		maxPoll:        DefaultMaxPollRecords,
+	}
+}
+
+func optionError(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
+}
+
+// WithClientOptions passes franz-go options to the client: seed brokers,
+// kgo.ConsumerGroup (required), kgo.ConsumeTopics or kgo.ConsumeRegex
+// (required), TLS, SASL, session timeouts, the balancer... The consumer adds
+// kgo.DisableAutoCommit, kgo.BlockRebalanceOnPoll and its own
+// OnPartitionsAssigned, OnPartitionsRevoked, OnPartitionsLost and
+// OnOffsetsFetched callbacks after them (replacing any given here). The same
+// client produces dead letters. May be given more than once: the lists add up.
+func WithClientOptions(opts ...kgo.Opt) Option {
+	return func(c *config) error {
+		for i, o := range opts {
+			if o == nil {
+				return optionError("WithClientOptions: option %d is nil", i)
+			}
+		}
+		c.clientOpts = append(c.clientOpts, opts...)
+		return nil
+	}
+}
+
+// WithSchedulerOptions passes options to the keysched scheduler that runs
+// the handlers: keysched.WithWorkers (default keysched.DefaultWorkers),
+// keysched.WithRetry, keysched.WithTaskTimeout, keysched.WithFailurePolicy
+// (Park makes failed keys wait for Resume or Skip), keysched.WithMaxKeyDepth
+// (default: the WithMaxInFlight bound, so that the partition's bound, not the
+// key's, pauses fetching), keysched.WithMaxPending, keysched.WithPool,
+// keysched.WithLogger (default: WithLogger's). The
+// consumer always adds keysched.WithRetryPanics (a panicking handler is a
+// failure like any other, retried by the policy) and its own
+// keysched.WithDeadLetter (given one here is an error). May be given more than
+// once.
+func WithSchedulerOptions(opts ...keysched.Option) Option {
+	return func(c *config) error {
+		for i, o := range opts {
+			if o == nil {
+				return optionError("WithSchedulerOptions: option %d is nil", i)
+			}
+		}
+		c.schedOpts = append(c.schedOpts, opts...)
+		return nil
+	}
+}
+
+// WithOrdering sets which records run one at a time (default KeyOrder).
+func WithOrdering(o Ordering) Option {
+	return func(c *config) error {
+		if o != KeyOrder && o != PartitionOrder && o != Unordered {
+			return optionError("WithOrdering(%d): unknown ordering", int(o))
+		}
+		c.ordering = o
+		return nil
+	}
+}
+
+// WithMaxInFlight bounds, per partition, the records fetched and not
+// finished (default DefaultMaxInFlight). A partition at the bound is paused:
+// fetching stops for it alone, and resumes once half of them have finished.
+// n >= 1.
+func WithMaxInFlight(n int) Option {
+	return func(c *config) error {
+		if n < 1 {
+			return optionError("WithMaxInFlight(%d): need at least 1", n)
+		}
+		c.maxInFlight = n
+		return nil
+	}
+}
+
+// WithCommitInterval sets how often the frontiers of owned partitions are
+// committed (default DefaultCommitInterval). Commits also happen on revoke
+// and on Close. d > 0.
+func WithCommitInterval(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return optionError("WithCommitInterval(%v): need > 0", d)
+		}
+		c.commitInterval = d
+		return nil
+	}
+}
+
+// WithRevokeTimeout sets how long a revoke or a loss waits for the running
+// handlers of the partitions it takes away (default DefaultRevokeTimeout).
+// Handlers still running then have their context cancelled; their records
+// are not finished (the next owner handles them). d > 0.
+func WithRevokeTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return optionError("WithRevokeTimeout(%v): need > 0", d)
+		}
+		c.revokeTimeout = d
+		return nil
+	}
+}
+
+// WithDeadLetterTopic makes records that failed for good (retries spent, a
+// Permanent error, or Skip of a parked key) be produced to topic, with the
+// original key, value and headers plus the headers described in the package
+// documentation. A record counts as finished only once that produce is
+// acknowledged; a failing produce is retried (backoff 100 ms doubling to
+// 10 s) while the key waits, until it succeeds or the partition is taken
+// away. Without it, such records are logged at Error and count as finished.
+func WithDeadLetterTopic(topic string) Option {
+	return func(c *config) error {
+		if topic == "" {
+			return optionError("WithDeadLetterTopic(\"\")")
+		}
+		c.dlqTopic = topic
+		return nil
+	}
+}
+
+// WithLogger sets where the consumer logs (default slog.Default()). nil is
+// an error; use slog.New(slog.DiscardHandler) to silence it.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return optionError("WithLogger(nil): use slog.New(slog.DiscardHandler) to discard")
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// WithCommitMetadataLimit bounds, in bytes, the commit metadata that lists
+// the offsets finished above a partition's frontier (default
+// DefaultMetadataMaxBytes, the broker's default offset.metadata.max.bytes).
+// When the list does not fit, the frontier is committed alone (and the log
+// says so). 0 never writes metadata. n >= 0.
+func WithCommitMetadataLimit(n int) Option {
+	return func(c *config) error {
+		if n < 0 {
+			return optionError("WithCommitMetadataLimit(%d): need >= 0", n)
+		}
+		c.metaMax = n
+		return nil
+	}
+}
+
+// WithMaxPollRecords bounds the records one poll returns (default
+// DefaultMaxPollRecords): with WithMaxInFlight it bounds the records held in
+// memory. n >= 1.
+func WithMaxPollRecords(n int) Option {
+	return func(c *config) error {
+		if n < 1 {
+			return optionError("WithMaxPollRecords(%d): need at least 1", n)
+		}
+		c.maxPoll = n
+		return nil
+	}
+}
+
+// satMul returns d*n, saturating at the largest time.Duration instead of
+// wrapping; d and n are not negative.
+func satMul(d time.Duration, n int64) time.Duration {
+	if d <= 0 || n <= 0 {
+		return 0
+	}
+	if d > time.Duration(1<<63-1)/time.Duration(n) {
+		return time.Duration(1<<63 - 1)
+	}
+	return d * time.Duration(n)
+}

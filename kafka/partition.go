@@ -1,0 +1,206 @@
+package kafka
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/keysched/keysched"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Partition states of one assignment.
+const (
+	stActive   int32 = iota // dispatching, committing
+	stRevoking              // no new handler starts; running ones are waited for
+	stGone                  // no longer ours: results are dropped, nothing is committed
+)
+
+// partition is one assignment of a topic partition to this member: a new
+// one (a new epoch) each time it is assigned. Work is stamped with it, and
+// results of work whose partition is not the current, live one are dropped.
+type partition struct {
+	c      *Consumer
+	topic  string
+	id     int32
+	epoch  uint64
+	ctx    context.Context // the assignment's: cancelled when it ends
+	cancel context.CancelFunc
+
+	state    atomic.Int32
+	noCommit atomic.Bool  // lost: never commit
+	running  atomic.Int32 // handlers and dead-letter produces running
+	inflight atomic.Int64 // fetched and not finished, held back ones included
+	paused   atomic.Bool  // fetching paused by this consumer
+
+	mu            sync.Mutex
+	queue         []*item // records fetched, in offset order, from the oldest possibly unfinished
+	head          int     // queue[:head] are finished and let go
+	fetched       bool    // a record was seen in this assignment
+	highest       int64   // offset of the highest record seen
+	highestEpoch  int32   // its leader epoch
+	hwm           int64   // high watermark of the last fetch, -1 unknown
+	committed     int64   // last committed offset, -1 none
+	committedMeta string  // and its metadata
+	held          []*item // records waiting for room in the scheduler, in offset order
+	holding       bool    // len(held) > 0, as counted in Consumer.holding
+	skip          []span  // offsets finished by an earlier owner (commit metadata)
+	metaWarned    bool
+}
+
+// span is an inclusive range of offsets.
+type span struct{ from, to int64 }
+
+func (p *partition) active() bool { return p.state.Load() == stActive }
+
+// add appends a fetched record (p.mu held).
+func (p *partition) add(it *item) {
+	p.queue = append(p.queue, it)
+	p.inflight.Add(1)
+	p.compact()
+}
+
+// seen records r as fetched (p.mu held).
+func (p *partition) seen(r *kgo.Record) {
+	p.fetched = true
+	p.highest = r.Offset
+	p.highestEpoch = r.LeaderEpoch
+}
+
+// trim lets go of the finished records at the front (p.mu held).
+func (p *partition) trim() {
+	for p.head < len(p.queue) && p.queue[p.head].done.Load() {
+		p.queue[p.head] = nil
+		p.head++
+	}
+	if p.head == len(p.queue) {
+		p.queue = p.queue[:0]
+		p.head = 0
+	}
+}
+
+// compact keeps the queue's memory proportional to the unfinished records:
+// finished records behind a stuck one are dropped from it (p.mu held).
+func (p *partition) compact() {
+	live := len(p.queue) - p.head
+	if live < 1024 || int64(live) < 2*p.inflight.Load()+64 {
+		return
+	}
+	p.trim()
+	q := p.queue[:0]
+	for _, it := range p.queue[p.head:] {
+		if !it.done.Load() {
+			q = append(q, it)
+		}
+	}
+	clear(p.queue[len(q):])
+	p.queue, p.head = q, 0
+}
+
+// frontier returns the offset to commit: the lowest unfinished record's, or
+// one past the highest seen, with the leader epoch to commit with; ok is
+// false when nothing was seen yet (p.mu held).
+func (p *partition) frontier() (off int64, epoch int32, ok bool) {
+	p.trim()
+	if p.head < len(p.queue) {
+		r := p.queue[p.head].rec
+		return r.Offset, r.LeaderEpoch, true
+	}
+	if p.fetched {
+		return p.highest + 1, p.highestEpoch, true
+	}
+	return 0, -1, false
+}
+
+// unfinished returns the offsets of unfinished records, ascending (p.mu
+// held, after frontier).
+func (p *partition) unfinished(limit int) []int64 {
+	var out []int64
+	for _, it := range p.queue[p.head:] {
+		if !it.done.Load() {
+			out = append(out, it.rec.Offset)
+			if len(out) > limit {
+				break
+			}
+		}
+	}
+	return out
+}
+
+// skipped reports whether an earlier owner finished off (p.mu held), and
+// forgets the spans below it.
+func (p *partition) skipped(off int64) bool {
+	for len(p.skip) > 0 && p.skip[0].to < off {
+		p.skip = p.skip[1:]
+	}
+	return len(p.skip) > 0 && p.skip[0].from <= off
+}
+
+// enter counts a handler or a dead-letter produce of p as running, unless p
+// is no longer active (then it reports false and counts nothing).
+func (p *partition) enter(allowRevoking bool) bool {
+	p.running.Add(1)
+	st := p.state.Load()
+	if st == stActive || (allowRevoking && st == stRevoking) {
+		return true
+	}
+	p.leave()
+	return false
+}
+
+func (p *partition) leave() {
+	if p.running.Add(-1) == 0 && p.state.Load() != stActive {
+		select {
+		case p.c.revokeWake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// item is one fetched record on its way through the scheduler. It is also
+// the context the record is submitted with, so that the dead-letter
+// function finds it (DeadLetter.Context carries its values).
+type item struct {
+	context.Context // values for the handler's context; never cancelled
+	p               *partition
+	rec             *kgo.Record
+	done            atomic.Bool // finished: handled, or dead-lettered
+	interrupted     atomic.Bool // an attempt was cancelled (revoke timeout, Close gave up)
+	attempts        atomic.Int32
+	lastErr         atomic.Pointer[error] // parked: the last attempt's error
+	comp            atomic.Pointer[keysched.Completion]
+}
+
+type itemKey struct{}
+
+func (it *item) Value(k any) any {
+	if k == (itemKey{}) {
+		return it
+	}
+	return it.Context.Value(k)
+}
+
+func itemFrom(ctx context.Context) *item {
+	if ctx == nil {
+		return nil
+	}
+	it, _ := ctx.Value(itemKey{}).(*item)
+	return it
+}
+
+// finish marks the record finished: it now counts toward the frontier.
+func (it *item) finish() {
+	if !it.done.CompareAndSwap(false, true) {
+		return
+	}
+	p := it.p
+	n := p.inflight.Add(-1)
+	c := p.c
+	c.finished.Add(1)
+	// Wake the poll loop when it has something to do: held records to
+	// retry (room may have appeared anywhere), or this paused partition
+	// drained to its resume point.
+	if c.holding.Load() > 0 || (p.paused.Load() && n <= int64(c.cfg.maxInFlight)/2) {
+		c.wake()
+	}
+}
