@@ -60,7 +60,10 @@ func (b *backlog) release(partner string) {
 	}
 }
 
-// commit turns a reservation into a pending event.
+// commit turns a reservation into a pending event. The intake calls it just
+// before the event's transaction, so that a delivery, which can only follow
+// the commit, always finds the event here (drop undoes it if the
+// transaction fails).
 func (b *backlog) commit(partner, id string, received time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -79,6 +82,20 @@ func (p *partnerBacklog) add(id string, received time.Time) {
 		return
 	}
 	p.byID[id] = p.order.PushBack(pendingEvent{id: id, received: received})
+}
+
+// drop removes an event whose transaction failed (it was never written).
+func (b *backlog) drop(partner, id string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	p := b.partners[partner]
+	if p == nil {
+		return
+	}
+	if e, ok := p.byID[id]; ok {
+		p.order.Remove(e)
+		delete(p.byID, id)
+	}
 }
 
 // load adds an event found pending in the database at start.

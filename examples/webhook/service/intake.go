@@ -129,9 +129,10 @@ func (s *Service) handleIntake(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, errorBody{err.Error()})
 		return
 	}
+	s.backlog.commit(partner, env.ID, env.Received)
 	if taken, err := s.commit.accept(r.Context(), env, payload); err != nil {
 		if !taken {
-			s.backlog.release(partner)
+			s.backlog.drop(partner, env.ID)
 		}
 		if errors.Is(err, ErrClosed) {
 			writeJSON(w, http.StatusServiceUnavailable, errorBody{"the service is shutting down; retry"})

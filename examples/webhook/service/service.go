@@ -358,14 +358,13 @@ func (s *Service) Close(ctx context.Context) error {
 	return s.closeErr
 }
 
-// settleIntake ends an admitted event's reservation with its transaction's
-// outcome.
+// settleIntake ends an admitted event's bookkeeping with its transaction's
+// outcome (the event entered the backlog before its transaction began).
 func (s *Service) settleIntake(env Envelope, err error) {
 	if err != nil {
-		s.backlog.release(env.Partner)
+		s.backlog.drop(env.Partner, env.ID)
 		return
 	}
-	s.backlog.commit(env.Partner, env.ID, env.Received)
 	s.metrics.accepted(context.Background(), env.Partner)
 }
 
