@@ -305,6 +305,7 @@ func BenchmarkObserverCost(b *testing.B) {
 				open := make(chan struct{})
 				b.ReportAllocs()
 				b.ResetTimer()
+				cpu := startCPU(b)
 				if mode == "backlog" {
 					for w := range benchWorkers() {
 						if err := r.gate(ctx, benchKeys+w, open); err != nil {
@@ -326,6 +327,7 @@ func BenchmarkObserverCost(b *testing.B) {
 					b.Fatal(err)
 				}
 				b.StopTimer()
+				cpu.stop()
 				if ran.Load() != int64(b.N) {
 					b.Fatalf("ran %d of %d", ran.Load(), b.N)
 				}

@@ -2,6 +2,8 @@ package keysched
 
 import (
 	"cmp"
+	"context"
+	"fmt"
 	"reflect"
 	"slices"
 	"time"
@@ -89,9 +91,12 @@ func WithObserver[K comparable](o Observer[K]) Option {
 }
 
 // WithTaskAges stamps every accepted task with the time of its acceptance
-// (one monotonic clock read per task, some tens of nanoseconds), so that
-// OldestAge, KeyAge and Keys can tell how long the oldest unfinished tasks
-// have waited. Without it (or WithObserver) those ages are 0.
+// (one monotonic clock read per task, some tens of nanoseconds, and 8 bytes),
+// so that OldestAge, KeyAge and Keys can tell how long the oldest unfinished
+// tasks have waited. Without it (or WithObserver) those ages are 0. With it,
+// SubmitBatch and TrySubmitBatch accept their tasks one by one, as that many
+// Submit or TrySubmit calls would (same contract, none of the batch's
+// savings).
 func WithTaskAges() Option {
 	return func(c *config) error { c.taskAges = true; return nil }
 }
@@ -259,6 +264,24 @@ func (s *Scheduler[K]) newStamped(key K) (*node[K], *chainHdr) {
 	h := &stampedHeadNode[K]{}
 	h.key = key
 	return &h.node, &h.hdr
+}
+
+// submitEach is SubmitBatch for a scheduler that stamps its tasks: their
+// nodes are stampedNodes, which the batch path's shared allocation is not,
+// so it submits them one by one, with the batch's contract (a prefix is
+// accepted, every refused item counts as rejected, the error names the
+// first refused item).
+func (s *Scheduler[K]) submitEach(ctx context.Context, items []BatchItem[K], wait bool) ([]*Completion, error) {
+	done := make([]*Completion, 0, len(items))
+	for i := range items {
+		c, err := s.submit(ctx, items[i].Key, items[i].Task, wait)
+		if err != nil {
+			s.core.rejected.Add(uint64(len(items) - i - 1)) // submit counted item i
+			return done, fmt.Errorf("keysched: batch: %d of %d tasks accepted, item %d refused: %w", i, len(items), i, err)
+		}
+		done = append(done, c)
+	}
+	return done, nil
 }
 
 // stamp returns where n's acceptance time is. Only for a stamping

@@ -69,9 +69,10 @@ func (s *Scheduler[K]) step(n *node[K]) bool {
 				// delivered, as abortNode does.
 				if out == outAborted {
 					dl := s.letter(n, ErrAborted)
+					s.holdLetter()
 					s.core.decide(c, outAborted, ErrAborted)
 					s.core.notRun.Add(1)
-					s.deliver(dl)
+					s.deliverLater([]DeadLetter[K]{dl})
 				} else {
 					s.core.decide(c, outCancelled, context.Canceled)
 				}
@@ -295,15 +296,16 @@ type backoff struct {
 func (s *Scheduler[K]) parkFailed(n *node[K], err error) bool {
 	c := &n.Completion
 	dl := s.letter(n, err)
+	s.holdLetter() // before a Skip can move the key past n: Drain counts it
 	s.park(n)
 	if out, stop := s.stopped(c); stop && c.state.CompareAndSwap(stParked, stFinishing) {
 		s.dropParked(n)
 		s.core.decide(c, out, err)
-		s.deliver(dl)
+		s.sendLetter(dl)
 		s.publishRun(c)
 		return true
 	}
-	s.deliver(dl)
+	s.sendLetter(dl)
 	return false
 }
 
@@ -341,12 +343,24 @@ func (s *Scheduler[K]) letter(n *node[K], err error) DeadLetter[K] {
 // so that Drain returns only once every Completion is done; once Close has
 // given up, after, so that a Completion done then is no longer in Stats.
 func (s *Scheduler[K]) deliver(dl DeadLetter[K]) {
+	s.holdLetter()
+	s.sendLetter(dl)
+}
+
+// holdLetter counts a dead letter as being delivered, in Stats.Pending too,
+// until sendLetter has delivered it.
+func (s *Scheduler[K]) holdLetter() {
+	s.core.delivering.Add(1)
+	s.pending.hold()
+}
+
+// sendLetter delivers dl, held by holdLetter, and waits for the delivery.
+func (s *Scheduler[K]) sendLetter(dl DeadLetter[K]) {
 	c := dl.Context.(dlContext).c
 	s.core.deadLettered.Add(1)
 	if s.obs != nil {
 		s.hookDeadLettered(dl.Key, dl.Err)
 	}
-	s.pending.hold()
 	defer func() {
 		if s.core.aborting.Load() {
 			s.core.passing.Add(1) // see pass
@@ -357,6 +371,7 @@ func (s *Scheduler[K]) deliver(dl DeadLetter[K]) {
 			s.core.endLetter(c)
 			s.pending.release()
 		}
+		s.core.delivering.Add(-1)
 	}()
 	done := make(chan struct{})
 	go func() {
