@@ -198,8 +198,8 @@ func (s *Scheduler[K]) Keys(n int) []KeyInfo[K] {
 		}
 		return a.HeadAge < b.HeadAge
 	}
-	s.tails.m.Range(func(key K, tail *node[K]) bool {
-		ki := s.keyInfo(key, tail.hdr, now)
+	s.tails.m.Range(func(key K, ch *chainHdr) bool {
+		ki := s.keyInfo(key, ch, now)
 		if ki.Depth == 0 {
 			return true // drained and being removed
 		}
@@ -301,11 +301,11 @@ func (s *Scheduler[K]) KeyAge(key K) time.Duration {
 	if !s.cfg.taskAges || (s.keyCheck && !validKey(key)) {
 		return 0
 	}
-	tail, ok := s.tails.load(key)
+	ch, ok := s.tails.load(key)
 	if !ok {
 		return 0
 	}
-	if h := tail.hdr.head.Load(); h != nil {
+	if h := ch.head.Load(); h != nil {
 		return s.age(h, MonoNow())
 	}
 	return 0
@@ -328,8 +328,8 @@ func (s *Scheduler[K]) OldestAge() time.Duration {
 	}
 	now := MonoNow()
 	var oldest time.Duration
-	s.tails.m.Range(func(_ K, tail *node[K]) bool {
-		if h := tail.hdr.head.Load(); h != nil && tail.hdr.depth.Load() > 0 {
+	s.tails.m.Range(func(_ K, ch *chainHdr) bool {
+		if h := ch.head.Load(); h != nil && ch.depth.Load() > 0 {
 			oldest = max(oldest, s.age(h, now))
 		}
 		return true

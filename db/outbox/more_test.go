@@ -1,0 +1,193 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/bus"
+	"github.com/keysched/keysched/db/internal/dbtest"
+	"github.com/keysched/keysched/db/outbox"
+)
+
+// A key whose sink keeps failing holds at most its key batch of the relay's
+// slots: every other key's events still go through, though the failing
+// key's 100 events are the oldest in the outbox.
+func TestFailingKeyDoesNotBlockOthers(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ctx := context.Background()
+		ob := newOutbox(t, db)
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		for j := 0; j < 100; j++ {
+			_, err := ob.Write(ctx, tx, outbox.Event{Key: "stuck", Payload: []byte(strconv.Itoa(j))})
+			require.NoError(t, err)
+		}
+		require.NoError(t, tx.Commit())
+		const keys, perKey = 30, 10
+		writeEvents(t, ob, keys, perKey, 100)
+		rec := newRecorder(keys * perKey)
+		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+			if e.Key == "stuck" {
+				return errDown
+			}
+			return rec.sink(ctx, e)
+		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond),
+			outbox.WithBatchSize(20), outbox.WithKeyBatch(5),
+			outbox.WithRetry(keysched.RetryPolicy{MaxAttempts: 1000000, InitialBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond}))
+		require.NoError(t, err)
+		stop := runRelay(t, r)
+		rec.wait(t, 60*time.Second)
+		require.LessOrEqual(t, r.Scheduler().KeyDepth("stuck"), 5, "the stuck key holds at most its key batch")
+		stop()
+		require.Zero(t, rec.check(t, keys, perKey))
+		require.EqualValues(t, 100, counts(t, ob)[outbox.Pending], "the stuck key's events wait, none dead or lost")
+	})
+}
+
+// On PostgreSQL a committed Write wakes an idle relay through NOTIFY: with a
+// one-hour poll interval, the event still arrives.
+func TestListenNotifyWakesRelay(t *testing.T) {
+	db := dbtest.Postgres(t)
+	ctx := context.Background()
+	ob := newOutbox(t, db)
+	delivered := make(chan string, 10)
+	r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+		delivered <- string(e.Payload)
+		return nil
+	}, outbox.WithLogger(quiet), outbox.WithPollInterval(time.Hour), outbox.WithLeaseDuration(3*time.Hour))
+	require.NoError(t, err)
+	runRelay(t, r)
+	write := func(p string) {
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		_, err = ob.Write(ctx, tx, outbox.Event{Key: "k", Payload: []byte(p)})
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit())
+	}
+	wait := func(p string) {
+		select {
+		case got := <-delivered:
+			require.Equal(t, p, got)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("event %s not delivered: no wake-up (poll interval is an hour)", p)
+		}
+	}
+	write("first")
+	wait("first")
+	// The relay is idle now; only a notification can wake it.
+	write("second")
+	wait("second")
+	require.GreaterOrEqual(t, r.Stats().Notifications, uint64(1))
+}
+
+// BusSink publishes on the in-process bus, in order per key, with the
+// event's ID in the envelope.
+func TestBusSink(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.SQLite(t)
+	ob := newOutbox(t, db)
+	b, err := bus.New[string](bus.WithWorkers(4), bus.WithLogger(quiet))
+	require.NoError(t, err)
+	const keys, perKey = 10, 20
+	var mu sync.Mutex
+	byKey := map[string][]int{}
+	ids := map[string]bool{}
+	all := make(chan struct{})
+	n := 0
+	type deposit struct{ amount int }
+	_, err = bus.Subscribe(b, "ledger", func(ctx context.Context, env bus.Envelope[string], d deposit) error {
+		mu.Lock()
+		defer mu.Unlock()
+		byKey[env.Key] = append(byKey[env.Key], d.amount)
+		ids[env.ID] = true
+		if n++; n == keys*perKey {
+			close(all)
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	writeEvents(t, ob, keys, perKey, 50)
+	r, err := ob.NewRelay(outbox.BusSink(b, func(e outbox.Event) (any, error) {
+		j, err := strconv.Atoi(string(e.Payload))
+		return deposit{j}, err
+	}), outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
+	require.NoError(t, err)
+	stop := runRelay(t, r)
+	select {
+	case <-all:
+	case <-time.After(30 * time.Second):
+		t.Fatal("timed out")
+	}
+	stop()
+	require.NoError(t, b.Close(ctx))
+	require.Len(t, ids, keys*perKey)
+	for k, js := range byKey {
+		for i, j := range js {
+			require.Equal(t, i, j, "key %s in order", k)
+		}
+	}
+}
+
+// On PostgreSQL a row can commit after a later-inserted row of its key was
+// already published (two transactions on one key, committing out of insert
+// order). It is published anyway, though the key never goes idle: a relay
+// re-reads a key from its oldest pending row at least once per lease.
+func TestLateCommittedRowOnBusyKey(t *testing.T) {
+	db := dbtest.Postgres(t)
+	ctx := context.Background()
+	ob := newOutbox(t, db)
+	late, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	_, err = ob.Write(ctx, late, outbox.Event{ID: "late", Key: "busy", Payload: []byte("late")})
+	require.NoError(t, err)
+
+	write := func() error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		if _, err = ob.Write(ctx, tx, outbox.Event{Key: "busy", Payload: []byte("x")}); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}
+	got := make(chan string, 1)
+	var once sync.Once
+	r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+		if e.ID == "late" {
+			once.Do(func() { got <- e.ID })
+			return nil
+		}
+		// Keep the key busy: every publish writes the key's next row
+		// before it returns, so the relay never finds the key idle.
+		select {
+		case got <- e.ID:
+		default:
+		}
+		return write()
+	}, outbox.WithLogger(quiet), outbox.WithPollInterval(5*time.Millisecond), outbox.WithLeaseDuration(300*time.Millisecond))
+	require.NoError(t, err)
+	require.NoError(t, write())
+	runRelay(t, r)
+	<-got // a later row of the key is out
+	require.NoError(t, late.Commit())
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case id := <-got:
+			if id == "late" {
+				return
+			}
+		case <-deadline:
+			t.Fatal("the late-committed row was never published")
+		}
+	}
+}
