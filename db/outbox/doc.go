@@ -39,8 +39,8 @@
 //	last_error  the last attempt's error, for a dead row
 //	done_at     when the row was marked sent or dead
 //
-// with partial indexes on the pending rows ((key, seq) and (seq)), the dead
-// rows and the sent rows, and a lease table (keysched_outbox_lease: key,
+// with partial indexes on the pending rows (key, seq), the dead rows and the
+// sent rows, and a lease table (keysched_outbox_lease: key,
 // owner, expires_at). On PostgreSQL a statement-level AFTER INSERT trigger
 // calls pg_notify with the table's name as the channel: a relay that LISTENs
 // is woken when a transaction that wrote events commits, and polls otherwise.
@@ -54,7 +54,9 @@
 // claim is a row in the lease table:
 //
 //   - A relay looks for keys that have pending rows and no live lease
-//     (oldest rows first), and claims them: on PostgreSQL with
+//     (walking the pending rows' keys in key order, one index probe per
+//     key, a bounded number per poll from a rotating cursor), and claims
+//     them: on PostgreSQL with
 //     INSERT ... ON CONFLICT DO NOTHING for keys nobody holds and, for
 //     expired leases, UPDATE ... FROM (SELECT ... FOR UPDATE SKIP LOCKED),
 //     so two relays racing for one expired lease never wait for each other
@@ -129,8 +131,9 @@
 //
 // # Shutdown
 //
-// Close stops claiming, lets rows in flight finish (until its context
-// ends), marks what was published and releases the leases; cancelling Run's
-// context does the same at once. Rows given back stay pending and are
-// published by the next relay to claim their key.
+// Close stops claiming, lets the sink calls in progress finish (until its
+// context ends), gives back the rows that had not started, marks what was
+// published and releases the leases; cancelling Run's context does the same
+// at once. Rows given back stay pending and are published by the next relay
+// to claim their key.
 package outbox

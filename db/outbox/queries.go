@@ -27,7 +27,6 @@ func schema(d Dialect, t string) []string {
 	done_at    TIMESTAMPTZ
 )`,
 			`CREATE INDEX IF NOT EXISTS ` + t + `_pending_key ON ` + t + ` (key, seq) WHERE state = 0`,
-			`CREATE INDEX IF NOT EXISTS ` + t + `_pending_seq ON ` + t + ` (seq) WHERE state = 0`,
 			`CREATE INDEX IF NOT EXISTS ` + t + `_dead ON ` + t + ` (key, seq) WHERE state = 2`,
 			`CREATE INDEX IF NOT EXISTS ` + t + `_sent ON ` + t + ` (done_at) WHERE state = 1`,
 			`CREATE TABLE IF NOT EXISTS ` + t + `_lease (
@@ -61,7 +60,6 @@ $$`,
 	done_at    INTEGER
 )`,
 		`CREATE INDEX IF NOT EXISTS ` + t + `_pending_key ON ` + t + ` (key, seq) WHERE state = 0`,
-		`CREATE INDEX IF NOT EXISTS ` + t + `_pending_seq ON ` + t + ` (seq) WHERE state = 0`,
 		`CREATE INDEX IF NOT EXISTS ` + t + `_dead ON ` + t + ` (key, seq) WHERE state = 2`,
 		`CREATE INDEX IF NOT EXISTS ` + t + `_sent ON ` + t + ` (done_at) WHERE state = 1`,
 		`CREATE TABLE IF NOT EXISTS ` + t + `_lease (
@@ -138,9 +136,19 @@ func newQueries(d Dialect, t string) queries {
 		q.cleanup = `DELETE FROM ` + t + ` WHERE seq IN (SELECT seq FROM ` + t + ` WHERE state = 1 AND done_at < ? ORDER BY seq LIMIT ?)`
 	}
 	q.releaseAll = r(`DELETE FROM ` + l + ` WHERE owner = ?`)
-	base := `SELECT o.key FROM ` + t + ` o WHERE o.state = 0 AND ` + notLeased
-	q.candidates = r(base + ` ORDER BY o.seq LIMIT ?`)
-	q.candidatesPark = r(base + notDead + ` ORDER BY o.seq LIMIT ?`)
+	// The keys with pending rows, walked in key order from a cursor one
+	// index probe per key (a loose index scan on the pending rows' (key,
+	// seq) index), at most a given number of keys per call, each with
+	// whether it is free to claim: no live lease (and, for Park, no dead
+	// row). The cost is per key visited, not per pending row.
+	walk := `WITH RECURSIVE k(key, n) AS (
+	SELECT (SELECT MIN(key) FROM ` + t + ` WHERE state = 0 AND key > ?), 1
+	UNION ALL
+	SELECT (SELECT MIN(key) FROM ` + t + ` WHERE state = 0 AND key > k.key), k.n + 1 FROM k WHERE k.key IS NOT NULL AND k.n < ?
+)
+SELECT o.key, ` + notLeased
+	q.candidates = r(walk + ` FROM k AS o WHERE o.key IS NOT NULL`)
+	q.candidatesPark = r(walk + notDead + ` FROM k AS o WHERE o.key IS NOT NULL`)
 	return q
 }
 

@@ -269,16 +269,19 @@ type Relay struct {
 	crash     bool            // tests: leave leases and marks as a crash would
 	noMark    bool            // tests: never mark published rows (a crash right after publishing)
 
-	lastClean int64 // loop goroutine only
+	lastClean int64  // loop goroutine only
+	cursor    string // loop goroutine only: where the next key walk starts
+	fetchStmt *sql.Stmt
 
 	// leaseMu makes claiming and renewing take turns, so that a renewal
 	// sees every lease claimed before it (a key missing from its result is
 	// really lost).
 	leaseMu sync.Mutex
 
-	mu       sync.Mutex // guards keys, inflight, tenure.inflight, active
+	mu       sync.Mutex // guards keys, inflight, settled, tenure.inflight, active
 	keys     map[string]*tenure
 	inflight int
+	settled  int // rows settled since the last poll
 	active   int // task functions running now
 	idle     *sync.Cond
 
@@ -456,13 +459,14 @@ func (r *Relay) signal() {
 // Run reads and publishes pending rows until ctx ends or Close is called. A
 // relay runs once: a second Run, or Run after Close, returns ErrClosed.
 //
-// When Close is called, Run stops claiming, lets the rows in flight finish
-// (until Close's context ends: then the rest are given back unpublished),
-// marks what was published, releases its leases and returns nil. When ctx
-// ends, Run does the same at once: sink calls in flight see their context
-// cancelled, queued rows are given back, and Run returns ctx's error once the
-// sink calls have returned. Rows given back stay pending: they are published
-// later, by this outbox's next relay to claim their key.
+// When Close is called, Run stops claiming and fetching, lets the sink calls
+// in progress finish (until Close's context ends: then their contexts are
+// cancelled), gives back the rows that had not started (queued behind them,
+// or waiting out a retry backoff), marks what was published, releases its
+// leases and returns nil. When ctx ends, Run does the same at once: sink
+// calls in progress see their context cancelled, and Run returns ctx's error
+// once they have returned. Rows given back stay pending: they are published
+// by this outbox's next relay to claim their key.
 func (r *Relay) Run(ctx context.Context) error {
 	if ctx == nil {
 		return keysched.ErrNilContext
@@ -490,6 +494,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		go func() { defer wg.Done(); r.listen(lctx) }()
 	}
 
+	if r.o.dialect == SQLite {
+		// One query per key and poll: parse it once (pgx caches its
+		// statements by itself).
+		if st, err := r.o.db.PrepareContext(ctx, r.o.q.fetch); err == nil {
+			r.fetchStmt = st
+			defer st.Close()
+		}
+	}
 	err := r.loop(ctx)
 
 	// Shut down: no claim after this; tasks that have not started give
@@ -611,6 +623,7 @@ func (r *Relay) poll(ctx context.Context) (full bool) {
 	r.mu.Lock()
 	room := r.cfg.batch - r.inflight
 	held := len(r.keys)
+	r.settled = 0
 	r.mu.Unlock()
 	if room > 0 {
 		if held < r.cfg.maxKeys {
@@ -747,30 +760,43 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 	if r.cfg.policy == keysched.Park {
 		q = r.o.q.candidatesPark
 	}
-	var args []any
+	// Visit at most this many keys per poll; the cursor moves on, and
+	// wraps around at the last key, so every key gets its turn.
+	walk := 4*room + 64
+	args := []any{r.cursor, walk}
 	if r.o.dialect == SQLite {
 		args = append(args, time.Now().UnixMicro())
 	}
-	args = append(args, room)
 	rows, err := r.o.db.QueryContext(ctx, q, args...)
 	if err != nil {
 		r.dbError("find keys", err)
 		return
 	}
 	var found []string
+	visited, last := 0, ""
 	for rows.Next() {
 		var k string
-		if err := rows.Scan(&k); err != nil {
+		var free bool
+		if err := rows.Scan(&k, &free); err != nil {
 			rows.Close()
 			r.dbError("find keys", err)
 			return
 		}
-		found = append(found, k)
+		visited++
+		last = k
+		if free {
+			found = append(found, k)
+		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		r.dbError("find keys", err)
 		return
+	}
+	if visited < walk {
+		r.cursor = "" // reached the last key: start over next time
+	} else {
+		r.cursor = last
 	}
 	var cands []string
 	seen := map[string]bool{}
@@ -893,7 +919,14 @@ func (r *Relay) fetch(ctx context.Context, room int) int {
 			if left == 0 {
 				break
 			}
-			more, e := r.scanEvents(r.o.db.QueryContext(ctx, r.o.q.fetch, w.t.key, w.t.after, min(w.limit, left)))
+			var rows *sql.Rows
+			var e error
+			if r.fetchStmt != nil {
+				rows, e = r.fetchStmt.QueryContext(ctx, w.t.key, w.t.after, min(w.limit, left))
+			} else {
+				rows, e = r.o.db.QueryContext(ctx, r.o.q.fetch, w.t.key, w.t.after, min(w.limit, left))
+			}
+			more, e := r.scanEvents(rows, e)
 			if e != nil {
 				err = e
 				break
@@ -1078,11 +1111,14 @@ func (r *Relay) settle(j *job) {
 	r.mu.Lock()
 	r.inflight--
 	j.t.inflight--
-	low := r.inflight <= r.cfg.batch/2
+	r.settled++
+	// Refill once half a batch has settled (or the relay is half
+	// empty): a poll per settled row would read the held keys over and
+	// over for one row each. Counting settled rows, not free slots, keeps
+	// the refill rate when a failing key holds some slots for long.
+	refill := r.settled >= r.cfg.batch/2 || r.inflight <= r.cfg.batch/2
 	r.mu.Unlock()
-	if low {
-		// Refill at half the batch: a poll per settled row would read
-		// the held keys over and over for one row each.
+	if refill {
 		r.signal()
 	}
 }

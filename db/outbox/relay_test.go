@@ -203,6 +203,8 @@ func TestParkDeadRow(t *testing.T) {
 		parked, err := r.Parked(ctx)
 		require.NoError(t, err)
 		require.Equal(t, []string{bad}, parked)
+		// The marks of the last published rows land in a moment.
+		require.Eventually(t, func() bool { return counts(t, ob)[outbox.Pending] <= 2 }, 30*time.Second, time.Millisecond)
 		c := counts(t, ob)
 		require.EqualValues(t, 1, c[outbox.Dead])
 		require.EqualValues(t, 2, c[outbox.Pending], "the parked key's later rows wait")
