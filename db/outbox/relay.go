@@ -767,6 +767,7 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 	if r.o.dialect == SQLite {
 		args = append(args, time.Now().UnixMicro())
 	}
+	args = append(args, r.cfg.owner) // a lease of ours with no tenure (a restart under the same name) is free to us
 	rows, err := r.o.db.QueryContext(ctx, q, args...)
 	if err != nil {
 		r.dbError("find keys", err)
