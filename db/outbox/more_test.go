@@ -231,3 +231,66 @@ func TestRestartWithSameOwner(t *testing.T) {
 		require.Empty(t, counts(t, ob))
 	})
 }
+
+// A sink call that overruns WithSinkTimeout is a failed attempt; once the
+// attempts are spent the row is dead with the deadline error.
+func TestSinkTimeout(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.SQLite(t)
+	ob := newOutbox(t, db)
+	writeEvents(t, ob, 1, 1, 1)
+	dead := make(chan outbox.DeadEvent, 1)
+	r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+		<-ctx.Done() // a hung endpoint
+		return ctx.Err()
+	}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond), outbox.WithSinkTimeout(20*time.Millisecond),
+		outbox.WithRetry(keysched.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond}),
+		outbox.WithOnDead(func(d outbox.DeadEvent) { dead <- d }))
+	require.NoError(t, err)
+	runRelay(t, r)
+	d := <-dead
+	require.Equal(t, 2, d.Attempts)
+	require.Contains(t, d.Err, context.DeadlineExceeded.Error())
+	rows, err := ob.Dead(ctx, 1)
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+}
+
+// Close whose context ends while sink calls hang cancels them and gives
+// their rows (and the rows queued behind them) back: they stay pending,
+// nothing is marked dead, and the next relay publishes them.
+func TestCloseGivesRowsBack(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ob := newOutbox(t, db)
+		const keys, perKey = 3, 3
+		writeEvents(t, ob, keys, perKey, 20)
+		started := make(chan struct{}, keys*perKey)
+		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+			started <- struct{}{}
+			<-ctx.Done()
+			return ctx.Err()
+		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
+		require.NoError(t, err)
+		errc := make(chan error, 1)
+		go func() { errc <- r.Run(context.Background()) }()
+		for range keys {
+			<-started // one call per key hangs; the keys' later rows queue
+		}
+		cctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		require.ErrorIs(t, r.Close(cctx), context.DeadlineExceeded)
+		require.NoError(t, <-errc)
+		st := r.Stats()
+		require.EqualValues(t, keys*perKey, st.Abandoned)
+		require.Zero(t, st.Dead)
+		require.Equal(t, map[outbox.State]int64{outbox.Pending: keys * perKey}, counts(t, ob))
+
+		rec := newRecorder(keys * perKey)
+		b, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
+		require.NoError(t, err)
+		stop := runRelay(t, b)
+		rec.wait(t, 30*time.Second) // Close released the leases: no wait
+		stop()
+		require.Zero(t, rec.check(t, keys, perKey))
+	})
+}
