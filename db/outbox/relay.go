@@ -802,7 +802,8 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 	var cands []string
 	seen := map[string]bool{}
 	r.mu.Lock()
-	limit := r.cfg.maxKeys - len(r.keys)
+	// A key claimed without a slot to fill would only be released again.
+	limit := min(r.cfg.maxKeys-len(r.keys), room)
 	for _, k := range found {
 		if !seen[k] && r.keys[k] == nil && len(cands) < limit {
 			seen[k] = true
