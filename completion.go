@@ -125,6 +125,7 @@ type taskExtra struct {
 	attempts atomic.Int32                 // attempts started, when > 1 or timed
 	cur      atomic.Pointer[attemptState] // the running attempt's context, when not the inline one
 	fail     failureRecord
+	waiting  atomic.Pointer[waitRec] // a Wait made with the task's context, in progress (deadlock.go)
 }
 
 // extra returns the task's extra part, making it. Its owner (its runner, or
@@ -189,12 +190,22 @@ func (c *Completion) Err() error {
 
 // Wait blocks until the task is done and returns Err, or returns ctx's error
 // if ctx ends first (the task is not affected). A nil ctx gets ErrNilContext.
+//
+// Called with the context of a running task (or one derived from it), Wait
+// fails at once with an error wrapping ErrDeadlock when the wait could never
+// end: c is that task itself or a later task of its own key, or the wait
+// closes a cycle of waits (task A waits for a task queued behind task B on
+// another key, B waits for one behind A; longer cycles too, across
+// schedulers). See ErrDeadlock for what is and is not detected.
 func (c *Completion) Wait(ctx context.Context) error {
 	if c.state.Load() == stDone {
 		return c.Err()
 	}
 	if ctx == nil {
 		return ErrNilContext
+	}
+	if t := waiterTask(ctx); t != nil {
+		return c.waitAsTask(ctx, t)
 	}
 	select {
 	case <-c.Done():

@@ -96,7 +96,7 @@ func TestStatsSettledBehindTasksCloseLeftRunning(t *testing.T) {
 		ctx := watchdog(t)
 		gate := make(chan struct{})
 		started := make(chan struct{}, 4)
-		var running []*Completion
+		var running, all []*Completion
 		for k := range 4 {
 			c, err := s.Submit(ctx, k, func(context.Context) error {
 				started <- struct{}{}
@@ -105,9 +105,11 @@ func TestStatsSettledBehindTasksCloseLeftRunning(t *testing.T) {
 			})
 			require.NoError(t, err)
 			running = append(running, c)
+			all = append(all, c)
 			for range 3 {
-				_, err := s.Submit(ctx, k, func(context.Context) error { return nil })
+				c, err := s.Submit(ctx, k, func(context.Context) error { return nil })
 				require.NoError(t, err)
+				all = append(all, c)
 			}
 		}
 		for range 4 {
@@ -119,6 +121,9 @@ func TestStatsSettledBehindTasksCloseLeftRunning(t *testing.T) {
 		close(gate)
 		for _, c := range running {
 			require.NoError(t, c.Wait(ctx))
+		}
+		for _, c := range all { // the aborted ones: done once dead-lettered
+			_ = c.Wait(ctx)
 		}
 		st := s.Stats()
 		require.Zero(t, st.Pending, "%+v", st)

@@ -59,8 +59,9 @@
 // and appends the task to its key's chain inside one atomic operation on
 // that key of a concurrent map, provided the key has room ([WithMaxKeyDepth]).
 // At either bound Submit waits for room and [Scheduler.TrySubmit] fails (see
-// Bounds). Once Submit returns a *Completion, the task will reach exactly one
-// outcome. Acceptance is decided atomically with [Scheduler.Close]: a task is
+// Bounds). [Scheduler.SubmitBatch] accepts many tasks as that many Submits
+// would, for less. Once Submit returns a *Completion, the task will reach
+// exactly one outcome. Acceptance is decided atomically with [Scheduler.Close]: a task is
 // either accepted, and then run or aborted, or refused with [ErrClosed].
 //
 // Queued behind its key. A task whose key had no chain is its key's head: it
@@ -99,7 +100,10 @@
 // head, until [Scheduler.Resume] runs it again or [Scheduler.Skip] gives it
 // up. A task withdrawn by Cancel before it ran ends with context.Canceled;
 // one that Close gave up on before it ran ends with [ErrAborted] and is
-// dead-lettered too. Then its key moves on.
+// dead-lettered too. Then its key moves on. A task's outcome is counted in
+// Stats before its Completion is done, and its Completion is done only once
+// its dead letter, if it has one, was delivered: code that acknowledges an
+// event (commits an offset) when its Completion is done can rely on both.
 //
 // # Bounds, and what happens at each
 //
@@ -145,6 +149,11 @@
 // and Submit never waits for a worker: it waits only at a bound, and only
 // until its context ends.
 //
+// SubmitBatch: one admission against the pending bound for the whole batch,
+// one allocation for all its tasks' nodes, and consecutive items of one key
+// appended to its chain in one map operation. The accepted tasks are always a
+// prefix of the batch; the error says why the next one was refused.
+//
 // Completion: [Completion.Err] is two atomic loads. [Completion.Done], and
 // [Completion.Wait] on a task not yet done, make the task's done channel on
 // their first call, never before: a task nobody waits on has none.
@@ -155,11 +164,27 @@
 // its context ends, sleep on a channel that the completion bringing the
 // pending count to zero closes; they do not poll.
 //
+// # Watching it
+//
+// [Scheduler.Stats] counts every outcome; [Scheduler.KeyDepth] and
+// [Scheduler.Parked] answer for one key or the parked ones. With
+// [WithTaskAges] (one monotonic clock read per accepted task),
+// [Scheduler.OldestAge], [Scheduler.KeyAge] and [Scheduler.Keys] tell how long
+// the oldest unfinished tasks have waited and which keys hold the most: for
+// a metrics collection or a debug endpoint, not per task (Keys and OldestAge
+// walk every live key). [WithObserver] calls your functions when a task is
+// accepted, when each attempt starts and ends, and when a task is
+// dead-lettered, for latency histograms; a scheduler without one pays a nil
+// check per event. Never make a key a metric attribute: keys are unbounded
+// and often personal data. The otelkeysched module of this repository
+// exports all of it as OpenTelemetry metrics.
+//
 // # Where each mechanism lives
 //
 //   - doc.go: this overview.
 //   - chain.go: the public face. [Scheduler], [New], Submit, TrySubmit,
 //     KeyDepth, Drain, Close (and its abort), [Stats]; the task node.
+//   - batch.go: SubmitBatch and TrySubmitBatch.
 //   - tailmap.go: the concurrent map (xsync MapOf) from each live key to its
 //     chain's tail. Appending a task and removing a drained key each happen
 //     inside one Compute on that key; invalid keys are refused before they
@@ -177,6 +202,8 @@
 //     transitions, Cancel, the lazily made channels.
 //   - taskctx.go: the task's context (values kept, cancellation its own),
 //     recognising a task's context, [Attempt].
+//   - observe.go: [Observer] and WithObserver, task ages (WithTaskAges,
+//     OldestAge, KeyAge), the per-key inspection Keys.
 //   - options.go and errors.go: options and their defaults; sentinel errors,
 //     [PanicError], [Permanent].
 //
@@ -198,7 +225,9 @@
 // You need durability, exactly-once side effects, or one order across keys:
 // keysched holds tasks in memory and promises none of these. Put a log in
 // front (Kafka, a database outbox) and acknowledge an event only when its
-// Completion reports success.
+// Completion reports success; the kafka module of this repository does that
+// for a franz-go group consumer, with key-level parallelism inside each
+// partition.
 //
 // You want typed publish/subscribe with several subscribers per event, each
 // with its own order, bounds and dead letters: package

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,6 +45,26 @@ func Example() {
 }
 
 // A Completion reports one task's outcome.
+// A task that waits for a later task of its own key would wait forever (that
+// task can run only after it returns): Wait, given the task's context, fails
+// at once with ErrDeadlock. So does a wait that closes a cycle of waits
+// through other keys.
+func ExampleCompletion_Wait_deadlock() {
+	ctx := context.Background()
+	s, _ := keysched.New[string](keysched.WithLogger(slog.New(slog.DiscardHandler)))
+	defer s.Close(ctx)
+
+	c, _ := s.Submit(ctx, "account-1", func(tctx context.Context) error {
+		later, err := s.Submit(tctx, "account-1", func(context.Context) error { return nil })
+		if err != nil {
+			return err
+		}
+		return later.Wait(tctx) // with the task's own context
+	})
+	fmt.Println(errors.Is(c.Wait(ctx), keysched.ErrDeadlock))
+	// Output: true
+}
+
 func ExampleCompletion_Wait() {
 	ctx := context.Background()
 	s, _ := keysched.New[int]()
@@ -188,13 +209,17 @@ func ExampleScheduler_Close() {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
-	err := s.Close(ctx)
-	fmt.Println(errors.Is(err, keysched.ErrAborted), errors.Is(queued.Err(), keysched.ErrAborted))
+	err := s.Close(ctx)         // returns within keysched.CloseGrace of ctx's end
+	var ce *keysched.CloseError // what it gave up on, counted
+	fmt.Println(errors.Is(err, keysched.ErrAborted), errors.As(err, &ce))
+	// Done once its dead letter (here: logged) was delivered.
+	fmt.Println(errors.Is(queued.Wait(context.Background()), keysched.ErrAborted))
 	<-release
 	_, err = s.Submit(context.Background(), "slow", func(context.Context) error { return nil })
 	fmt.Println(err)
 	// Output:
 	// true true
+	// true
 	// keysched: scheduler closed
 }
 
@@ -562,4 +587,104 @@ func ExampleScheduler_Resume() {
 	// parked after 2 attempts: [account-9]
 	// attempt 3
 	// <nil> []
+}
+
+// SubmitBatch accepts what arrives in batches (a fetch from a log, say) as
+// that many Submits would, for less; each key keeps the batch's order.
+func ExampleScheduler_SubmitBatch() {
+	ctx := context.Background()
+	s, _ := keysched.New[string]()
+	defer s.Close(ctx)
+
+	var mu sync.Mutex
+	seen := map[string][]int{}
+	record := func(key string, offset int) keysched.BatchItem[string] {
+		return keysched.BatchItem[string]{Key: key, Task: func(context.Context) error {
+			mu.Lock()
+			defer mu.Unlock()
+			seen[key] = append(seen[key], offset)
+			return nil
+		}}
+	}
+	batch := []keysched.BatchItem[string]{
+		record("acct-1", 100), record("acct-2", 101), record("acct-1", 102), record("acct-1", 103),
+	}
+	completions, err := s.SubmitBatch(ctx, batch)
+	if err != nil {
+		// The first len(completions) tasks were accepted and will run;
+		// resubmit batch[len(completions):] to go on in order.
+		panic(err)
+	}
+	for _, c := range completions {
+		c.Wait(ctx)
+	}
+	fmt.Println(len(completions), seen["acct-1"], seen["acct-2"])
+	// Output: 4 [100 102 103] [101]
+}
+
+// With WithTaskAges, Keys and OldestAge tell which keys hold the most tasks
+// and how long the oldest has waited: what a debug endpoint or an alert
+// shows.
+func ExampleScheduler_Keys() {
+	ctx := context.Background()
+	s, _ := keysched.New[string](keysched.WithTaskAges())
+	defer s.Close(ctx)
+
+	release := make(chan struct{})
+	block := func(context.Context) error { <-release; return nil }
+	for range 3 {
+		s.Submit(ctx, "big-customer", block)
+	}
+	s.Submit(ctx, "small-customer", block)
+	for _, k := range s.Keys(10) {
+		fmt.Println(k.Key, k.Depth, k.Parked, k.HeadAge > 0)
+	}
+	bigAge := s.KeyAge("big-customer")
+	fmt.Println(s.OldestAge() >= bigAge) // big-customer's head is the oldest task
+	close(release)
+	s.Drain(ctx)
+	fmt.Println(len(s.Keys(10)), s.OldestAge())
+	// Output:
+	// big-customer 3 false true
+	// small-customer 1 false true
+	// true
+	// 0 0s
+}
+
+// An Observer is called on each task's events, for latency histograms. It
+// runs on the hot path: it must be quick and must not block.
+func ExampleWithObserver() {
+	ctx := context.Background()
+	var accepted, attempts, failed atomic.Int64
+	var queued atomic.Int64 // total nanoseconds tasks waited before their first attempt
+	s, _ := keysched.New[string](
+		keysched.WithObserver(keysched.Observer[string]{
+			Accepted: func(string, keysched.Mono) { accepted.Add(1) },
+			AttemptStarted: func(_ string, a keysched.AttemptInfo) {
+				if a.N == 1 {
+					queued.Add(int64(a.Started.Sub(a.Accepted)))
+				}
+			},
+			AttemptEnded: func(_ string, a keysched.AttemptInfo) {
+				attempts.Add(1)
+				if a.Err != nil {
+					failed.Add(1)
+				}
+			},
+		}),
+		keysched.WithDeadLetter(func(keysched.DeadLetter[string]) {}),
+	)
+	defer s.Close(ctx)
+
+	for i := range 10 {
+		s.Submit(ctx, fmt.Sprint("key-", i%3), func(context.Context) error {
+			if i == 7 {
+				return errors.New("boom")
+			}
+			return nil
+		})
+	}
+	s.Drain(ctx)
+	fmt.Println(accepted.Load(), attempts.Load(), failed.Load(), queued.Load() >= 0)
+	// Output: 10 10 1 true
 }

@@ -156,6 +156,15 @@
 // through Submit; times, with the command and date, are in the repository's
 // docs/benchmarks.md.
 //
+// # Watching it
+//
+// [Bus.Stats] counts published and unmatched events; [Subscription.Stats]
+// gives a subscriber's [SubStats]: its scheduler's counters (accepted,
+// succeeded, failed, dead-lettered, pending, parked keys) plus the bus's own
+// (delivered, dropped, skipped, ejected). The otelkeysched module of this
+// repository exports both as OpenTelemetry metrics (RegisterBus,
+// RegisterSubscription), read at collection time.
+//
 // # Where each mechanism lives
 //
 //   - bus.go: the Bus, its options, Envelope, routing by type, Publish and

@@ -206,63 +206,6 @@ func TestNoCommitAfterRevoke(t *testing.T) {
 	a.close(t)
 }
 
-// Property 6: a member that stops abruptly mid-stream loses nothing: the
-// next owner starts from the last commit.
-func TestCrashLosesNothing(t *testing.T) {
-	tc := newCluster(t, 1, "t")
-	commits := tc.watchCommits(t)
-	group := groupName(t)
-	var rs []*kgo.Record
-	for i := range 100 {
-		rs = append(rs, rec("t", 0, fmt.Sprintf("k%d", i%10), strconv.Itoa(i/10)))
-	}
-	tc.produce(t, rs...)
-	var mu sync.Mutex
-	done := map[int64]bool{}
-	var aHandled atomic.Int64
-	a := runMember(t, func(ctx context.Context, r *kgo.Record) error {
-		if r.Offset >= 50 {
-			<-ctx.Done() // the member dies with these in flight
-			return ctx.Err()
-		}
-		mu.Lock()
-		done[r.Offset] = true
-		mu.Unlock()
-		aHandled.Add(1)
-		return nil
-	}, WithLogger(quiet), WithCommitInterval(5*time.Millisecond), WithRevokeTimeout(50*time.Millisecond),
-		WithClientOptions(tc.clientOpts(group, "t")...))
-	eventually(t, "member a committed 50", func() bool {
-		cs := commits.of("t", 0)
-		return aHandled.Load() == 50 && len(cs) > 0 && cs[len(cs)-1].Offset == 50
-	})
-	a.c.Client().Close() // the crash: the client goes away under the consumer
-	if err := <-a.done; err != nil {
-		t.Errorf("Run after the client closed: %v", err)
-	}
-	var first atomic.Int64
-	first.Store(-1)
-	b := runMember(t, func(ctx context.Context, r *kgo.Record) error {
-		first.CompareAndSwap(-1, r.Offset)
-		mu.Lock()
-		done[r.Offset] = true
-		mu.Unlock()
-		return nil
-	}, WithLogger(quiet), WithClientOptions(tc.clientOpts(group, "t")...))
-	eventually(t, "every record handled by a or b", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(done) == 100
-	})
-	if f := first.Load(); f > 50 {
-		t.Errorf("the next owner started at %d, after the last commit 50", f)
-	}
-	b.close(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	_ = a.c.Close(ctx)
-}
-
 // Property 8: a stuck key holds its partition's frontier and, at the
 // in-flight bound, its fetching, and nothing else: other partitions go on,
 // heartbeats and rebalances go on, memory stays bounded.
