@@ -43,7 +43,7 @@ func ExampleWithObserver_slowest() {
 // Keys lists the keys holding the most tasks, with their depth, whether they
 // are parked, and how long their oldest task has waited (WithTaskAges):
 // per-key detail for a debug endpoint, where metrics must not carry keys.
-func ExampleScheduler_Keys_debugEndpoint() {
+func ExampleScheduler_Keys_deepest() {
 	ctx := context.Background()
 	parked := make(chan string, 1)
 	s, _ := keysched.New[string](keysched.WithTaskAges(), keysched.WithFailurePolicy(keysched.Park),
