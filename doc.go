@@ -227,7 +227,8 @@
 // front (Kafka, a database outbox) and acknowledge an event only when its
 // Completion reports success; the kafka module of this repository does that
 // for a franz-go group consumer, with key-level parallelism inside each
-// partition.
+// partition, and its db module gives a transactional outbox and an idempotent
+// inbox (exactly-once effects on a database, over at-least-once delivery).
 //
 // You want typed publish/subscribe with several subscribers per event, each
 // with its own order, bounds and dead letters: package
