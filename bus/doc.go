@@ -140,7 +140,9 @@
 // [Bus.Close] refuses new publishes with [ErrClosed], drains every
 // subscriber, and releases the bus's own pool (not one given with WithPool).
 // If its context ends first, events that did not run are dead-lettered with
-// keysched.ErrAborted and Close's error says how many, per subscriber.
+// keysched.ErrAborted, and Close returns within keysched.CloseGrace with an
+// error that says how many, per subscriber (each one's *keysched.CloseError);
+// dead letters not yet delivered then are delivered in the background.
 // [Subscription.Unsubscribe] does the same for one subscriber.
 //
 // # What it costs
