@@ -58,7 +58,8 @@ func ExampleScheduler_Keys_parked() {
 	for _, k := range s.Keys(10) {
 		fmt.Printf("%s depth=%d parked=%t waited=%t\n", k.Key, k.Depth, k.Parked, k.HeadAge > 0)
 	}
-	fmt.Println(s.OldestAge() >= s.KeyAge("acct-poison"))
+	poisonAge := s.KeyAge("acct-poison") // read first: ages grow while we read
+	fmt.Println(s.OldestAge() >= poisonAge)
 	close(release)
 	s.Skip("acct-poison")
 	s.Close(ctx)
