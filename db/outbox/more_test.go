@@ -344,3 +344,22 @@ func TestKeyHandoffBetweenRelays(t *testing.T) {
 		require.Empty(t, counts(t, ob))
 	})
 }
+
+// With a pool of one connection (common with SQLite), Write inside the
+// caller's transaction needs no second connection, and the relay shares the
+// one connection without deadlocking.
+func TestPoolOfOneConnection(t *testing.T) {
+	db := dbtest.SQLite(t)
+	db.SetMaxOpenConns(1)
+	ob := newOutbox(t, db)
+	const keys, perKey = 5, 5
+	rec := newRecorder(keys * perKey)
+	r, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(5*time.Millisecond))
+	require.NoError(t, err)
+	stop := runRelay(t, r)
+	writeEvents(t, ob, keys, perKey, 5)
+	rec.wait(t, 30*time.Second)
+	stop()
+	require.Zero(t, rec.check(t, keys, perKey))
+	require.Empty(t, counts(t, ob))
+}
