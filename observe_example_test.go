@@ -13,7 +13,7 @@ import (
 // An Observer times every task: the queue wait (acceptance to first start)
 // and each attempt's duration. Here it keeps the slowest attempt; a metrics
 // package records histograms instead (see otelkeysched).
-func ExampleWithObserver_slowest() {
+func ExampleObserver() {
 	ctx := context.Background()
 	var mu sync.Mutex
 	var slowest time.Duration
@@ -43,7 +43,7 @@ func ExampleWithObserver_slowest() {
 // Keys lists the keys holding the most tasks, with their depth, whether they
 // are parked, and how long their oldest task has waited (WithTaskAges):
 // per-key detail for a debug endpoint, where metrics must not carry keys.
-func ExampleScheduler_Keys_deepest() {
+func ExampleScheduler_Keys_parked() {
 	ctx := context.Background()
 	parked := make(chan string, 1)
 	s, _ := keysched.New[string](keysched.WithTaskAges(), keysched.WithFailurePolicy(keysched.Park),
@@ -58,7 +58,8 @@ func ExampleScheduler_Keys_deepest() {
 	for _, k := range s.Keys(10) {
 		fmt.Printf("%s depth=%d parked=%t waited=%t\n", k.Key, k.Depth, k.Parked, k.HeadAge > 0)
 	}
-	fmt.Println(s.OldestAge() >= s.KeyAge("acct-poison"))
+	poisonAge := s.KeyAge("acct-poison") // read first: ages grow while we read
+	fmt.Println(s.OldestAge() >= poisonAge)
 	close(release)
 	s.Skip("acct-poison")
 	s.Close(ctx)

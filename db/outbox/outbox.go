@@ -231,7 +231,10 @@ func (o *Outbox) Write(ctx context.Context, tx *sql.Tx, e Event) (id string, err
 	if payload == nil {
 		payload = []byte{}
 	}
-	if _, err := tx.ExecContext(ctx, o.q.insert, e.ID, e.Key, e.Type, payload, headers, o.q.timeArg(e.CreatedAt)); err != nil {
+	// A plain Exec on the caller's transaction: preparing a statement on
+	// the *sql.DB would need a second connection, which a pool of one
+	// (common with SQLite) held by tx would never give.
+	if _, err = tx.ExecContext(ctx, o.q.insert, e.ID, e.Key, e.Type, payload, headers, o.q.timeArg(e.CreatedAt)); err != nil {
 		if sqldb.IsUniqueViolation(err) {
 			return "", fmt.Errorf("%w: %q: %w", ErrDuplicateID, e.ID, err)
 		}
