@@ -272,8 +272,8 @@ func (c *Consumer) send(ctx context.Context, list []pendingCommit, reason string
 // (p.mu held).
 func (p *partition) frontierEpoch(off int64) (int64, int32, bool) {
 	p.trim()
-	if p.head < len(p.queue) && p.queue[p.head].rec.Offset == off {
-		return off, p.queue[p.head].rec.LeaderEpoch, true
+	if p.head < len(p.queue) && p.queue[p.head].off == off {
+		return off, p.queue[p.head].epoch, true
 	}
 	if p.fetched && off == p.highest+1 {
 		return off, p.highestEpoch, true

@@ -288,7 +288,7 @@ func (c *Consumer) route(fp kgo.FetchTopicPartition) {
 			continue
 		}
 		p.seen(r)
-		it := &item{Context: c.runCtx, p: p, rec: r}
+		it := newItem(c.runCtx, p, r)
 		p.add(it)
 		if len(p.held) > 0 || !c.dispatch(it) {
 			p.held = append(p.held, it)
@@ -300,10 +300,10 @@ func (c *Consumer) route(fp kgo.FetchTopicPartition) {
 // dispatch submits it without waiting; false when its key or the scheduler
 // is full (or closing).
 func (c *Consumer) dispatch(it *item) bool {
-	comp, err := c.sched.TrySubmit(it, c.keyOf(it.rec), runItem)
+	comp, err := c.sched.TrySubmit(it, c.keyOf(it.record()), runItem)
 	if err != nil {
 		if !errors.Is(err, keysched.ErrKeyFull) && !errors.Is(err, keysched.ErrFull) && !errors.Is(err, keysched.ErrClosed) {
-			c.log.Error("kafka: cannot submit record", "topic", it.rec.Topic, "partition", it.rec.Partition, "offset", it.rec.Offset, "err", err)
+			c.log.Error("kafka: cannot submit record", "topic", it.p.topic, "partition", it.p.id, "offset", it.off, "err", err)
 		}
 		return false
 	}
@@ -325,7 +325,7 @@ func (c *Consumer) dispatchHeld() {
 			kept := p.held[:0]
 			full := false
 			for _, it := range p.held {
-				k := c.keyOf(it.rec)
+				k := c.keyOf(it.record())
 				if !full {
 					if _, b := blocked[k]; !b {
 						if c.dispatch(it) {
@@ -350,9 +350,16 @@ func (c *Consumer) dispatchHeld() {
 	}
 }
 
+// resumeAt is the in-flight count at which a paused partition resumes: an
+// eighth of the bound free (at least one record). Not half: a stuck key
+// holding more than the resume point would keep its partition paused while
+// other keys could go on; with an eighth, only a key holding nearly the
+// whole bound does.
+func resumeAt(bound int) int64 { return int64(bound - max(1, bound/8)) }
+
 // adjustPause pauses p at its in-flight bound or with held records, and
-// resumes it once it has drained to half the bound with nothing held
-// (p.mu held).
+// resumes it once an eighth of the bound is free with nothing held (p.mu
+// held).
 func (c *Consumer) adjustPause(p *partition) {
 	if h := len(p.held) > 0; h != p.holding {
 		p.holding = h
@@ -372,7 +379,7 @@ func (c *Consumer) adjustPause(p *partition) {
 		p.paused.Store(true)
 		c.heldParts.Add(1)
 		c.cl.PauseFetchPartitions(map[string][]int32{p.topic: {p.id}})
-	case p.paused.Load() && len(p.held) == 0 && n <= max/2:
+	case p.paused.Load() && len(p.held) == 0 && n <= resumeAt(c.cfg.maxInFlight):
 		p.paused.Store(false)
 		c.heldParts.Add(-1)
 		c.cl.ResumeFetchPartitions(map[string][]int32{p.topic: {p.id}})
@@ -389,7 +396,7 @@ func runItem(ctx context.Context) error {
 	}
 	defer p.leave()
 	it.attempts.Add(1)
-	err := p.c.h(ctx, it.rec)
+	err := p.c.h(ctx, it.record())
 	if err == nil {
 		it.finish()
 		return nil

@@ -60,7 +60,7 @@ func (c *Consumer) deadLetter(dl keysched.DeadLetter[schedKey]) {
 // acknowledgement; with retry, a failure is retried (100 ms doubling to 10 s)
 // until ctx ends. Without a dead-letter topic it logs the record.
 func (c *Consumer) produceDeadLetter(ctx context.Context, it *item, cause error, retry bool) error {
-	r := it.rec
+	r := it.record()
 	if !c.dlqSet {
 		c.log.Error("kafka: record failed for good (no dead-letter topic: logged and counted finished)",
 			"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "attempts", it.attempts.Load(), "err", cause)
@@ -143,7 +143,7 @@ func (c *Consumer) Parked() []ParkedKey {
 		if it.p.state.Load() == stGone {
 			continue
 		}
-		r := it.rec
+		r := it.record()
 		var err error
 		if e := it.lastErr.Load(); e != nil {
 			err = *e

@@ -41,9 +41,11 @@
 //     record that finds its key or the scheduler full is held back, and a
 //     partition with WithMaxInFlight records unfinished (held ones included)
 //     or with held records is paused (fetching stops for it alone) and
-//     resumed once it has drained to half the bound. Heartbeats and
+//     resumed once an eighth of the bound is free. Heartbeats and
 //     rebalances go on while a key is stuck; memory is bounded by partitions
-//     x WithMaxInFlight plus one poll (WithMaxPollRecords).
+//     x WithMaxInFlight plus one poll (WithMaxPollRecords). Records that stay
+//     unfinished long are copied out of their fetch's buffer, so that a
+//     stuck key does not keep whole fetch responses reachable.
 //
 // # Failures
 //

@@ -168,8 +168,9 @@ func WithOrdering(o Ordering) Option {
 
 // WithMaxInFlight bounds, per partition, the records fetched and not
 // finished (default DefaultMaxInFlight). A partition at the bound is paused:
-// fetching stops for it alone, and resumes once half of them have finished.
-// n >= 1.
+// fetching stops for it alone, and resumes once an eighth of the bound is
+// free (a key whose unfinished records fill more than seven eighths of it,
+// a stuck one, keeps its partition paused). n >= 1.
 func WithMaxInFlight(n int) Option {
 	return func(c *config) error {
 		if n < 1 {

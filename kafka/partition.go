@@ -1,7 +1,9 @@
 package kafka
 
 import (
+	"bytes"
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -90,6 +92,7 @@ func (p *partition) compact() {
 	q := p.queue[:0]
 	for _, it := range p.queue[p.head:] {
 		if !it.done.Load() {
+			it.detach()
 			q = append(q, it)
 		}
 	}
@@ -103,8 +106,8 @@ func (p *partition) compact() {
 func (p *partition) frontier() (off int64, epoch int32, ok bool) {
 	p.trim()
 	if p.head < len(p.queue) {
-		r := p.queue[p.head].rec
-		return r.Offset, r.LeaderEpoch, true
+		it := p.queue[p.head]
+		return it.off, it.epoch, true
 	}
 	if p.fetched {
 		return p.highest + 1, p.highestEpoch, true
@@ -118,7 +121,7 @@ func (p *partition) unfinished(limit int) []int64 {
 	var out []int64
 	for _, it := range p.queue[p.head:] {
 		if !it.done.Load() {
-			out = append(out, it.rec.Offset)
+			out = append(out, it.off)
 			if len(out) > limit {
 				break
 			}
@@ -163,9 +166,12 @@ func (p *partition) leave() {
 type item struct {
 	context.Context // values for the handler's context; never cancelled
 	p               *partition
-	rec             *kgo.Record
-	done            atomic.Bool // finished: handled, or dead-lettered
-	interrupted     atomic.Bool // an attempt was cancelled (revoke timeout, Close gave up)
+	rec             atomic.Pointer[kgo.Record] // see detach
+	off             int64                      // the record's offset
+	epoch           int32                      // and leader epoch
+	detached        bool                       // rec is a copy of its own (p.mu)
+	done            atomic.Bool                // finished: handled, or dead-lettered
+	interrupted     atomic.Bool                // an attempt was cancelled (revoke timeout, Close gave up)
 	attempts        atomic.Int32
 	lastErr         atomic.Pointer[error] // parked: the last attempt's error
 	comp            atomic.Pointer[keysched.Completion]
@@ -188,6 +194,38 @@ func itemFrom(ctx context.Context) *item {
 	return it
 }
 
+func newItem(ctx context.Context, p *partition, r *kgo.Record) *item {
+	it := &item{Context: ctx, p: p, off: r.Offset, epoch: r.LeaderEpoch}
+	it.rec.Store(r)
+	return it
+}
+
+// record returns the record (the original, or the copy detach made).
+func (it *item) record() *kgo.Record { return it.rec.Load() }
+
+// detach replaces the record with a copy whose key, value and headers are
+// allocations of their own (p.mu held). A fetched record's bytes point into
+// its fetch's buffer, so one record kept unfinished for long (a stuck key's)
+// would keep a whole fetch response reachable; compaction detaches the
+// records that outlive it. A handler already running keeps the original.
+func (it *item) detach() {
+	if it.detached {
+		return
+	}
+	it.detached = true
+	r := *it.rec.Load()
+	r.Key = bytes.Clone(r.Key)
+	r.Value = bytes.Clone(r.Value)
+	if len(r.Headers) > 0 {
+		hs := make([]kgo.RecordHeader, len(r.Headers))
+		for i, h := range r.Headers {
+			hs[i] = kgo.RecordHeader{Key: strings.Clone(h.Key), Value: bytes.Clone(h.Value)}
+		}
+		r.Headers = hs
+	}
+	it.rec.Store(&r)
+}
+
 // finish marks the record finished: it now counts toward the frontier.
 func (it *item) finish() {
 	if !it.done.CompareAndSwap(false, true) {
@@ -200,7 +238,7 @@ func (it *item) finish() {
 	// Wake the poll loop when it has something to do: held records to
 	// retry (room may have appeared anywhere), or this paused partition
 	// drained to its resume point.
-	if c.holding.Load() > 0 || (p.paused.Load() && n <= int64(c.cfg.maxInFlight)/2) {
+	if c.holding.Load() > 0 || (p.paused.Load() && n <= resumeAt(c.cfg.maxInFlight)) {
 		c.wake()
 	}
 }
