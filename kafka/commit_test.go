@@ -114,7 +114,7 @@ func TestTrackerFrontier(t *testing.T) {
 	}
 	var items []*item
 	for _, off := range []int64{3, 4, 7, 20, 21} {
-		it := newItem(context.Background(), p, &kgo.Record{Offset: off, LeaderEpoch: 1})
+		it := newItem(p, &kgo.Record{Offset: off, LeaderEpoch: 1})
 		p.seen(it.record())
 		p.add(it)
 		items = append(items, it)
@@ -151,7 +151,7 @@ func TestTrackerFrontier(t *testing.T) {
 func TestTrackerCompacts(t *testing.T) {
 	p := &partition{c: &Consumer{}, committed: -1, hwm: -1}
 	for off := range int64(100000) {
-		it := newItem(context.Background(), p, &kgo.Record{Offset: off})
+		it := newItem(p, &kgo.Record{Offset: off})
 		p.seen(it.record())
 		p.add(it)
 		if off > 0 {

@@ -266,7 +266,9 @@ func (c *Consumer) keyOf(r *kgo.Record) schedKey {
 	return schedKey{topic: r.Topic, part: r.Partition, null: r.Key == nil, key: string(r.Key), off: -1}
 }
 
-// route takes one partition's records from a poll.
+// route takes one partition's records from a poll: each record is tracked,
+// and put into its chain's group for this poll; the groups are submitted, or
+// held when the scheduler has no room.
 func (c *Consumer) route(fp kgo.FetchTopicPartition) {
 	p := c.lookup(fp.Topic, fp.Partition)
 	if p == nil || !p.active() {
@@ -278,6 +280,8 @@ func (c *Consumer) route(fp kgo.FetchTopicPartition) {
 		return
 	}
 	p.hwm = fp.HighWatermark
+	p.polls++
+	groups := p.scratch[:0]
 	for _, r := range fp.Records {
 		if p.fetched && r.Offset <= p.highest {
 			continue // fetched again: already tracked
@@ -288,32 +292,38 @@ func (c *Consumer) route(fp kgo.FetchTopicPartition) {
 			continue
 		}
 		p.seen(r)
-		it := newItem(c.runCtx, p, r)
+		it := newItem(p, r)
 		p.add(it)
-		if len(p.held) > 0 || !c.dispatch(it) {
-			p.held = append(p.held, it)
+		groups = c.addTo(p, groups, it, r)
+	}
+	for _, g := range groups {
+		if len(p.held) > 0 || !c.dispatch(g) {
+			p.held = append(p.held, g)
 		}
 	}
+	clear(groups)
+	p.scratch = groups[:0]
+	p.sweepLast()
 	c.adjustPause(p)
 }
 
-// dispatch submits it without waiting; false when its key or the scheduler
+// dispatch submits g without waiting; false when its key or the scheduler
 // is full (or closing).
-func (c *Consumer) dispatch(it *item) bool {
-	comp, err := c.sched.TrySubmit(it, c.keyOf(it.record()), runItem)
+func (c *Consumer) dispatch(g *group) bool {
+	comp, err := c.sched.TrySubmit(g, g.key, runGroup)
 	if err != nil {
 		if !errors.Is(err, keysched.ErrKeyFull) && !errors.Is(err, keysched.ErrFull) && !errors.Is(err, keysched.ErrClosed) {
-			c.log.Error("kafka: cannot submit record", "topic", it.p.topic, "partition", it.p.id, "offset", it.off, "err", err)
+			c.log.Error("kafka: cannot submit records", "topic", g.p.topic, "partition", g.p.id, "records", len(g.items), "err", err)
 		}
 		return false
 	}
-	it.comp.Store(comp)
+	g.comp.Store(comp)
 	return true
 }
 
-// dispatchHeld retries the held records of every owned partition, in
-// offset order per key: a key whose record stays held keeps its later
-// records held too; other keys go on.
+// dispatchHeld retries the held groups of every owned partition, in order
+// per key: a key whose group stays held keeps its later groups held too;
+// other keys go on.
 func (c *Consumer) dispatchHeld() {
 	for _, p := range c.owned() {
 		if !p.paused.Load() {
@@ -324,23 +334,22 @@ func (c *Consumer) dispatchHeld() {
 			var blocked map[schedKey]struct{}
 			kept := p.held[:0]
 			full := false
-			for _, it := range p.held {
-				k := c.keyOf(it.record())
+			for _, g := range p.held {
 				if !full {
-					if _, b := blocked[k]; !b {
-						if c.dispatch(it) {
+					if _, b := blocked[g.key]; !b {
+						if c.dispatch(g) {
 							continue
 						}
-						if c.sched.KeyDepth(k) == 0 {
+						if c.sched.KeyDepth(g.key) == 0 {
 							full = true // the scheduler, not the key, is full
 						}
 						if blocked == nil {
 							blocked = make(map[schedKey]struct{})
 						}
-						blocked[k] = struct{}{}
+						blocked[g.key] = struct{}{}
 					}
 				}
-				kept = append(kept, it)
+				kept = append(kept, g)
 			}
 			clear(p.held[len(kept):])
 			p.held = kept
@@ -386,28 +395,6 @@ func (c *Consumer) adjustPause(p *partition) {
 	}
 }
 
-// runItem is the scheduler task of every record: the record is the value
-// of the context it was submitted with (one function, no closure per record).
-func runItem(ctx context.Context) error {
-	it := itemFrom(ctx)
-	p := it.p
-	if !p.enter(false) {
-		return nil // the partition was revoked: dropped, not finished
-	}
-	defer p.leave()
-	it.attempts.Add(1)
-	err := p.c.h(ctx, it.record())
-	if err == nil {
-		it.finish()
-		return nil
-	}
-	if errors.Is(ctx.Err(), context.Canceled) {
-		// Interrupted (revoke timeout, Close gave up): not a failure.
-		it.interrupted.Store(true)
-	}
-	return err
-}
-
 // onAssigned starts a new assignment (a new epoch) for each partition.
 func (c *Consumer) onAssigned(_ context.Context, _ *kgo.Client, m map[string][]int32) {
 	c.mu.Lock()
@@ -419,9 +406,7 @@ func (c *Consumer) onAssigned(_ context.Context, _ *kgo.Client, m map[string][]i
 				old.state.Store(stGone)
 				old.cancel()
 			}
-			p := &partition{c: c, topic: t, id: id, epoch: c.epoch.Add(1), hwm: -1, committed: -1}
-			p.ctx, p.cancel = context.WithCancel(context.Background())
-			c.parts[k] = p
+			c.parts[k] = newPartition(c, t, id, c.epoch.Add(1))
 		}
 	}
 }
@@ -518,9 +503,11 @@ func (c *Consumer) interrupt(ps []*partition) {
 		p.mu.Lock()
 		p.state.Store(stGone)
 		p.cancel()
+		var last *group
 		for _, it := range p.queue[p.head:] {
-			if !it.done.Load() {
-				if comp := it.comp.Load(); comp != nil {
+			if !it.done.Load() && it.g != nil && it.g != last {
+				last = it.g
+				if comp := last.comp.Load(); comp != nil {
 					comp.Cancel()
 				}
 			}

@@ -34,8 +34,12 @@ const (
 // interrupted by a revoke or Close, and those of partitions no longer owned,
 // are neither dead-lettered nor finished.
 func (c *Consumer) deadLetter(dl keysched.DeadLetter[schedKey]) {
-	it := itemFrom(dl.Context)
-	if it == nil || it.interrupted.Load() || errors.Is(dl.Err, keysched.ErrAborted) {
+	g := groupFrom(dl.Context)
+	if g == nil || errors.Is(dl.Err, keysched.ErrAborted) {
+		return
+	}
+	it := g.current() // the record the failed attempts were counted for (see group)
+	if it == nil || it.interrupted.Load() {
 		return
 	}
 	p := it.p
@@ -54,6 +58,7 @@ func (c *Consumer) deadLetter(dl keysched.DeadLetter[schedKey]) {
 		return // not finished: the next owner handles it
 	}
 	it.finish()
+	g.handOn(g.cur + 1) // the group's later records, before the key moves on
 }
 
 // produceDeadLetter writes it's dead letter and waits for the broker's
@@ -218,6 +223,10 @@ func (c *Consumer) Skip(k ParkedKey) error {
 	}
 	it.finish()
 	p.leave()
+	p.mu.Lock()
+	g := it.g
+	p.mu.Unlock()
+	g.handOn(g.cur + 1) // the group's later records, before the key moves on
 	if err := c.sched.Skip(sk); err != nil && !errors.Is(err, keysched.ErrNotParked) {
 		return err
 	}

@@ -74,7 +74,7 @@ func (c *Consumer) Stats() Stats {
 		ps := PartitionStats{
 			Topic: p.topic, Partition: p.id, Epoch: p.epoch,
 			Committed: p.committed, HighestFetched: -1, HighWatermark: p.hwm,
-			InFlight: int(p.inflight.Load()), Held: len(p.held), Paused: p.paused.Load(),
+			InFlight: int(p.inflight.Load()), Held: p.heldRecords(), Paused: p.paused.Load(),
 		}
 		if p.fetched {
 			ps.HighestFetched = p.highest
