@@ -132,12 +132,12 @@ func TestTrackerFrontier(t *testing.T) {
 	check(4)
 	items[1].finish() // 4: 7 done too, the hole 8-19 never arrives
 	check(20)
-	if meta, _ := encodeFinished(20, p.unfinished(100), p.highest, 100); meta != "" {
+	if meta, _ := encodeFinished(20, p.unfinished(100), true, p.highest, 100); meta != "" {
 		t.Fatalf("metadata %q with nothing finished above the frontier", meta)
 	}
 	items[4].finish() // 21
-	meta, fits := encodeFinished(20, p.unfinished(100), p.highest, 100)
-	if !fits || fmt.Sprint(decodeFinished(meta, 20)) != "[{21 21}]" {
+	meta, truncated := encodeFinished(20, p.unfinished(100), true, p.highest, 100)
+	if truncated || fmt.Sprint(decodeFinished(meta, 20)) != "[{21 21}]" {
 		t.Fatalf("metadata %q decodes to %v", meta, decodeFinished(meta, 20))
 	}
 	items[3].finish()
@@ -164,8 +164,8 @@ func TestTrackerCompacts(t *testing.T) {
 	if f, _, _ := p.frontier(); f != 0 {
 		t.Fatalf("frontier %d", f)
 	}
-	meta, fits := encodeFinished(0, p.unfinished(4096), p.highest, 4096)
-	if !fits || fmt.Sprint(decodeFinished(meta, 0)) != "[{1 99999}]" {
+	meta, truncated := encodeFinished(0, p.unfinished(4096), true, p.highest, 4096)
+	if truncated || fmt.Sprint(decodeFinished(meta, 0)) != "[{1 99999}]" {
 		t.Fatalf("metadata %q", meta)
 	}
 }

@@ -34,9 +34,10 @@
 //   - Fewer duplicates than the frontier alone: the offsets finished above the
 //     frontier travel in the commit's metadata (runs, at most
 //     WithCommitMetadataLimit bytes, default 4 KiB); a new owner skips them.
-//     When the list does not fit, or the broker refuses it
-//     (OFFSET_METADATA_TOO_LARGE), the frontier is committed alone and the
-//     log says so.
+//     When the list does not fit, the longest prefix that fits is written
+//     (the runs nearest the frontier); when the broker refuses it
+//     (OFFSET_METADATA_TOO_LARGE), the frontier is committed alone. The log
+//     says so in both cases.
 //   - Backpressure in bounded memory: the poll loop never blocks on a key. A
 //     record that finds its key or the scheduler full is held back, and a
 //     partition with WithMaxInFlight records unfinished (held ones included)

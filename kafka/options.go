@@ -240,8 +240,9 @@ func WithLogger(l *slog.Logger) Option {
 // WithCommitMetadataLimit bounds, in bytes, the commit metadata that lists
 // the offsets finished above a partition's frontier (default
 // DefaultMetadataMaxBytes, the broker's default offset.metadata.max.bytes).
-// When the list does not fit, the frontier is committed alone (and the log
-// says so). 0 never writes metadata. n >= 0.
+// When the list does not fit, the longest prefix that fits is written, the
+// runs nearest the frontier first (and the log says so). 0 never writes
+// metadata. n >= 0.
 func WithCommitMetadataLimit(n int) Option {
 	return func(c *config) error {
 		if n < 0 {
