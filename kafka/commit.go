@@ -24,10 +24,11 @@ const metaPrefix = "ks1:"
 // when they do not all fit (or the list was cut short), the encoding is the
 // longest prefix that fits and truncated is true; "" when even the first run
 // does not fit, or there is nothing to say. Offsets past the last listed
-// unfinished one are claimed only when the list is complete.
+// unfinished one are claimed only when the list is complete (a list cut
+// short is not "truncated": only the limit in bytes makes that).
 func encodeFinished(base int64, unfinished []int64, complete bool, highest int64, limit int) (meta string, truncated bool) {
 	if len(unfinished) == 0 {
-		return "", !complete // all finished: the frontier says it all
+		return "", false // all finished: the frontier says it all
 	}
 	var b []byte
 	prev := base // the last offset not covered by a run
@@ -59,7 +60,7 @@ func encodeFinished(base int64, unfinished []int64, complete bool, highest int64
 		last = u
 	}
 	if !complete {
-		return string(b), true
+		return string(b), false
 	}
 	if highest > last && !add(last+1, highest) {
 		return string(b), true

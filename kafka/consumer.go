@@ -67,6 +67,9 @@ type Consumer struct {
 	parkMu sync.Mutex
 	parked map[schedKey]*item
 
+	failMu  sync.Mutex
+	failing map[schedKey]*group // see Consumer.fail
+
 	heldParts  atomic.Int64 // partitions paused by this consumer
 	holding    atomic.Int64 // partitions with held records
 	wakeReq    atomic.Bool
@@ -116,6 +119,7 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		log:        cfg.logger,
 		parts:      make(map[tp]*partition),
 		parked:     make(map[schedKey]*item),
+		failing:    make(map[schedKey]*group),
 		revokeWake: make(chan struct{}, 1),
 		runCtx:     context.Background(),
 		runDone:    make(chan struct{}),
@@ -296,10 +300,10 @@ func (c *Consumer) route(fp kgo.FetchTopicPartition) {
 		p.add(it)
 		groups = c.addTo(p, groups, it, r)
 	}
-	for _, g := range groups {
-		if len(p.held) > 0 || !c.dispatch(g) {
-			p.held = append(p.held, g)
-		}
+	if len(p.held) > 0 {
+		p.held = append(p.held, groups...)
+	} else if len(groups) > 0 {
+		p.held = append(p.held, groups[c.dispatchAll(p, groups):]...)
 	}
 	clear(groups)
 	p.scratch = groups[:0]
@@ -310,15 +314,39 @@ func (c *Consumer) route(fp kgo.FetchTopicPartition) {
 // dispatch submits g without waiting; false when its key or the scheduler
 // is full (or closing).
 func (c *Consumer) dispatch(g *group) bool {
-	comp, err := c.sched.TrySubmit(g, g.key, runGroup)
+	comp, err := c.sched.TrySubmit(c.runCtx, g.key, g.run)
 	if err != nil {
-		if !errors.Is(err, keysched.ErrKeyFull) && !errors.Is(err, keysched.ErrFull) && !errors.Is(err, keysched.ErrClosed) {
-			c.log.Error("kafka: cannot submit records", "topic", g.p.topic, "partition", g.p.id, "records", len(g.items), "err", err)
-		}
+		c.submitError(g, err)
 		return false
 	}
 	g.comp.Store(comp)
 	return true
+}
+
+// dispatchAll submits groups in one batch (one admission, the new chains'
+// heads handed to the workers together) without waiting, and returns how
+// many were accepted: a prefix (p.mu held).
+func (c *Consumer) dispatchAll(p *partition, groups []*group) int {
+	items := p.batch[:0]
+	for _, g := range groups {
+		items = append(items, keysched.BatchItem[schedKey]{Key: g.key, Task: g.run})
+	}
+	comps, err := c.sched.TrySubmitBatch(c.runCtx, items)
+	clear(items)
+	p.batch = items[:0]
+	for i, comp := range comps {
+		groups[i].comp.Store(comp)
+	}
+	if err != nil {
+		c.submitError(groups[len(comps)], err)
+	}
+	return len(comps)
+}
+
+func (c *Consumer) submitError(g *group, err error) {
+	if !errors.Is(err, keysched.ErrKeyFull) && !errors.Is(err, keysched.ErrFull) && !errors.Is(err, keysched.ErrClosed) {
+		c.log.Error("kafka: cannot submit records", "topic", g.p.topic, "partition", g.p.id, "records", len(g.items), "err", err)
+	}
 }
 
 // dispatchHeld retries the held groups of every owned partition, in order
@@ -542,6 +570,13 @@ func (c *Consumer) forget(ps []*partition) {
 		}
 	}
 	c.parkMu.Unlock()
+	c.failMu.Lock()
+	for k, g := range c.failing {
+		if g.p.state.Load() == stGone {
+			delete(c.failing, k)
+		}
+	}
+	c.failMu.Unlock()
 }
 
 // committer commits the owned partitions' frontiers every commit interval

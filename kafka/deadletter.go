@@ -34,9 +34,12 @@ const (
 // interrupted by a revoke or Close, and those of partitions no longer owned,
 // are neither dead-lettered nor finished.
 func (c *Consumer) deadLetter(dl keysched.DeadLetter[schedKey]) {
-	g := groupFrom(dl.Context)
-	if g == nil || errors.Is(dl.Err, keysched.ErrAborted) {
-		return
+	if errors.Is(dl.Err, keysched.ErrAborted) {
+		return // Close gave up before it ran
+	}
+	g := c.failed(dl.Key, nil)
+	if g == nil {
+		return // not a failure of a running group (a revoke cancelled it while queued)
 	}
 	it := g.current() // the record the failed attempts were counted for (see group)
 	if it == nil || it.interrupted.Load() {

@@ -28,12 +28,11 @@ import (
 // key's next group when there is one (it cannot have started: this group
 // holds the key), else into a new group submitted behind this one.
 type group struct {
-	context.Context // values for the handlers: Run's context
-	p               *partition
-	key             schedKey
-	null            bool   // the chain's p.last entry is p.lastNil
-	lastKey         string // else p.last's key; unused under Unordered
-	poll            uint64 // the poll that made it
+	p       *partition
+	key     schedKey
+	null    bool   // the chain's p.last entry is p.lastNil
+	lastKey string // else p.last's key; unused under Unordered
+	poll    uint64 // the poll that made it
 
 	// items, cur and failAt belong to the task that runs the group (and,
 	// before it is submitted, to the poll loop under p.mu; a handing-on
@@ -48,23 +47,6 @@ type group struct {
 	comp     atomic.Pointer[keysched.Completion]
 }
 
-type groupKey struct{}
-
-func (g *group) Value(k any) any {
-	if k == (groupKey{}) {
-		return g
-	}
-	return g.Context.Value(k)
-}
-
-func groupFrom(ctx context.Context) *group {
-	if ctx == nil {
-		return nil
-	}
-	g, _ := ctx.Value(groupKey{}).(*group)
-	return g
-}
-
 // current returns the record the group is at (after a failed attempt: the
 // one that failed).
 func (g *group) current() *item {
@@ -74,9 +56,9 @@ func (g *group) current() *item {
 	return nil
 }
 
-// runGroup is the scheduler task of every group.
-func runGroup(ctx context.Context) error {
-	g := groupFrom(ctx)
+// run is the group's scheduler task. The scheduler's dead-letter function
+// finds a failed group through c.failing (see fail).
+func (g *group) run(ctx context.Context) error {
 	p := g.p
 	if !p.enter(false) {
 		return nil // the partition was revoked: dropped, not finished
@@ -100,10 +82,12 @@ func runGroup(ctx context.Context) error {
 		if errors.Is(ctx.Err(), context.Canceled) {
 			// Interrupted (revoke timeout, Close gave up): not a failure.
 			it.interrupted.Store(true)
+			p.c.fail(g)
 			return err
 		}
 		if g.failAt < 0 || g.failAt == g.cur {
 			g.failAt = g.cur // the scheduler's attempts are this record's
+			p.c.fail(g)
 			return err
 		}
 		it.stash = err
@@ -112,7 +96,32 @@ func runGroup(ctx context.Context) error {
 	}
 	g.items = nil // let go of the records (a finished group may stay in p.last a while)
 	g.finished.Store(true)
+	if g.failAt >= 0 {
+		p.c.failed(g.key, g)
+	}
 	return nil
+}
+
+// fail registers g as its key's failing group, for the dead-letter function
+// (only one group of a key runs at a time, and its dead letter is delivered
+// before the key's next group starts).
+func (c *Consumer) fail(g *group) {
+	c.failMu.Lock()
+	c.failing[g.key] = g
+	c.failMu.Unlock()
+}
+
+// failed takes the failing group of key k (nil if none); with want set, only
+// if it is want.
+func (c *Consumer) failed(k schedKey, want *group) *group {
+	c.failMu.Lock()
+	defer c.failMu.Unlock()
+	g := c.failing[k]
+	if g == nil || (want != nil && g != want) {
+		return nil
+	}
+	delete(c.failing, k)
+	return g
 }
 
 // callHandler runs h, turning a panic into a *keysched.PanicError with the
@@ -137,6 +146,9 @@ func (g *group) handOn(i int) {
 	rest := g.items[i:]
 	g.items = nil
 	g.finished.Store(true)
+	if g.failAt >= 0 {
+		c.failed(g.key, g)
+	}
 	if len(rest) == 0 || !p.active() {
 		return // nothing left, or not ours any more: the next owner handles them
 	}
@@ -158,7 +170,7 @@ func (g *group) handOn(i int) {
 
 // newGroup makes a group of items (p.mu held).
 func (c *Consumer) newGroup(p *partition, key schedKey, null bool, lastKey string, items []*item) *group {
-	g := &group{Context: c.runCtx, p: p, key: key, null: null, lastKey: lastKey, poll: p.polls, items: items, failAt: -1}
+	g := &group{p: p, key: key, null: null, lastKey: lastKey, poll: p.polls, items: items, failAt: -1}
 	for _, it := range items {
 		it.g = g
 	}

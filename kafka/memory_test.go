@@ -30,10 +30,10 @@ func liveHeap() uint64 {
 // the partition's in-flight count never passes the bound plus one poll, and
 // the live heap's growth stays bounded, whatever N.
 //
-// N is 100,000 here (a few seconds without -race); KEYSCHED_KAFKA_STUCK_RECORDS sets
+// N is 60,000 here (a few seconds); KEYSCHED_KAFKA_STUCK_RECORDS sets
 // another (the README's figure: 1,000,000).
 func TestStuckKeyBoundedMemory(t *testing.T) {
-	n := 100_000
+	n := 60_000
 	if v := os.Getenv("KEYSCHED_KAFKA_STUCK_RECORDS"); v != "" {
 		var err error
 		if n, err = strconv.Atoi(v); err != nil || n < 1000 {
@@ -47,11 +47,11 @@ func TestStuckKeyBoundedMemory(t *testing.T) {
 	const (
 		bound      = 4096
 		poll       = 1000
-		valueBytes = 1024
+		valueBytes = 2048
 		// The bound on the live heap's growth while the records stream
 		// past the stuck key: the stuck key's records, one poll, the
 		// client's fetch buffers. Holding every record would take N x
-		// (1024 + ~300) bytes: 132 MB for N = 100,000.
+		// (2048 + ~300) bytes: 141 MB for N = 60,000.
 		maxGrowth = 48 << 20
 	)
 	tc := newCluster(t, 1, "t")
@@ -108,7 +108,7 @@ func TestStuckKeyBoundedMemory(t *testing.T) {
 			maxInFlight, maxHeld = max(maxInFlight, ps.InFlight), max(maxHeld, ps.Held)
 		}
 	}
-	wait := time.Duration(n/100_000+1) * 30 * time.Second // a generous bound, never a result
+	wait := time.Duration(n/60_000+1) * 30 * time.Second // a generous bound, never a result
 	eventuallyWithin(t, wait, "every record but the stuck key's handled", func() bool {
 		sample()
 		return handled.Load() == int64(n)-stuckTotal

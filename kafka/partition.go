@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/keysched/keysched"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -35,22 +36,23 @@ type partition struct {
 	paused   atomic.Bool  // fetching paused by this consumer
 
 	mu            sync.Mutex
-	queue         []*item           // records fetched, in offset order, from the oldest possibly unfinished
-	head          int               // queue[:head] are finished and let go
-	fetched       bool              // a record was seen in this assignment
-	highest       int64             // offset of the highest record seen
-	highestEpoch  int32             // its leader epoch
-	hwm           int64             // high watermark of the last fetch, -1 unknown
-	committed     int64             // last committed offset, -1 none
-	committedMeta string            // and its metadata
-	held          []*group          // groups waiting for room in the scheduler, in offset order per key
-	polls         uint64            // polls routed
-	last          map[string]*group // the last group of each key (KeyOrder; finished ones swept now and then)
-	lastNil       *group            // the last group of the nil key (of the partition, under PartitionOrder)
-	lastSweep     int               // sweep p.last when it grows past this
-	scratch       []*group          // route's
-	holding       bool              // len(held) > 0, as counted in Consumer.holding
-	skip          []span            // offsets finished by an earlier owner (commit metadata)
+	queue         []*item                        // records fetched, in offset order, from the oldest possibly unfinished
+	head          int                            // queue[:head] are finished and let go
+	fetched       bool                           // a record was seen in this assignment
+	highest       int64                          // offset of the highest record seen
+	highestEpoch  int32                          // its leader epoch
+	hwm           int64                          // high watermark of the last fetch, -1 unknown
+	committed     int64                          // last committed offset, -1 none
+	committedMeta string                         // and its metadata
+	held          []*group                       // groups waiting for room in the scheduler, in offset order per key
+	polls         uint64                         // polls routed
+	last          map[string]*group              // the last group of each key (KeyOrder; finished ones swept now and then)
+	lastNil       *group                         // the last group of the nil key (of the partition, under PartitionOrder)
+	lastSweep     int                            // sweep p.last when it grows past this
+	scratch       []*group                       // route's
+	batch         []keysched.BatchItem[schedKey] // dispatchAll's
+	holding       bool                           // len(held) > 0, as counted in Consumer.holding
+	skip          []span                         // offsets finished by an earlier owner (commit metadata)
 	metaWarned    bool
 }
 
