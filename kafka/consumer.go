@@ -300,10 +300,10 @@ func (c *Consumer) route(fp kgo.FetchTopicPartition) {
 		p.add(it)
 		groups = c.addTo(p, groups, it, r)
 	}
-	if len(p.held) > 0 {
-		p.held = append(p.held, groups...)
-	} else if len(groups) > 0 {
-		p.held = append(p.held, groups[c.dispatchAll(p, groups):]...)
+	for _, g := range groups {
+		if len(p.held) > 0 || !c.dispatch(g) {
+			p.held = append(p.held, g)
+		}
 	}
 	clear(groups)
 	p.scratch = groups[:0]
@@ -321,26 +321,6 @@ func (c *Consumer) dispatch(g *group) bool {
 	}
 	g.comp.Store(comp)
 	return true
-}
-
-// dispatchAll submits groups in one batch (one admission, the new chains'
-// heads handed to the workers together) without waiting, and returns how
-// many were accepted: a prefix (p.mu held).
-func (c *Consumer) dispatchAll(p *partition, groups []*group) int {
-	items := p.batch[:0]
-	for _, g := range groups {
-		items = append(items, keysched.BatchItem[schedKey]{Key: g.key, Task: g.run})
-	}
-	comps, err := c.sched.TrySubmitBatch(c.runCtx, items)
-	clear(items)
-	p.batch = items[:0]
-	for i, comp := range comps {
-		groups[i].comp.Store(comp)
-	}
-	if err != nil {
-		c.submitError(groups[len(comps)], err)
-	}
-	return len(comps)
 }
 
 func (c *Consumer) submitError(g *group, err error) {

@@ -69,6 +69,9 @@ func (c *Consumer) deadLetter(dl keysched.DeadLetter[schedKey]) {
 // until ctx ends. Without a dead-letter topic it logs the record.
 func (c *Consumer) produceDeadLetter(ctx context.Context, it *item, cause error, retry bool) error {
 	r := it.record()
+	if r == nil {
+		return nil // finished meanwhile (a record is finished once)
+	}
 	if !c.dlqSet {
 		c.log.Error("kafka: record failed for good (no dead-letter topic: logged and counted finished)",
 			"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "attempts", it.attempts.Load(), "err", cause)
@@ -152,6 +155,9 @@ func (c *Consumer) Parked() []ParkedKey {
 			continue
 		}
 		r := it.record()
+		if r == nil {
+			continue // finished meanwhile
+		}
 		var err error
 		if e := it.lastErr.Load(); e != nil {
 			err = *e

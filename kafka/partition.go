@@ -7,7 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/keysched/keysched"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -36,23 +35,22 @@ type partition struct {
 	paused   atomic.Bool  // fetching paused by this consumer
 
 	mu            sync.Mutex
-	queue         []*item                        // records fetched, in offset order, from the oldest possibly unfinished
-	head          int                            // queue[:head] are finished and let go
-	fetched       bool                           // a record was seen in this assignment
-	highest       int64                          // offset of the highest record seen
-	highestEpoch  int32                          // its leader epoch
-	hwm           int64                          // high watermark of the last fetch, -1 unknown
-	committed     int64                          // last committed offset, -1 none
-	committedMeta string                         // and its metadata
-	held          []*group                       // groups waiting for room in the scheduler, in offset order per key
-	polls         uint64                         // polls routed
-	last          map[string]*group              // the last group of each key (KeyOrder; finished ones swept now and then)
-	lastNil       *group                         // the last group of the nil key (of the partition, under PartitionOrder)
-	lastSweep     int                            // sweep p.last when it grows past this
-	scratch       []*group                       // route's
-	batch         []keysched.BatchItem[schedKey] // dispatchAll's
-	holding       bool                           // len(held) > 0, as counted in Consumer.holding
-	skip          []span                         // offsets finished by an earlier owner (commit metadata)
+	queue         []*item           // records fetched, in offset order, from the oldest possibly unfinished
+	head          int               // queue[:head] are finished and let go
+	fetched       bool              // a record was seen in this assignment
+	highest       int64             // offset of the highest record seen
+	highestEpoch  int32             // its leader epoch
+	hwm           int64             // high watermark of the last fetch, -1 unknown
+	committed     int64             // last committed offset, -1 none
+	committedMeta string            // and its metadata
+	held          []*group          // groups waiting for room in the scheduler, in offset order per key
+	polls         uint64            // polls routed
+	last          map[string]*group // the last group of each key (KeyOrder; finished ones swept now and then)
+	lastNil       *group            // the last group of the nil key (of the partition, under PartitionOrder)
+	lastSweep     int               // sweep p.last when it grows past this
+	scratch       []*group          // route's
+	holding       bool              // len(held) > 0, as counted in Consumer.holding
+	skip          []span            // offsets finished by an earlier owner (commit metadata)
 	metaWarned    bool
 }
 
@@ -218,7 +216,8 @@ func newItem(p *partition, r *kgo.Record) *item {
 	return it
 }
 
-// record returns the record (the original, or the copy detach made).
+// record returns the record (the original, or the copy detach made); nil
+// once the record is finished.
 func (it *item) record() *kgo.Record { return it.rec.Load() }
 
 // detach replaces the record with a copy whose key, value and headers are
@@ -231,7 +230,11 @@ func (it *item) detach() {
 		return
 	}
 	it.detached = true
-	r := *it.rec.Load()
+	orig := it.rec.Load()
+	if orig == nil {
+		return // finished meanwhile
+	}
+	r := *orig
 	r.Key = bytes.Clone(r.Key)
 	r.Value = bytes.Clone(r.Value)
 	if len(r.Headers) > 0 {
@@ -249,6 +252,7 @@ func (it *item) finish() {
 	if !it.done.CompareAndSwap(false, true) {
 		return
 	}
+	it.rec.Store(nil) // its bytes (and its fetch's buffer) need not wait for the tracker
 	p := it.p
 	n := p.inflight.Add(-1)
 	c := p.c

@@ -53,7 +53,9 @@ type Stats struct {
 	// Commits counts partition offsets committed, CommitErrors commits
 	// (or partitions of one) that failed.
 	Commits, CommitErrors uint64
-	// Scheduler is the scheduler's own snapshot.
+	// Scheduler is the scheduler's own snapshot. Its tasks are groups
+	// (the records of one key, or of one partition under PartitionOrder,
+	// from one poll), not records: count records with Finished.
 	Scheduler keysched.Stats
 }
 
