@@ -52,8 +52,8 @@
 //
 // The records of one key (of one partition under PartitionOrder) that
 // arrive in one poll form one scheduler task, handled one after another in
-// offset order; a poll's groups are submitted in one batch. This keeps the
-// adapter's cost per record low; offsets are still tracked record by record,
+// offset order. This keeps the adapter's cost per record low; offsets are
+// still tracked record by record,
 // and retries stay per record (a record that fails after an earlier one of
 // its group failed is handed on, with the rest, to a task of its own). The
 // scheduler's Stats count groups.
