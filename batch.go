@@ -80,6 +80,9 @@ func (s *Scheduler[K]) submitBatch(ctx context.Context, items []BatchItem[K], wa
 		s.core.rejected.Add(uint64(len(items)))
 		return nil, err
 	}
+	if s.cfg.taskAges {
+		return s.submitEach(ctx, items, wait) // nodes with stamps: observe.go
+	}
 	if wait && inTask(ctx) {
 		wait = false
 	}

@@ -2,7 +2,10 @@ package keysched
 
 import (
 	"context"
+	"fmt"
 	"runtime"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -99,13 +102,28 @@ func (r antsRival) gate(context.Context, int, <-chan struct{}) error { return ni
 func (r antsRival) finish(context.Context) error { r.p.Close(); return nil }
 
 func BenchmarkNoOp(b *testing.B) {
+	benchNoOp(b, benchWorkers(), []string{"backlog", "stream"}, true)
+}
+
+// BenchmarkDeepChain is the deep-chain figure of issue 10: no-op tasks on
+// benchKeys integer keys, one submitter far ahead of 16 workers (every one
+// held by a gate until all tasks are submitted), keysched against the lanes
+// (16 of them). Run it with the issue's 400,000 tasks:
+//
+//	go test -run '^$' -bench DeepChain -benchmem -count 8 -benchtime 400000x . | tee deep.txt
+//	benchstat -col /sched deep.txt
+func BenchmarkDeepChain(b *testing.B) {
+	benchNoOp(b, 16, []string{"backlog"}, false)
+}
+
+func benchNoOp(b *testing.B, nw int, modes []string, withAnts bool) {
 	// The closures are made once per run, outside the loop, for every rival.
 	rivals := []struct {
 		name string
 		make func(n int) benchRival
 	}{
 		{"keysched", func(n int) benchRival {
-			s, err := New[int](WithWorkers(benchWorkers()), WithMaxPending(n+benchKeys), WithMaxKeyDepth(n+1))
+			s, err := New[int](WithWorkers(nw), WithMaxPending(n+benchKeys), WithMaxKeyDepth(n+1))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -113,17 +131,20 @@ func BenchmarkNoOp(b *testing.B) {
 		}},
 		{"striped", func(n int) benchRival {
 			// Every lane can hold every task: keys do not spread evenly.
-			return stripedRival{striped.New[int](benchWorkers(), n+benchKeys)}
+			return stripedRival{striped.New[int](nw, n+benchKeys)}
 		}},
 		{"ants", func(int) benchRival {
-			p, err := antspool.New[int](benchWorkers())
+			p, err := antspool.New[int](nw)
 			if err != nil {
 				b.Fatal(err)
 			}
 			return antsRival{p}
 		}},
 	}
-	for _, mode := range []string{"backlog", "stream"} {
+	if !withAnts {
+		rivals = rivals[:2]
+	}
+	for _, mode := range modes {
 		for _, rv := range rivals {
 			b.Run("mode="+mode+"/sched="+rv.name, func(b *testing.B) {
 				ctx := context.Background()
@@ -135,7 +156,7 @@ func BenchmarkNoOp(b *testing.B) {
 				cpu := startCPU(b)
 				if mode == "backlog" {
 					// Hold every worker: keys benchKeys.. are not used below.
-					for w := range benchWorkers() {
+					for w := range nw {
 						if err := r.gate(ctx, benchKeys+w, open); err != nil {
 							b.Fatal(err)
 						}
@@ -165,8 +186,10 @@ func BenchmarkNoOp(b *testing.B) {
 }
 
 // BenchmarkBatch compares, per task, 64 single Submits with one SubmitBatch
-// of 64, on the no-op workload over benchKeys keys (consecutive tasks on
-// different keys: no runs of one key to link together).
+// of 64, on the no-op workload over benchKeys keys: keys=distinct has
+// consecutive tasks on different keys (no runs of one key to link
+// together), keys=runs8 runs of 8 tasks of one key (as a partition's fetch
+// often holds).
 //
 //   - phase=submit: every worker is held by a gate task while the tasks are
 //     submitted; only the submissions are timed (the drain is not). This is
@@ -178,64 +201,70 @@ func BenchmarkNoOp(b *testing.B) {
 //     benchstat -col /submit batch.txt
 func BenchmarkBatch(b *testing.B) {
 	const size = 64
-	for _, phase := range []string{"submit", "all"} {
-		for _, how := range []string{"single", "batch64"} {
-			b.Run("phase="+phase+"/submit="+how, func(b *testing.B) {
-				ctx := context.Background()
-				s, err := New[int](WithWorkers(benchWorkers()), WithMaxPending(b.N+benchKeys+size), WithMaxKeyDepth(b.N+1))
-				if err != nil {
-					b.Fatal(err)
-				}
-				var ran atomic.Int64
-				task := func(context.Context) error { ran.Add(1); return nil }
-				items := make([]BatchItem[int], size)
-				open := make(chan struct{})
-				if phase == "submit" {
-					for w := range benchWorkers() {
-						if _, err := s.Submit(ctx, benchKeys+w, func(context.Context) error { <-open; return nil }); err != nil {
-							b.Fatal(err)
-						}
+	for _, keys := range []string{"distinct", "runs8"} {
+		run := 1
+		if keys == "runs8" {
+			run = 8
+		}
+		for _, phase := range []string{"submit", "all"} {
+			for _, how := range []string{"single", "batch64"} {
+				b.Run("keys="+keys+"/phase="+phase+"/submit="+how, func(b *testing.B) {
+					ctx := context.Background()
+					s, err := New[int](WithWorkers(benchWorkers()), WithMaxPending(b.N+benchKeys+size), WithMaxKeyDepth(b.N+1))
+					if err != nil {
+						b.Fatal(err)
 					}
-				}
-				b.ReportAllocs()
-				b.ResetTimer()
-				cpu := startCPU(b)
-				for i := 0; i < b.N; i += size {
-					m := min(size, b.N-i)
-					if how == "single" {
-						for j := range m {
-							if _, err := s.Submit(ctx, (i+j)%benchKeys, task); err != nil {
+					var ran atomic.Int64
+					task := func(context.Context) error { ran.Add(1); return nil }
+					items := make([]BatchItem[int], size)
+					open := make(chan struct{})
+					if phase == "submit" {
+						for w := range benchWorkers() {
+							if _, err := s.Submit(ctx, benchKeys+w, func(context.Context) error { <-open; return nil }); err != nil {
 								b.Fatal(err)
 							}
 						}
-						continue
 					}
-					for j := range m {
-						items[j] = BatchItem[int]{Key: (i + j) % benchKeys, Task: task}
+					b.ReportAllocs()
+					b.ResetTimer()
+					cpu := startCPU(b)
+					for i := 0; i < b.N; i += size {
+						m := min(size, b.N-i)
+						if how == "single" {
+							for j := range m {
+								if _, err := s.Submit(ctx, (i+j)/run%benchKeys, task); err != nil {
+									b.Fatal(err)
+								}
+							}
+							continue
+						}
+						for j := range m {
+							items[j] = BatchItem[int]{Key: (i + j) / run % benchKeys, Task: task}
+						}
+						if _, err := s.SubmitBatch(ctx, items[:m]); err != nil {
+							b.Fatal(err)
+						}
 					}
-					if _, err := s.SubmitBatch(ctx, items[:m]); err != nil {
+					if phase == "submit" {
+						b.StopTimer()
+						cpu.stop()
+					}
+					close(open)
+					if err := s.Drain(ctx); err != nil {
 						b.Fatal(err)
 					}
-				}
-				if phase == "submit" {
-					b.StopTimer()
-					cpu.stop()
-				}
-				close(open)
-				if err := s.Drain(ctx); err != nil {
-					b.Fatal(err)
-				}
-				if phase != "submit" {
-					b.StopTimer()
-					cpu.stop()
-				}
-				if err := s.Close(ctx); err != nil {
-					b.Fatal(err)
-				}
-				if ran.Load() != int64(b.N) {
-					b.Fatalf("ran %d of %d", ran.Load(), b.N)
-				}
-			})
+					if phase != "submit" {
+						b.StopTimer()
+						cpu.stop()
+					}
+					if err := s.Close(ctx); err != nil {
+						b.Fatal(err)
+					}
+					if ran.Load() != int64(b.N) {
+						b.Fatalf("ran %d of %d", ran.Load(), b.N)
+					}
+				})
+			}
 		}
 	}
 }
@@ -276,6 +305,7 @@ func BenchmarkObserverCost(b *testing.B) {
 				open := make(chan struct{})
 				b.ReportAllocs()
 				b.ResetTimer()
+				cpu := startCPU(b)
 				if mode == "backlog" {
 					for w := range benchWorkers() {
 						if err := r.gate(ctx, benchKeys+w, open); err != nil {
@@ -297,10 +327,138 @@ func BenchmarkObserverCost(b *testing.B) {
 					b.Fatal(err)
 				}
 				b.StopTimer()
+				cpu.stop()
 				if ran.Load() != int64(b.N) {
 					b.Fatalf("ran %d of %d", ran.Load(), b.N)
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkSubmitters runs the no-op stream (submitters and workers at once,
+// GOMAXPROCS workers or lanes, benchKeys keys) from 1, 2 and GOMAXPROCS
+// submitting goroutines (deduplicated), as HTTP handlers publish in a
+// service: keysched against the striped lanes. ns/op is per task.
+//
+//	go test -run '^$' -bench Submitters -benchmem -count 8 . | tee subs.txt
+//	benchstat -col /sched subs.txt
+//
+// It is also the false-sharing guard: every task has the submitters CAS the
+// pending bound's taken word and push to the ready queue, while the workers
+// add to the freed counter and read the wake-up gates. Run it once more from
+// a build with every cache-line pad empty, and compare:
+//
+//	go test -run '^$' -bench 'Submitters/.*/sched=keysched' -count 8 . > pad.txt
+//	go test -tags keysched_nopad -run '^$' -bench 'Submitters/.*/sched=keysched' -count 8 . > nopad.txt
+//	benchstat pad.txt nopad.txt
+//
+// The nopad build is the layout with false sharing: if the default build's
+// figure comes near it, a field has moved onto a hot line (TestHotFieldsOnLinesOfTheirOwn
+// checks the known ones statically).
+func BenchmarkSubmitters(b *testing.B) {
+	counts := []int{1}
+	for _, n := range []int{2, runtime.GOMAXPROCS(0)} {
+		if !slices.Contains(counts, n) {
+			counts = append(counts, n)
+		}
+	}
+	for _, subs := range counts {
+		for _, name := range []string{"keysched", "striped"} {
+			b.Run(fmt.Sprintf("submitters=%d/sched=%s", subs, name), func(b *testing.B) {
+				ctx := context.Background()
+				var r benchRival
+				if name == "keysched" {
+					s, err := New[int](WithWorkers(benchWorkers()), WithMaxPending(b.N+benchKeys), WithMaxKeyDepth(b.N+1))
+					if err != nil {
+						b.Fatal(err)
+					}
+					r = ksRival{s}
+				} else {
+					r = stripedRival{striped.New[int](benchWorkers(), b.N+benchKeys)}
+				}
+				var ran atomic.Int64
+				b.ReportAllocs()
+				b.ResetTimer()
+				cpu := startCPU(b)
+				var wg sync.WaitGroup
+				for g := range subs {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for i := g; i < b.N; i += subs {
+							if err := r.submit(ctx, (i*7919)%benchKeys, &ran); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				if err := r.finish(ctx); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				cpu.stop()
+				if ran.Load() != int64(b.N) {
+					b.Fatalf("ran %d of %d", ran.Load(), b.N)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkTaskContext measures what taskctx.go's cancelCtxKey probe saves:
+// the deep-chain no-op workload (16 workers, tasks queued behind gates),
+// submitted with a cancellable context, as a request handler's would be.
+// ctx=probe is the scheduler as built; ctx=withoutcancel forces the fallback
+// (context.WithoutCancel per submission, as if the probe found no key).
+//
+//	go test -run '^$' -bench TaskContext -benchmem -count 8 -benchtime 400000x . | tee ctx.txt
+//	benchstat -col /ctx ctx.txt
+func BenchmarkTaskContext(b *testing.B) {
+	for _, how := range []string{"probe", "withoutcancel"} {
+		b.Run("ctx="+how, func(b *testing.B) {
+			if how == "withoutcancel" {
+				saved := cancelCtxKey
+				cancelCtxKey = nil // no scheduler is running: set before New, restored after Close
+				defer func() { cancelCtxKey = saved }()
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			const workers = 16
+			s, err := New[int](WithWorkers(workers), WithMaxPending(b.N+benchKeys), WithMaxKeyDepth(b.N+1))
+			if err != nil {
+				b.Fatal(err)
+			}
+			var ran atomic.Int64
+			task := func(context.Context) error { ran.Add(1); return nil }
+			open := make(chan struct{})
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu := startCPU(b)
+			for w := range workers {
+				if _, err := s.Submit(ctx, benchKeys+w, func(context.Context) error { <-open; return nil }); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for i := range b.N {
+				if _, err := s.Submit(ctx, i%benchKeys, task); err != nil {
+					b.Fatal(err)
+				}
+			}
+			close(open)
+			if err := s.Drain(ctx); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			cpu.stop()
+			if err := s.Close(ctx); err != nil {
+				b.Fatal(err)
+			}
+			if ran.Load() != int64(b.N) {
+				b.Fatalf("ran %d of %d", ran.Load(), b.N)
+			}
+		})
 	}
 }

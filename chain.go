@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
-
-	"github.com/puzpuzpuz/xsync/v3"
 )
 
 // A Task is the work for one event. Its context carries the values of the
@@ -54,6 +52,8 @@ type Scheduler[K comparable] struct {
 
 	obsPanics atomic.Uint64 // panics recovered from obs's functions
 
+	letters letterQueue[K] // dead letters of aborted tasks (close.go)
+
 	// passed is stored in a finished task's next once its key has moved on
 	// past it: a walker that meets it knows to look at the head again.
 	passed *node[K]
@@ -96,17 +96,18 @@ type chainHdr struct {
 	depth   atomic.Int64               // queued + running tasks of the key
 	waiters atomic.Int32               // submitters waiting for room on the key
 	wake    chan struct{}              // closed to wake them; guarded by Scheduler.keyMu
+	tail    *Completion                // the chain's last task; only inside a Compute on the key
 }
 
 // core is the part of a scheduler that Completions reach: counters, the abort
 // flag and the registry of task contexts someone waits on.
 type core struct {
 	aborting atomic.Bool
-	// The counters that every task touches are striped (xsync.Counter), so
+	// The counters that every task touches are striped (counter, counter.go), so
 	// that workers on different cores do not contend for one cache line.
-	running      *xsync.Counter
-	submitted    *xsync.Counter
-	outcomes     [numOutcomes]*xsync.Counter
+	running      *counter
+	submitted    *counter
+	outcomes     [numOutcomes]*counter
 	rejected     atomic.Uint64
 	retried      atomic.Uint64
 	deadLettered atomic.Uint64
@@ -114,6 +115,8 @@ type core struct {
 	// passing counts, once Close has given up, tasks whose pending slot is
 	// released and whose Completion is about to be done (see pass).
 	passing atomic.Int64
+	// delivering counts dead letters taken and not yet delivered.
+	delivering atomic.Int64
 
 	watchMu sync.Mutex
 	watched map[*lazyChan]struct{}
@@ -162,6 +165,23 @@ func (k *core) publish(c *Completion) {
 	if g := c.sig.Load(); g != nil { // else Done, when called, sees stDone
 		g.done.close()
 	}
+}
+
+// holdPassage makes c, which Close's abort takes while it is still on its
+// key's chain, wait to be done until its key has passed it (passedOn), as
+// well as for its dead letter: once its Completion is done, Stats no longer
+// counts it or, if it was the last, its key.
+func (k *core) holdPassage(c *Completion) { c.ctxBits.Add(dlUnit | ctxPassHold) }
+
+// passedOn is called by the runner that passed c, decided and not yet done:
+// it drops c's passage hold, if it has one, else publishes c.
+func (k *core) passedOn(c *Completion) {
+	if c.ctxBits.Load()&ctxPassHold == 0 {
+		k.publish(c)
+		return
+	}
+	c.ctxBits.And(^ctxPassHold) // only the runner that passed c clears it
+	k.endLetter(c)
 }
 
 // endLetter records that a dead letter of c (counted by Scheduler.letter) was
@@ -242,11 +262,11 @@ func New[K comparable](opts ...Option) (*Scheduler[K], error) {
 	s.pending.max = int64(cfg.maxPending)
 	s.parked.m = make(map[K]*node[K])
 	s.core.watched = make(map[*lazyChan]struct{})
-	s.core.running, s.core.submitted = xsync.NewCounter(), xsync.NewCounter()
+	s.core.running, s.core.submitted = newCounter(), newCounter()
 	for i := range s.core.outcomes {
-		s.core.outcomes[i] = xsync.NewCounter()
+		s.core.outcomes[i] = newCounter()
 	}
-	s.pending.freed = xsync.NewCounter()
+	s.pending.freed = newCounter()
 	s.core.wakeStalled = s.wakeStalled
 	w, err := newWorkers(&s.cfg, s.runLoop, s.ready.nonEmpty)
 	if err != nil {
@@ -280,6 +300,23 @@ func (s *Scheduler[K]) TrySubmit(ctx context.Context, key K, task Task) (*Comple
 	return s.submit(ctx, key, task, false)
 }
 
+// submit is the hot path's first half (run.go's runLoop is the second).
+//
+// Atomic read-modify-writes per task, for a task appended to a live key and
+// run by a runner already on that key (the deep-chain case), counted on the
+// code as it is (keep this count true when changing the path):
+//
+//	submit:  pending.taken CAS, submitted Add, the bucket lock's CAS and its
+//	         unlock, depth Add                                          5
+//	run:     state CAS (queued -> running), ctxBits Or (started),
+//	         running Add +1 and -1, ctxBits Or (ended), outcome Add,
+//	         depth Add, freed Add                                       8
+//
+// 13 in all, plus four sequentially consistent stores (the predecessor's
+// next, state = done, the header's head, next = passed), which are an XCHG
+// each on amd64. A task that starts its key adds a ready-queue push and pop
+// (a mutex each, and the queue's length Add) and a runner-slot CAS. The
+// counters (counter.go) are striped: their Adds rarely contend.
 func (s *Scheduler[K]) submit(ctx context.Context, key K, task Task, wait bool) (*Completion, error) {
 	if err := s.check(ctx, key, task); err != nil {
 		s.core.rejected.Add(1)
@@ -360,11 +397,11 @@ func (s *Scheduler[K]) KeyDepth(key K) int {
 	if s.keyCheck && !validKey(key) {
 		return 0
 	}
-	tail, ok := s.tails.load(key)
+	ch, ok := s.tails.load(key)
 	if !ok {
 		return 0
 	}
-	return int(tail.hdr.depth.Load())
+	return int(ch.depth.Load())
 }
 
 // Drain waits until every task accepted so far has finished, or ctx ends.
@@ -404,12 +441,18 @@ func (s *Scheduler[K]) awaitPassing() {
 // as unfinished until Resume or Skip); then Close releases the scheduler's
 // own pool (not one given with WithPool) and returns nil.
 //
-// If ctx ends first, Close cancels the contexts of running tasks, completes
-// every task that has not started (including retries waiting out a backoff
-// and parked keys) with ErrAborted, hands those to the dead-letter function,
-// and returns an error wrapping ErrAborted and ctx's error that says how many
-// did not run. A task that ignores its context keeps its worker until it
-// returns.
+// If ctx ends first, Close gives up: it cancels the contexts of running
+// tasks, completes every task that has not started (including retries
+// waiting out a backoff and parked keys) with ErrAborted and hands those to
+// the dead-letter function, and returns a *CloseError (wrapping ErrAborted
+// and ctx's error) that says how many did not run. It returns within
+// CloseGrace (100 ms) of giving up, however long the backlog: the aborted
+// tasks' dead letters are delivered concurrently (each key's in its order,
+// on up to one goroutine per worker, at most 64), and what is not finished
+// by then (dead letters still being delivered, tasks still running, a
+// backlog not yet walked) is counted in the *CloseError and goes on in the
+// background; nothing is dropped. A task that ignores its context keeps its
+// worker until it returns.
 //
 // Close is idempotent: later calls wait for the first to finish and return
 // its result; if a later call's ctx ends first, the first Close gives up as
@@ -417,11 +460,11 @@ func (s *Scheduler[K]) awaitPassing() {
 // key can be escalated). With a task's context it returns ErrInsideTask and
 // does nothing.
 //
-// The dead letters of the tasks Close gives up on are delivered before it
-// returns (Close waits up to about 100 ms more for those a worker was already
-// delivering). When it returns with an error, tasks still running (and the
-// aborted tasks queued behind them) hold their slots in Stats until they
-// return; everything else is settled.
+// When it returns with an error, tasks still running (and the aborted tasks
+// queued behind them) and dead letters still being delivered hold their
+// slots in Stats until they are done; each such task's Completion is done
+// once its key no longer counts it and its dead letter was delivered, so
+// once every Completion is done Stats is settled.
 func (s *Scheduler[K]) Close(ctx context.Context) error {
 	if ctx == nil {
 		return ErrNilContext
@@ -446,11 +489,7 @@ func (s *Scheduler[K]) Close(ctx context.Context) error {
 	close(s.closing)
 	var err error
 	if werr := s.pending.waitIdle(ctx, s.giveUp); werr != nil {
-		before := s.core.notRun.Load()
-		s.abort()
-		s.settle()
-		err = fmt.Errorf("keysched: close: %d accepted tasks did not run (%w), %d still running: %w",
-			s.core.notRun.Load()-before, ErrAborted, s.core.running.Value(), werr)
+		err = s.giveUpOnTasks(werr) // close.go
 		_ = s.workers.release(nil)
 	} else {
 		// Every task and dead letter is done: only idle workers are left to
@@ -475,31 +514,34 @@ func (s *Scheduler[K]) Close(ctx context.Context) error {
 }
 
 // abort gives up on every task that has not started: Close's context ended.
-// (Each task it completes with ErrAborted is counted in core.notRun.)
+// (Each task it completes with ErrAborted is counted in core.notRun.) The
+// caller has set core.aborting and cancelled the running tasks' contexts.
 func (s *Scheduler[K]) abort() {
-	s.core.aborting.Store(true)
-	s.core.cancelWatched()
-	s.tails.m.Range(func(_ K, tail *node[K]) bool {
-		s.abortChain(tail.hdr)
+	s.tails.m.Range(func(_ K, ch *chainHdr) bool {
+		s.abortChain(ch)
 		return true
 	})
 }
 
-// settle moves keys past the tasks abort finished, so that when Close returns
-// Stats and KeyDepth count only what is still held by running tasks (and
-// queued behind them). It takes what is in the ready queue itself (step runs
-// no task while the scheduler aborts: it finishes them), then gives runners
-// that are moving keys on a moment to finish, up to about 100ms.
-func (s *Scheduler[K]) settle() {
-	deadline := time.Now().Add(100 * time.Millisecond)
+// settle moves keys past the tasks abort finished, so that Stats and
+// KeyDepth count only what is still held by running tasks (and queued behind
+// them). It takes what is in the ready queue itself (step runs no task while
+// the scheduler aborts: it finishes them), then waits for runners that are
+// moving keys on and for dead letters being delivered, until stop is closed.
+func (s *Scheduler[K]) settle(stop <-chan struct{}) {
 	for i := 0; ; i++ {
 		for n := s.ready.pop(); n != nil; n = s.ready.pop() {
 			for n != nil && s.step(n) {
 				n = s.pass(n)
 			}
 		}
-		if s.pending.count() <= s.heldByRunning() && s.core.passing.Load() == 0 || time.Now().After(deadline) {
+		if s.core.delivering.Load() == 0 && s.core.passing.Load() == 0 && s.pending.count() <= s.heldByRunning() {
 			return
+		}
+		select {
+		case <-stop:
+			return
+		default:
 		}
 		if i < 100 {
 			runtime.Gosched()
@@ -514,9 +556,9 @@ func (s *Scheduler[K]) settle() {
 // attempt has returned is being finished by its worker: that settles.)
 func (s *Scheduler[K]) heldByRunning() int64 {
 	var held int64
-	s.tails.m.Range(func(_ K, tail *node[K]) bool {
-		if h := tail.hdr.head.Load(); h != nil && h.state.Load() == stRunning && !attemptEnded(h) {
-			held += tail.hdr.depth.Load()
+	s.tails.m.Range(func(_ K, ch *chainHdr) bool {
+		if h := ch.head.Load(); h != nil && h.state.Load() == stRunning && !attemptEnded(h) {
+			held += ch.depth.Load()
 		}
 		return true
 	})
@@ -533,8 +575,11 @@ func (s *Scheduler[K]) abortChain(ch *chainHdr) {
 	if h := ch.head.Load(); h != nil {
 		n = nodeOf[K](h)
 	}
+	var letters []DeadLetter[K] // delivered in the chain's order, by one deliverer
 	for n != nil {
-		s.abortNode(n)
+		if dl, ok := s.takeAborted(n); ok {
+			letters = append(letters, dl)
+		}
 		next := n.next.Load()
 		if next == s.passed {
 			next = nil
@@ -544,10 +589,23 @@ func (s *Scheduler[K]) abortChain(ch *chainHdr) {
 		}
 		n = next
 	}
+	if len(letters) > 0 {
+		s.deliverLater(letters)
+	}
 }
 
-// abortNode completes n with ErrAborted if it has not started.
+// abortNode completes n with ErrAborted if it has not started, and has its
+// dead letter delivered by a deliverer (deliverLater).
 func (s *Scheduler[K]) abortNode(n *node[K]) {
+	if dl, ok := s.takeAborted(n); ok {
+		s.deliverLater([]DeadLetter[K]{dl})
+	}
+}
+
+// takeAborted completes n with ErrAborted if it has not started, and returns
+// its dead letter, to be delivered with deliverLater (it holds its pending
+// slot, and n is done once it is delivered).
+func (s *Scheduler[K]) takeAborted(n *node[K]) (DeadLetter[K], bool) {
 	c := &n.Completion
 	for {
 		switch st := c.state.Load(); st {
@@ -558,16 +616,17 @@ func (s *Scheduler[K]) abortNode(n *node[K]) {
 			// No user code between taking it and deciding it (see step). It
 			// is done once its dead letter was delivered.
 			dl := s.letter(n, ErrAborted)
+			s.holdLetter()
+			s.core.holdPassage(c)
 			s.core.decide(c, outAborted, ErrAborted)
 			s.core.notRun.Add(1)
 			if st != stQueued {
 				s.wakeStalled(c, st)
 			}
 			s.core.publish(c)
-			s.deliver(dl)
-			return
+			return dl, true
 		default:
-			return
+			return DeadLetter[K]{}, false
 		}
 	}
 }

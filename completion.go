@@ -72,6 +72,7 @@ const (
 	ctxCancelReq                    // Completion only: Cancel was called
 	ctxStarted                      // Completion only: the first attempt started
 	ctxPubReq                       // Completion only: decided while a dead letter was being delivered
+	ctxPassHold                     // Completion only: aborted in its chain; done once passed (see core.passedOn)
 )
 
 // dlUnit counts, in a Completion's ctxBits above the flags, the dead letters
@@ -125,6 +126,7 @@ type taskExtra struct {
 	attempts atomic.Int32                 // attempts started, when > 1 or timed
 	cur      atomic.Pointer[attemptState] // the running attempt's context, when not the inline one
 	fail     failureRecord
+	waiting  atomic.Pointer[waitRec] // a Wait made with the task's context, in progress (deadlock.go)
 }
 
 // extra returns the task's extra part, making it. Its owner (its runner, or
@@ -162,7 +164,8 @@ func (c *Completion) core() *core { return c.hdr.core }
 // Done returns a channel closed once the task has reached its terminal
 // outcome. By then Stats counts that outcome, and the task's dead letter, if
 // it has one, was delivered (see WithDeadLetter). The channel is made on the
-// first call.
+// first call. A task that receives from it to wait for another task is not
+// checked for a deadlock (see ErrDeadlock): use Wait with the task's context.
 func (c *Completion) Done() <-chan struct{} {
 	g := c.signals()
 	ch, made := g.done.get()
@@ -189,12 +192,22 @@ func (c *Completion) Err() error {
 
 // Wait blocks until the task is done and returns Err, or returns ctx's error
 // if ctx ends first (the task is not affected). A nil ctx gets ErrNilContext.
+//
+// Called with the context of a running task (or one derived from it), Wait
+// fails at once with an error wrapping ErrDeadlock when the wait could never
+// end: c is that task itself or a later task of its own key, or the wait
+// closes a cycle of waits (task A waits for a task queued behind task B on
+// another key, B waits for one behind A; longer cycles too, across
+// schedulers). See ErrDeadlock for what is and is not detected.
 func (c *Completion) Wait(ctx context.Context) error {
 	if c.state.Load() == stDone {
 		return c.Err()
 	}
 	if ctx == nil {
 		return ErrNilContext
+	}
+	if t := waiterTask(ctx); t != nil {
+		return c.waitAsTask(ctx, t)
 	}
 	select {
 	case <-c.Done():

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -96,7 +97,7 @@ func TestStatsSettledBehindTasksCloseLeftRunning(t *testing.T) {
 		ctx := watchdog(t)
 		gate := make(chan struct{})
 		started := make(chan struct{}, 4)
-		var running []*Completion
+		var running, all []*Completion
 		for k := range 4 {
 			c, err := s.Submit(ctx, k, func(context.Context) error {
 				started <- struct{}{}
@@ -105,9 +106,11 @@ func TestStatsSettledBehindTasksCloseLeftRunning(t *testing.T) {
 			})
 			require.NoError(t, err)
 			running = append(running, c)
+			all = append(all, c)
 			for range 3 {
-				_, err := s.Submit(ctx, k, func(context.Context) error { return nil })
+				c, err := s.Submit(ctx, k, func(context.Context) error { return nil })
 				require.NoError(t, err)
+				all = append(all, c)
 			}
 		}
 		for range 4 {
@@ -119,6 +122,9 @@ func TestStatsSettledBehindTasksCloseLeftRunning(t *testing.T) {
 		close(gate)
 		for _, c := range running {
 			require.NoError(t, c.Wait(ctx))
+		}
+		for _, c := range all { // the aborted ones: done once dead-lettered
+			_ = c.Wait(ctx)
 		}
 		st := s.Stats()
 		require.Zero(t, st.Pending, "%+v", st)
@@ -252,4 +258,41 @@ func TestCancelAndAbortOfParkedDoneOnlyAfterDeadLetter(t *testing.T) {
 		require.ErrorIs(t, c.Wait(watchdog(t)), ErrAborted)
 		require.ErrorIs(t, <-closed, ErrAborted)
 	})
+}
+
+// A task Close's abort takes while it waits in its key's chain (here: keys
+// whose heads wait for the one busy worker) is done only once its key has
+// moved past it, as well as after its dead letter: a watcher that sees its
+// Completion done finds the key no longer holding it, while Close still runs.
+func TestAbortedTaskDoneOnlyOnceItsKeyMovedOn(t *testing.T) {
+	const keys = 20_000
+	s, err := New[int](WithLogger(quiet), WithWorkers(1), WithMaxPending(keys+1), WithDeadLetter(func(DeadLetter[int]) {}))
+	require.NoError(t, err)
+	ctx := watchdog(t)
+	gate, started := make(chan struct{}), make(chan struct{})
+	_, err = s.Submit(ctx, -1, func(context.Context) error { close(started); <-gate; return nil })
+	require.NoError(t, err)
+	<-started
+	cs := make([]*Completion, keys)
+	for k := range keys {
+		cs[k], err = s.Submit(ctx, k, func(context.Context) error { return nil })
+		require.NoError(t, err)
+	}
+	var bad atomic.Int64
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for k, c := range cs {
+			<-c.Done()
+			if s.KeyDepth(k) != 0 {
+				bad.Add(1)
+			}
+		}
+	}()
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, s.Close(ended), ErrAborted)
+	<-watched
+	close(gate)
+	require.Zero(t, bad.Load(), "aborted tasks done while their keys still held them")
 }

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
-
-	"github.com/puzpuzpuz/xsync/v3"
 )
 
 // This file holds the bounds: the per-key depth (queued plus running tasks of
@@ -64,17 +62,17 @@ func (g *gate) wake() {
 // flag lives in the taken word: "is the scheduler closed?" and "take a slot"
 // are one CompareAndSwap, so no task is accepted once Close has started.
 type pendingBound struct {
-	_     [64]byte     // taken is written by every submission: away from what workers read
+	_     padLine      // taken is written by every submission: away from what workers read
 	taken atomic.Int64 // slots ever taken | closedBit
-	_     [56]byte
-	freed *xsync.Counter // slots ever freed
+	_     padAfter8
+	freed *counter // slots ever freed
 	// seen is a recent value of freed, kept by submitters so that most
 	// submissions need not sum the workers' stripes. It only lags, so a bound
 	// check against it is conservative; a submitter that finds no room
 	// through it sums freed itself.
 	seen atomic.Int64
 	max  int64
-	_    [48]byte
+	_    padAfter24
 	// The gates are read by every release (are there waiters?) and written
 	// only when someone waits: a line of their own, away from the counters
 	// and the ready queue, keeps those reads cheap.

@@ -59,14 +59,15 @@
 // and appends the task to its key's chain inside one atomic operation on
 // that key of a concurrent map, provided the key has room ([WithMaxKeyDepth]).
 // At either bound Submit waits for room and [Scheduler.TrySubmit] fails (see
-// Bounds). Once Submit returns a *Completion, the task will reach exactly one
-// outcome. Acceptance is decided atomically with [Scheduler.Close]: a task is
+// Bounds). [Scheduler.SubmitBatch] accepts many tasks as that many Submits
+// would, for less. Once Submit returns a *Completion, the task will reach
+// exactly one outcome. Acceptance is decided atomically with [Scheduler.Close]: a task is
 // either accepted, and then run or aborted, or refused with [ErrClosed].
 //
 // Queued behind its key. A task whose key had no chain is its key's head: it
 // goes to the ready queue at once, and a runner is started for it if fewer
 // than the worker bound are running. Any other task is a node in its key's
-// chain, about 100 bytes: no goroutine, no worker, no timer. Nobody waits
+// chain, under 100 bytes: no goroutine, no worker, no timer. Nobody waits
 // for a predecessor; whoever finishes a task hands its key on.
 //
 // Run. A runner is one function on one worker of the ants pool. It takes the
@@ -99,7 +100,10 @@
 // head, until [Scheduler.Resume] runs it again or [Scheduler.Skip] gives it
 // up. A task withdrawn by Cancel before it ran ends with context.Canceled;
 // one that Close gave up on before it ran ends with [ErrAborted] and is
-// dead-lettered too. Then its key moves on.
+// dead-lettered too. Then its key moves on. A task's outcome is counted in
+// Stats before its Completion is done, and its Completion is done only once
+// its dead letter, if it has one, was delivered: code that acknowledges an
+// event (commits an offset) when its Completion is done can rely on both.
 //
 // # Bounds, and what happens at each
 //
@@ -126,24 +130,35 @@
 // from it) never waits, at either bound; it fails at once with ErrKeyFull or ErrFull, since a task
 // waiting for room on its own key, or every worker waiting for room, is a
 // deadlock. [Scheduler.Drain] and Close made with a task's context return
-// [ErrInsideTask].
+// [ErrInsideTask]. [Completion.Wait] made with a task's context returns
+// [ErrDeadlock] when the wait could never end: on the task itself, on a later
+// task of its own key, or closing a cycle of such waits across keys.
 //
 // Time: [WithTaskTimeout] puts a deadline on each attempt's context; a
 // timed-out attempt that returns an error is a failed, retryable attempt.
 // RetryPolicy.MaxBackoff caps each retry delay (default the larger of
 // InitialBackoff and one minute). Close's context bounds shutdown: when it
-// ends, running tasks' contexts are cancelled and every task that has not
-// started is aborted.
+// ends, running tasks' contexts are cancelled, every task that has not
+// started is aborted and dead-lettered, and Close returns within
+// [CloseGrace] with a [*CloseError] saying what did not run and what was
+// still running or being delivered (that goes on in the background;
+// nothing is dropped).
 //
 // # What each call costs
 //
-// Submit: one allocation for the task's node, which is also its Completion
-// (and, for a key without a chain, its chain header), and one map entry;
-// about 100 bytes in two allocations (TestSubmitAllocations holds it). One
-// atomic compute on the key in the map; for a key's head, a ready-queue push
+// Submit: for a task behind others of its key, one allocation of at most 96
+// bytes, its node, which is also its Completion; for a task that starts its
+// key's chain, two: its node with the chain header, and the map's entry for
+// the key (TestSubmitAllocations holds both). One atomic compute on the key
+// in the map; for a key's head, a ready-queue push
 // and perhaps a runner started through ants. A queued task has no goroutine,
 // and Submit never waits for a worker: it waits only at a bound, and only
 // until its context ends.
+//
+// SubmitBatch: one admission against the pending bound for the whole batch,
+// one allocation for all its tasks' nodes, and consecutive items of one key
+// appended to its chain in one map operation. The accepted tasks are always a
+// prefix of the batch; the error says why the next one was refused.
 //
 // Completion: [Completion.Err] is two atomic loads. [Completion.Done], and
 // [Completion.Wait] on a task not yet done, make the task's done channel on
@@ -155,15 +170,34 @@
 // its context ends, sleep on a channel that the completion bringing the
 // pending count to zero closes; they do not poll.
 //
+// # Watching it
+//
+// [Scheduler.Stats] counts every outcome; [Scheduler.KeyDepth] and
+// [Scheduler.Parked] answer for one key or the parked ones. With
+// [WithTaskAges] (one monotonic clock read per accepted task),
+// [Scheduler.OldestAge], [Scheduler.KeyAge] and [Scheduler.Keys] tell how long
+// the oldest unfinished tasks have waited and which keys hold the most: for
+// a metrics collection or a debug endpoint, not per task (Keys and OldestAge
+// walk every live key). [WithObserver] calls your functions when a task is
+// accepted, when each attempt starts and ends, and when a task is
+// dead-lettered, for latency histograms; a scheduler without one pays a nil
+// check per event. Never make a key a metric attribute: keys are unbounded
+// and often personal data. The otelkeysched module of this repository
+// exports all of it as OpenTelemetry metrics.
+//
 // # Where each mechanism lives
 //
 //   - doc.go: this overview.
 //   - chain.go: the public face. [Scheduler], [New], Submit, TrySubmit,
 //     KeyDepth, Drain, Close (and its abort), [Stats]; the task node.
-//   - tailmap.go: the concurrent map (xsync MapOf) from each live key to its
-//     chain's tail. Appending a task and removing a drained key each happen
+//   - batch.go: SubmitBatch and TrySubmitBatch.
+//   - tailmap.go: the concurrent map (xsync Map) from each live key to its
+//     chain's header, which holds the tail. Appending a task and removing a drained key each happen
 //     inside one Compute on that key; invalid keys are refused before they
 //     reach it.
+//   - close.go: what Close does once it gives up: abort what has not
+//     started, deliver those dead letters concurrently, return within
+//     CloseGrace with a [CloseError].
 //   - depth.go: the bounds. The per-key depth, the pending count (with the
 //     closed flag in the same word, so "closed?" and "take a slot" are one
 //     CompareAndSwap), and the waiting protocol that loses no wake-up.
@@ -175,8 +209,13 @@
 //     [DeadLetter], [FailurePolicy], Park, Resume and Skip.
 //   - completion.go: the [Completion] handle, the task states and their
 //     transitions, Cancel, the lazily made channels.
+//   - deadlock.go: finding waits that can never end ([ErrDeadlock]).
 //   - taskctx.go: the task's context (values kept, cancellation its own),
 //     recognising a task's context, [Attempt].
+//   - observe.go: [Observer] and WithObserver, task ages (WithTaskAges,
+//     OldestAge, KeyAge), the per-key inspection Keys.
+//   - counter.go and pad.go: striped counters and cache-line padding, so
+//     that submitters and workers on different cores do not share lines.
 //   - options.go and errors.go: options and their defaults; sentinel errors,
 //     [PanicError], [Permanent].
 //
@@ -187,8 +226,9 @@
 //
 // Your handlers are tiny and uniform and no key is ever slow: striped lanes
 // (hash the key onto one of N goroutines, each with its own queue) cost a
-// fraction of keysched's time per task (a fifth to a quarter on a
-// no-op handler, measured in the repository's docs/benchmarks.md). They pay
+// fraction of keysched's time per task (a fifth to a third on a
+// no-op handler, measured in the repository's docs/benchmarks.md and
+// docs/performance.md). They pay
 // for it with head-of-line blocking: one slow key stalls every key that
 // hashes onto its lane.
 //
@@ -198,7 +238,10 @@
 // You need durability, exactly-once side effects, or one order across keys:
 // keysched holds tasks in memory and promises none of these. Put a log in
 // front (Kafka, a database outbox) and acknowledge an event only when its
-// Completion reports success.
+// Completion reports success; the kafka module of this repository does that
+// for a franz-go group consumer, with key-level parallelism inside each
+// partition, and its db module gives a transactional outbox and an idempotent
+// inbox (exactly-once effects on a database, over at-least-once delivery).
 //
 // You want typed publish/subscribe with several subscribers per event, each
 // with its own order, bounds and dead letters: package

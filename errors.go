@@ -39,6 +39,28 @@ var (
 	// context a keysched task received (or DeadLetter.Context), of any
 	// scheduler: the call could wait for the very task that makes it.
 	ErrInsideTask = errors.New("keysched: called with a task's context; it could wait for that task")
+	// ErrDeadlock is returned (wrapped) by Completion.Wait, called with the
+	// context of a running task T, when the wait could never end:
+	//
+	//   - the waited task is T itself, or a later task of T's own key (it
+	//     can run only after T returns);
+	//   - the wait closes a cycle of waits: the waited task N can run only
+	//     after the task now running at the head of N's key, which itself
+	//     waits (with its own context) for a task that can run only after
+	//     ..., back to T's key. Cycles of any length up to 65,536 waits, across
+	//     keys and schedulers, are found when the wait that closes them
+	//     begins, by a walk that costs nothing to tasks that never wait.
+	//
+	// A wait on another key's task that can still run is allowed. Only waits
+	// made with the task's context are seen: a task waiting with another
+	// context (context.Background()), by receiving from Completion.Done, or
+	// with goroutines of its own is invisible, as are deadlocks through
+	// anything other than Completion.Wait (a channel, a mutex, a pool with
+	// every worker waiting). When two waits close one cycle at the same
+	// instant, both may fail (each saw the other's wait); a cycle is reported
+	// only if every wait in it was seen in progress at one instant, so a
+	// chain of waits that moves on while it is walked is never reported.
+	ErrDeadlock = errors.New("keysched: wait could never end (deadlock)")
 	// ErrNotParked is returned by Resume and Skip for a key that is not parked.
 	ErrNotParked = errors.New("keysched: key is not parked")
 	// ErrInvalidOption is wrapped by every error New returns for a bad option.

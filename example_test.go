@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,6 +45,26 @@ func Example() {
 }
 
 // A Completion reports one task's outcome.
+// A task that waits for a later task of its own key would wait forever (that
+// task can run only after it returns): Wait, given the task's context, fails
+// at once with ErrDeadlock. So does a wait that closes a cycle of waits
+// through other keys.
+func ExampleCompletion_Wait_deadlock() {
+	ctx := context.Background()
+	s, _ := keysched.New[string](keysched.WithLogger(slog.New(slog.DiscardHandler)))
+	defer s.Close(ctx)
+
+	c, _ := s.Submit(ctx, "account-1", func(tctx context.Context) error {
+		later, err := s.Submit(tctx, "account-1", func(context.Context) error { return nil })
+		if err != nil {
+			return err
+		}
+		return later.Wait(tctx) // with the task's own context
+	})
+	fmt.Println(errors.Is(c.Wait(ctx), keysched.ErrDeadlock))
+	// Output: true
+}
+
 func ExampleCompletion_Wait() {
 	ctx := context.Background()
 	s, _ := keysched.New[int]()
@@ -188,13 +209,17 @@ func ExampleScheduler_Close() {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
-	err := s.Close(ctx)
-	fmt.Println(errors.Is(err, keysched.ErrAborted), errors.Is(queued.Err(), keysched.ErrAborted))
+	err := s.Close(ctx)         // returns within keysched.CloseGrace of ctx's end
+	var ce *keysched.CloseError // what it gave up on, counted
+	fmt.Println(errors.Is(err, keysched.ErrAborted), errors.As(err, &ce))
+	// Done once its dead letter (here: logged) was delivered.
+	fmt.Println(errors.Is(queued.Wait(context.Background()), keysched.ErrAborted))
 	<-release
 	_, err = s.Submit(context.Background(), "slow", func(context.Context) error { return nil })
 	fmt.Println(err)
 	// Output:
 	// true true
+	// true
 	// keysched: scheduler closed
 }
 
@@ -562,4 +587,37 @@ func ExampleScheduler_Resume() {
 	// parked after 2 attempts: [account-9]
 	// attempt 3
 	// <nil> []
+}
+
+// SubmitBatch accepts what arrives in batches (a fetch from a log, say) as
+// that many Submits would, for less; each key keeps the batch's order.
+func ExampleScheduler_SubmitBatch() {
+	ctx := context.Background()
+	s, _ := keysched.New[string]()
+	defer s.Close(ctx)
+
+	var mu sync.Mutex
+	seen := map[string][]int{}
+	record := func(key string, offset int) keysched.BatchItem[string] {
+		return keysched.BatchItem[string]{Key: key, Task: func(context.Context) error {
+			mu.Lock()
+			defer mu.Unlock()
+			seen[key] = append(seen[key], offset)
+			return nil
+		}}
+	}
+	batch := []keysched.BatchItem[string]{
+		record("acct-1", 100), record("acct-2", 101), record("acct-1", 102), record("acct-1", 103),
+	}
+	completions, err := s.SubmitBatch(ctx, batch)
+	if err != nil {
+		// The first len(completions) tasks were accepted and will run;
+		// resubmit batch[len(completions):] to go on in order.
+		panic(err)
+	}
+	for _, c := range completions {
+		c.Wait(ctx)
+	}
+	fmt.Println(len(completions), seen["acct-1"], seen["acct-2"])
+	// Output: 4 [100 102 103] [101]
 }

@@ -416,3 +416,37 @@ func TestKeysConcurrent(t *testing.T) {
 	wg.Wait()
 	require.Zero(t, s.OldestAge())
 }
+
+// SubmitBatch on a scheduler that stamps tasks: every task is stamped and
+// reported Accepted, ages are right, and the batch's contract holds (a
+// prefix accepted, refused items counted, the error naming the first).
+func TestBatchWithAges(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var rec obsRecorder
+		s := newBubbleSched[string](t, WithObserver(rec.observer()), WithMaxKeyDepth(3), WithWorkers(2))
+		ctx := context.Background()
+		release := make(chan struct{})
+		block := func(context.Context) error { <-release; return nil }
+		cs, err := s.SubmitBatch(ctx, []BatchItem[string]{{"a", block}, {"a", block}, {"b", block}})
+		require.NoError(t, err)
+		require.Len(t, cs, 3)
+		time.Sleep(time.Minute)
+		cs2, err := s.TrySubmitBatch(ctx, []BatchItem[string]{{"c", block}, {"a", block}, {"a", block}, {"d", block}})
+		require.ErrorIs(t, err, ErrKeyFull)
+		require.ErrorContains(t, err, "2 of 4 tasks accepted, item 2 refused")
+		require.Len(t, cs2, 2)
+		st := s.Stats()
+		require.EqualValues(t, 5, st.Submitted)
+		require.EqualValues(t, 2, st.Rejected)
+		time.Sleep(time.Minute)
+		require.Equal(t, []KeyInfo[string]{
+			{Key: "a", Depth: 3, HeadAge: 2 * time.Minute},
+			{Key: "b", Depth: 1, HeadAge: 2 * time.Minute},
+			{Key: "c", Depth: 1, HeadAge: time.Minute},
+		}, s.Keys(0))
+		acc, _ := split(rec.of("a"))
+		require.Len(t, acc, 3)
+		close(release)
+		require.NoError(t, s.Drain(ctx))
+	})
+}

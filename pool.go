@@ -24,11 +24,11 @@ import (
 
 // readyQueue is a FIFO of runnable heads, linked through node.readyNext.
 type readyQueue[K comparable] struct {
-	_          [64]byte // a cache line of its own: submitters and workers both write it
+	_          padLine // a cache line of its own: submitters and workers both write it
 	mu         sync.Mutex
 	head, tail *node[K]
 	n          atomic.Int64
-	_          [64]byte
+	_          padLine
 }
 
 func (q *readyQueue[K]) push(n *node[K]) {

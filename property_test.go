@@ -63,6 +63,7 @@ type psm struct {
 	want               Stats
 	dlMu               sync.Mutex
 	deadLetters        int
+	letters            map[*Completion]int // per task: dead letters delivered (fn returned)
 	mu                 sync.Mutex
 	lastRun            map[int]int // per key, the id of the last task to start an attempt
 	running            map[int]*atomic.Bool
@@ -82,6 +83,7 @@ func newPSM(t *rapid.T, tb *testing.T) *psm {
 		parked:      map[int]bool{},
 		lastRun:     map[int]int{},
 		running:     map[int]*atomic.Bool{},
+		letters:     map[*Completion]int{},
 	}
 	opts := []Option{
 		// More workers than keys: a task the model has not released holds a
@@ -91,7 +93,13 @@ func newPSM(t *rapid.T, tb *testing.T) *psm {
 		// are covered by the example-based tests.)
 		WithWorkers(m.keys + rapid.IntRange(1, 2).Draw(t, "spareWorkers")),
 		WithMaxKeyDepth(m.maxDepth), WithMaxPending(m.maxPend), WithLogger(quiet),
-		WithDeadLetter(func(DeadLetter[int]) { m.dlMu.Lock(); m.deadLetters++; m.dlMu.Unlock() }),
+		WithDeadLetter(func(dl DeadLetter[int]) {
+			c := dl.Context.(dlContext).c
+			m.dlMu.Lock()
+			m.deadLetters++
+			m.letters[c]++
+			m.dlMu.Unlock()
+		}),
 	}
 	if m.maxAttempts > 1 {
 		opts = append(opts, WithRetry(RetryPolicy{MaxAttempts: m.maxAttempts, InitialBackoff: time.Microsecond, MaxBackoff: 10 * time.Microsecond}))
@@ -353,12 +361,23 @@ func (m *psm) settle(t *rapid.T, p *ptask, made int) {
 	}
 	if out != outSucceeded {
 		m.want.DeadLettered++
+		m.requireLetter(t, p)
 	}
 	require.Equal(t, made+attempts, int(p.attempts.Load()), "attempts")
 	m.want.Retried += uint64(attempts - 1)
 	m.count(out)
 	p.finished = true
 	m.pass(p.key)
+}
+
+// requireLetter checks, once p's Completion is done with a failure or an
+// abort, that its dead letter was delivered already (issue 8: a Completion
+// is done only once its dead letter was delivered, on every path).
+func (m *psm) requireLetter(t *rapid.T, p *ptask) {
+	m.dlMu.Lock()
+	n := m.letters[p.c]
+	m.dlMu.Unlock()
+	require.Positive(t, n, "task %d done before its dead letter was delivered", p.id)
 }
 
 func (m *psm) count(out int) {
@@ -423,6 +442,7 @@ func (m *psm) ResumeOrSkip(t *rapid.T) {
 			out = outFailed
 			require.ErrorIs(t, p.c.Wait(watchdog(m.tb)), errFlaky)
 		}
+		m.requireLetter(t, p)
 		m.count(out)
 		p.finished = true
 		m.pass(key)
@@ -496,6 +516,7 @@ func (m *psm) finish(t *rapid.T) {
 				// context's error): aborted, all of them.
 				perr := p.c.Wait(ctx)
 				require.Error(t, perr)
+				m.requireLetter(t, p)
 				m.want.Aborted++
 			}
 		}

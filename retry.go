@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/keysched/keysched/internal/durations"
 )
 
 // RetryPolicy makes delivery at-least-once: a failed attempt is retried, with
@@ -17,7 +19,11 @@ import (
 // The delay before attempt n (n >= 2) is uniformly random in
 // [0, min(MaxBackoff, InitialBackoff * Multiplier^(n-2))]: "full jitter", as
 // described in the AWS Architecture Blog's "Exponential Backoff and Jitter"
-// (2015), so that keys failing together do not retry in lockstep.
+// (2015), so that keys failing together do not retry in lockstep. The
+// arithmetic saturates for every accepted policy: a ceiling beyond
+// math.MaxInt64 ns (about 292 years) is math.MaxInt64 ns, never a wrapped,
+// negative or zero delay; a Multiplier that is NaN, infinite or below 1 is
+// refused with ErrInvalidOption.
 //
 // While a task waits out its delay, its key's later tasks wait too (order
 // holds), but the wait holds no worker and no goroutine: a timer hands the
@@ -46,29 +52,29 @@ func (p RetryPolicy) validate() error {
 }
 
 // ceiling is the upper end of the jitter window before attempt n (n >= 2).
+// It saturates (durations.Scale): for every policy validate accepts, it is
+// in [0, the cap], math.MaxInt64 ns included, never wrapped negative.
 func (p RetryPolicy) ceiling(n int) time.Duration {
 	m := p.Multiplier
 	if m == 0 {
 		m = 2
 	}
-	c := float64(p.InitialBackoff) * math.Pow(m, float64(n-2))
-	limit := float64(max(p.InitialBackoff, time.Minute))
-	if p.MaxBackoff > 0 {
-		limit = float64(p.MaxBackoff)
+	limit := p.MaxBackoff
+	if limit == 0 {
+		limit = max(p.InitialBackoff, time.Minute)
 	}
-	if c > limit || math.IsInf(c, 0) || math.IsNaN(c) {
-		c = limit
-	}
-	return time.Duration(c)
+	return min(durations.Scale(p.InitialBackoff, math.Pow(m, float64(n-2))), limit)
 }
 
-// delay draws the full-jitter delay before attempt n (n >= 2).
+// delay draws the full-jitter delay before attempt n (n >= 2): uniform on
+// [0, ceiling(n)], ceiling(n) == math.MaxInt64 included (drawn as a uint64,
+// so that the bound + 1 cannot overflow).
 func (p RetryPolicy) delay(n int) time.Duration {
 	c := p.ceiling(n)
 	if c <= 0 {
 		return 0
 	}
-	return time.Duration(rand.Int64N(int64(c) + 1))
+	return time.Duration(rand.Uint64N(uint64(c) + 1))
 }
 
 // WithRetry sets the retry policy (default: none, one attempt: at-most-once
@@ -146,7 +152,8 @@ type DeadLetter[K comparable] struct {
 // call Drain or Close with a context other than DeadLetter.Context: they
 // would wait for the task fn is reporting (with it they fail with
 // ErrInsideTask). The dead letters of the tasks Close gives up on are
-// delivered by Close itself, one after another, before it returns.
+// delivered concurrently, each key's in its order (see Close), so fn may be
+// called from several goroutines at once.
 // Without it, each such task is logged (log/slog) with its key and error.
 // K must be the scheduler's key type, or New fails.
 func WithDeadLetter[K comparable](fn func(DeadLetter[K])) Option {
@@ -253,11 +260,13 @@ func (s *Scheduler[K]) Resume(key K) error {
 			return nil
 		}
 		dl := s.letter(n, ErrAborted)
+		s.holdLetter() // before n can be passed: Drain and Close count it
+		s.core.holdPassage(c)
 		s.core.decide(c, out, ErrAborted)
 		s.core.notRun.Add(1)
 		s.requeue(n)
 		s.core.publish(c)
-		s.deliver(dl)
+		s.sendLetter(dl)
 		return ErrClosed
 	}
 	s.requeue(n) // runs it, or moves the key past it

@@ -530,7 +530,15 @@ func TestCloseAbortSettlesStats(t *testing.T) {
 			ended, cancel := context.WithCancel(ctx)
 			cancel()
 			if name == "queued" {
-				close(gate) // the running head returns as Close gives up
+				// The running head returns as Close gives up: only once Close
+				// has started (closed before it, one worker can run all 20
+				// tasks before Close looks, and Close has nothing to abort).
+				go func() {
+					for !s.pending.closed() {
+						runtime.Gosched()
+					}
+					close(gate)
+				}()
 			}
 			require.ErrorIs(t, s.Close(ended), ErrAborted)
 			st := s.Stats()

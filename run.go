@@ -69,9 +69,10 @@ func (s *Scheduler[K]) step(n *node[K]) bool {
 				// delivered, as abortNode does.
 				if out == outAborted {
 					dl := s.letter(n, ErrAborted)
+					s.holdLetter()
 					s.core.decide(c, outAborted, ErrAborted)
 					s.core.notRun.Add(1)
-					s.deliver(dl)
+					s.deliverLater([]DeadLetter[K]{dl})
 				} else {
 					s.core.decide(c, outCancelled, context.Canceled)
 				}
@@ -107,7 +108,7 @@ func (s *Scheduler[K]) attempt(n *node[K]) bool {
 		s.core.running.Inc()
 		err, panicked, permanent = call(c.task, taskContext{c})
 		s.core.running.Dec()
-		s.endFirstAttempt(c)
+		s.endAttempt(c, nil)
 	} else {
 		x := c.extra()
 		a := &attemptState{c: c, n: x.attempts.Add(1)}
@@ -119,10 +120,7 @@ func (s *Scheduler[K]) attempt(n *node[K]) bool {
 		s.core.running.Inc()
 		err, panicked, permanent = call(c.task, attemptContext{a})
 		s.core.running.Dec()
-		if a.timer != nil {
-			a.timer.Stop()
-		}
-		s.endAttempt(&a.bits, &a.done)
+		s.endAttempt(c, a)
 	}
 	if s.obs != nil {
 		s.hookEnded(n, started, err, panicked)
@@ -162,22 +160,26 @@ func attemptEnded(c *Completion) bool {
 	return c.ctxBits.Load()&ctxEnded != 0
 }
 
-// endAttempt cancels the attempt's context, as net/http does when a handler
-// returns, and forgets it.
-func (s *Scheduler[K]) endAttempt(bits *atomic.Uint32, done *lazyChan) {
-	old := bits.Or(ctxCancelled | ctxEnded)
-	if old&ctxWatched != 0 {
-		done.close()
-		s.core.unwatch(done)
+// endAttempt ends c's attempt that has just returned (or unwound): it stops
+// the attempt's timer, cancels its context, as net/http does when a handler
+// returns, and forgets it. a is the attempt's state; nil for the inline
+// first attempt, whose flags are c.ctxBits and whose Done channel, if made,
+// lives in c's signals.
+func (s *Scheduler[K]) endAttempt(c *Completion, a *attemptState) {
+	bits := &c.ctxBits
+	if a != nil {
+		if a.timer != nil {
+			a.timer.Stop()
+		}
+		bits = &a.bits
 	}
-}
-
-// endFirstAttempt is endAttempt for the inline first attempt, whose Done
-// channel, if made, lives in the Completion's signals.
-func (s *Scheduler[K]) endFirstAttempt(c *Completion) {
-	old := c.ctxBits.Or(ctxCancelled | ctxEnded)
-	if old&ctxWatched != 0 {
-		done := &c.sig.Load().ctxDone
+	if old := bits.Or(ctxCancelled | ctxEnded); old&ctxWatched != 0 {
+		var done *lazyChan
+		if a != nil {
+			done = &a.done
+		} else {
+			done = &c.sig.Load().ctxDone // watched: made, so signals exist
+		}
 		done.close()
 		s.core.unwatch(done)
 	}
@@ -294,15 +296,16 @@ type backoff struct {
 func (s *Scheduler[K]) parkFailed(n *node[K], err error) bool {
 	c := &n.Completion
 	dl := s.letter(n, err)
+	s.holdLetter() // before a Skip can move the key past n: Drain counts it
 	s.park(n)
 	if out, stop := s.stopped(c); stop && c.state.CompareAndSwap(stParked, stFinishing) {
 		s.dropParked(n)
 		s.core.decide(c, out, err)
-		s.deliver(dl)
+		s.sendLetter(dl)
 		s.publishRun(c)
 		return true
 	}
-	s.deliver(dl)
+	s.sendLetter(dl)
 	return false
 }
 
@@ -340,12 +343,24 @@ func (s *Scheduler[K]) letter(n *node[K], err error) DeadLetter[K] {
 // so that Drain returns only once every Completion is done; once Close has
 // given up, after, so that a Completion done then is no longer in Stats.
 func (s *Scheduler[K]) deliver(dl DeadLetter[K]) {
+	s.holdLetter()
+	s.sendLetter(dl)
+}
+
+// holdLetter counts a dead letter as being delivered, in Stats.Pending too,
+// until sendLetter has delivered it.
+func (s *Scheduler[K]) holdLetter() {
+	s.core.delivering.Add(1)
+	s.pending.hold()
+}
+
+// sendLetter delivers dl, held by holdLetter, and waits for the delivery.
+func (s *Scheduler[K]) sendLetter(dl DeadLetter[K]) {
 	c := dl.Context.(dlContext).c
 	s.core.deadLettered.Add(1)
 	if s.obs != nil {
 		s.hookDeadLettered(dl.Key, dl.Err)
 	}
-	s.pending.hold()
 	defer func() {
 		if s.core.aborting.Load() {
 			s.core.passing.Add(1) // see pass
@@ -356,6 +371,7 @@ func (s *Scheduler[K]) deliver(dl DeadLetter[K]) {
 			s.core.endLetter(c)
 			s.pending.release()
 		}
+		s.core.delivering.Add(-1)
 	}()
 	done := make(chan struct{})
 	go func() {
@@ -431,9 +447,13 @@ func (s *Scheduler[K]) pass(n *node[K]) *node[K] {
 	s.core.passing.Add(1)
 	next := s.advance(n)
 	for next != nil && next.state.Load() >= stDecided {
+		t := &next.Completion
 		next = s.advance(next)
+		if t.state.Load() == stDecided {
+			s.core.passedOn(t)
+		}
 	}
-	s.core.publish(c)
+	s.core.passedOn(c)
 	s.core.passing.Add(-1)
 	return next
 }
@@ -472,15 +492,11 @@ func (s *Scheduler[K]) goexit(cur *node[K]) {
 	if cur != nil && cur.state.Load() == stRunning && !attemptEnded(&cur.Completion) {
 		c := &cur.Completion
 		s.core.running.Dec()
-		if x := c.more.Load(); x != nil && x.cur.Load() != nil {
-			a := x.cur.Load()
-			if a.timer != nil {
-				a.timer.Stop()
-			}
-			s.endAttempt(&a.bits, &a.done)
-		} else {
-			s.endFirstAttempt(c)
+		var a *attemptState // nil: the inline first attempt
+		if x := c.more.Load(); x != nil {
+			a = x.cur.Load()
 		}
+		s.endAttempt(c, a)
 		if s.failed(cur, &PanicError{Value: errGoexit, Stack: debug.Stack()}, true, false) {
 			if next := s.pass(cur); next != nil {
 				s.ready.push(next)

@@ -1,36 +1,34 @@
 package keysched
 
 import (
-	"hash/maphash"
 	"reflect"
 
-	"github.com/puzpuzpuz/xsync/v3"
+	"github.com/puzpuzpuz/xsync/v4"
 )
 
-// tailMap maps each live key to the tail of its chain. Appending a task and
-// removing a drained key each happen inside one Compute on that key, so the
-// map's per-key (per-bucket) lock is the only lock on the submit path.
+// tailMap maps each live key to its chain's header, which holds the chain's
+// tail. Appending a task and removing a drained key each happen inside one
+// Compute on that key, so the map's per-key (per-bucket) lock is the only
+// lock on the submit path; the header's tail field is read and written only
+// inside those Computes.
+//
+// The map's value is the header, not the tail, so that an append to a live
+// key leaves the map's entry as it is (xsync's CancelOp): no entry is
+// allocated per task, only per chain.
 //
 // Rules for the Compute functions below (see DESIGN.md): no user code, no
 // channel operation, no allocation beyond a chain header, nothing that can
 // panic. xsync leaves a bucket locked forever when a compute function panics,
 // and hashing an unhashable key panics inside the map: keys are checked by
-// validKey before they get here.
+// validKey before they get here. (xsync/v4 hashes keys with
+// maphash.Comparable, the runtime's own map hash: right for every comparable
+// type, interface keys holding pointers included.)
 type tailMap[K comparable] struct {
-	m *xsync.MapOf[K, *node[K]]
+	m *xsync.Map[K, *chainHdr]
 }
 
 func newTailMap[K comparable]() tailMap[K] {
-	seed := maphash.MakeSeed()
-	// xsync/v3's default hasher hashes an interface key holding a pointer,
-	// channel or map by the first bytes of what it points to rather than by
-	// the pointer itself, so such a key is lost once its target changes (a
-	// channel after a send). maphash.Comparable is the runtime's own map hash:
-	// right for every comparable type, and allocation-free.
-	hasher := func(k K, tableSeed uint64) uint64 {
-		return maphash.Comparable(seed, k) ^ tableSeed
-	}
-	return tailMap[K]{m: xsync.NewMapOfWithHasher[K, *node[K]](hasher, xsync.WithGrowOnly())}
+	return tailMap[K]{m: xsync.NewMap[K, *chainHdr](xsync.WithGrowOnly())}
 }
 
 // append links n at the end of its key's chain. It reports head when n starts
@@ -38,31 +36,32 @@ func newTailMap[K comparable]() tailMap[K] {
 // chain when the key is at maxDepth (nothing was linked; wait on that chain).
 // A new chain uses spare as its header when given (see headNode).
 func (t tailMap[K]) append(n *node[K], maxDepth int64, k *core, spare *chainHdr) (head bool, full *chainHdr) {
-	t.m.Compute(n.key, func(tail *node[K], loaded bool) (*node[K], bool) {
+	t.m.Compute(n.key, func(ch *chainHdr, loaded bool) (*chainHdr, xsync.ComputeOp) {
 		if !loaded {
-			ch := spare
+			ch = spare
 			if ch == nil {
 				ch = new(chainHdr)
 			}
 			ch.core = k
 			ch.depth.Store(1)
 			ch.head.Store(&n.Completion)
+			ch.tail = &n.Completion
 			n.hdr = ch
 			head = true
-			return n, false
+			return ch, xsync.UpdateOp
 		}
-		ch := tail.hdr
 		if ch.depth.Load() >= maxDepth {
 			full = ch
-			return tail, false // unchanged (xsync/v3 has no "leave as is")
+			return ch, xsync.CancelOp
 		}
 		ch.depth.Add(1)
 		n.hdr = ch
 		// The predecessor's completer reads next outside the map: it either
 		// sees n here, or takes the key's bucket lock in removeIfTail after
 		// this Compute and finds n as the tail's successor.
-		tail.next.Store(n)
-		return n, false
+		nodeOf[K](ch.tail).next.Store(n)
+		ch.tail = &n.Completion
+		return ch, xsync.CancelOp
 	})
 	return head, full
 }
@@ -75,11 +74,9 @@ func (t tailMap[K]) append(n *node[K], maxDepth int64, k *core, spare *chainHdr)
 // Compute: the only allocation allowed there.
 func (t tailMap[K]) appendRun(run []node[K], maxDepth int64, k *core) (linked int, head bool, full *chainHdr) {
 	first := &run[0]
-	t.m.Compute(first.key, func(tail *node[K], loaded bool) (*node[K], bool) {
-		var ch *chainHdr
+	t.m.Compute(first.key, func(ch *chainHdr, loaded bool) (*chainHdr, xsync.ComputeOp) {
 		var room int64
 		if loaded {
-			ch = tail.hdr
 			room = maxDepth - ch.depth.Load()
 		} else {
 			ch = new(chainHdr)
@@ -91,7 +88,7 @@ func (t tailMap[K]) appendRun(run []node[K], maxDepth int64, k *core) (linked in
 			full = ch
 		}
 		if m <= 0 {
-			return tail, !loaded // unchanged; a key that was absent stays so
+			return ch, xsync.CancelOp // a key that was absent stays so
 		}
 		for i := range m {
 			run[i].hdr = ch
@@ -104,13 +101,15 @@ func (t tailMap[K]) appendRun(run []node[K], maxDepth int64, k *core) (linked in
 		ch.depth.Add(int64(m))
 		if !loaded {
 			ch.head.Store(&first.Completion)
+			ch.tail = &run[m-1].Completion
 			head = true
-			return &run[m-1], false
+			return ch, xsync.UpdateOp
 		}
 		// As in append: the predecessor's completer sees first here, or
 		// finds it in removeIfTail after this Compute.
-		tail.next.Store(first)
-		return &run[m-1], false
+		nodeOf[K](ch.tail).next.Store(first)
+		ch.tail = &run[m-1].Completion
+		return ch, xsync.CancelOp
 	})
 	return linked, head, full
 }
@@ -120,18 +119,18 @@ func (t tailMap[K]) appendRun(run []node[K], maxDepth int64, k *core) (linked in
 // confirms it; otherwise a task was appended meanwhile (inside an earlier
 // Compute on this key, so n.next is set) and that successor is returned.
 func (t tailMap[K]) removeIfTail(n *node[K]) (next *node[K]) {
-	t.m.Compute(n.key, func(tail *node[K], loaded bool) (*node[K], bool) {
-		if !loaded || tail == n {
-			return nil, true
+	t.m.Compute(n.key, func(ch *chainHdr, loaded bool) (*chainHdr, xsync.ComputeOp) {
+		if !loaded || ch.tail == &n.Completion {
+			return nil, xsync.DeleteOp
 		}
 		next = n.next.Load()
-		return tail, false
+		return ch, xsync.CancelOp
 	})
 	return next
 }
 
-// load returns the key's tail, if it has a chain.
-func (t tailMap[K]) load(key K) (*node[K], bool) { return t.m.Load(key) }
+// load returns the key's chain header, if it has a chain.
+func (t tailMap[K]) load(key K) (*chainHdr, bool) { return t.m.Load(key) }
 
 // keyNeedsCheck reports whether values of type t can fail as map keys at run
 // time: an interface (its dynamic value may be a slice) or a float (NaN is not

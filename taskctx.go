@@ -84,6 +84,13 @@ func ctxValue(c *Completion, key any) any {
 // cancellation (context.Cause asks for it first thing). A task's context
 // answers it with nil, as context.WithoutCancel does, which lets the task
 // keep the Submit context itself for its values without a wrapper per task.
+//
+// What it saves, measured (BenchmarkTaskContext: deep-chain no-op tasks
+// submitted with a cancellable context, against forcing the fallback to
+// context.WithoutCancel; benchstat, n=8, 2026-11-30, 2 shared vCPUs): one
+// allocation and 16 bytes per task, and 295 against 363 ns of CPU per task
+// (-19%, p=0.05). Were the probe to find no key (a future Go), withValues
+// falls back to context.WithoutCancel and TestCancelCtxKeyFound fails.
 var cancelCtxKey = func() any {
 	var p keyProbe
 	_ = context.Cause(&p)

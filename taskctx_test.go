@@ -190,6 +190,6 @@ func TestCloseWakesWaitersAndIsIdempotent(t *testing.T) {
 }
 
 func (s *Scheduler[K]) hasKeyWaiters(key K) bool {
-	tail, ok := s.tails.load(key)
-	return ok && tail.hdr.waiters.Load() > 0
+	ch, ok := s.tails.load(key)
+	return ok && ch.waiters.Load() > 0
 }

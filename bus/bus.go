@@ -435,8 +435,12 @@ func (b *Bus[K]) liveSubs() []*sub[K] {
 // If ctx ends first, each subscriber cancels its running handlers' contexts
 // and dead-letters every event that did not run with keysched.ErrAborted;
 // Close returns an error, wrapping keysched.ErrAborted and ctx's error, that
-// says per subscriber how many events did not run. A handler that ignores
-// its context keeps its worker until it returns.
+// says per subscriber how many events did not run (each subscriber's
+// *keysched.CloseError, found with errors.As). Then it returns within
+// keysched.CloseGrace of ctx ending, however many events are queued: dead
+// letters not yet delivered by then are still delivered, in the background,
+// and counted in the error. A handler that ignores its context keeps its
+// worker until it returns.
 //
 // Close is idempotent: later calls wait for the first to finish (or their
 // own ctx to end) and return its result. With a handler's context it returns

@@ -53,7 +53,8 @@ type subConfig struct {
 	failure        keysched.FailurePolicy
 	timeout        time.Duration
 	ejectAfter     int
-	deadLetter     any // func(DeadLetter[K]) for the bus's K
+	deadLetter     any               // func(DeadLetter[K]) for the bus's K
+	observe        []keysched.Option // Observe, TaskAges (observe.go)
 }
 
 // MaxConcurrency is the subscriber's bulkhead: at most n of its handlers run

@@ -124,6 +124,7 @@ func Subscribe[K comparable, E any](b *Bus[K], name string, h Handler[K, E], opt
 	if cfg.timeout > 0 {
 		kopts = append(kopts, keysched.WithTaskTimeout(cfg.timeout))
 	}
+	kopts = append(kopts, cfg.observe...)
 
 	b.mu.Lock()
 	defer b.mu.Unlock()

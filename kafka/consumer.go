@@ -93,6 +93,8 @@ type Consumer struct {
 	skippedMeta  atomic.Uint64
 	commits      atomic.Uint64
 	commitErrs   atomic.Uint64
+
+	metrics *consumerMetrics // WithMeterProvider (metrics.go); nil without
 }
 
 // NewConsumer returns a consumer that runs h for every record. It creates the
@@ -134,6 +136,13 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		keysched.WithMaxKeyDepth(cfg.maxInFlight)}
 	sopts = append(sopts, cfg.schedOpts...)
 	sopts = append(sopts, keysched.WithDeadLetter(c.deadLetter))
+	if cfg.meterProvider != nil {
+		obs, err := c.newMetrics() // metrics.go
+		if err != nil {
+			return nil, err
+		}
+		sopts = append(sopts, obs)
+	}
 	s, err := keysched.New[schedKey](sopts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: scheduler: %w", ErrInvalidOption, err)
@@ -160,6 +169,13 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		return nil, optionError("WithClientOptions: need kgo.ConsumerGroup and kgo.ConsumeTopics (or kgo.ConsumeRegex)")
 	}
 	c.cl, c.group = cl, group
+	if c.metrics != nil {
+		if err := c.metrics.register(); err != nil {
+			cl.Close()
+			_ = s.Close(context.Background())
+			return nil, err
+		}
+	}
 	return c, nil
 }
 
@@ -286,6 +302,10 @@ func (c *Consumer) route(fp kgo.FetchTopicPartition) {
 	p.hwm = fp.HighWatermark
 	p.polls++
 	groups := p.scratch[:0]
+	consumed := 0
+	if c.metrics != nil {
+		defer func() { c.metrics.consumedN(fp.Topic, fp.Partition, consumed) }()
+	}
 	for _, r := range fp.Records {
 		if p.fetched && r.Offset <= p.highest {
 			continue // fetched again: already tracked
@@ -296,6 +316,7 @@ func (c *Consumer) route(fp kgo.FetchTopicPartition) {
 			continue
 		}
 		p.seen(r)
+		consumed++
 		it := newItem(p, r)
 		p.add(it)
 		groups = c.addTo(p, groups, it, r)
@@ -635,6 +656,9 @@ func (c *Consumer) Close(ctx context.Context) error {
 		err = fmt.Errorf("kafka: close: handlers still running: %w", serr)
 	}
 	scancel()
+	if c.metrics != nil {
+		c.metrics.stop()
+	}
 	c.closeErr = err
 	return err
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"runtime/debug"
 	"sync/atomic"
+	"time"
 
 	"github.com/keysched/keysched"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -72,7 +73,13 @@ func (g *group) run(ctx context.Context) error {
 			err, it.stash = it.stash, nil // the failure a predecessor saw: this attempt
 		} else {
 			it.attempts.Add(1)
-			err = callHandler(ctx, h, it.record())
+			if m := p.c.metrics; m != nil {
+				start := time.Now()
+				err = callHandler(ctx, h, it.record())
+				m.processed(p.topic, p.id, time.Since(start), err != nil)
+			} else {
+				err = callHandler(ctx, h, it.record())
+			}
 		}
 		if err == nil {
 			it.finish()

@@ -8,6 +8,8 @@ import (
 
 	"github.com/keysched/keysched"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // Defaults applied by NewConsumer when no option sets them.
@@ -95,6 +97,8 @@ type config struct {
 	logger         *slog.Logger
 	metaMax        int
 	maxPoll        int
+	meterProvider  metric.MeterProvider // WithMeterProvider (metrics.go)
+	meterAttrs     []attribute.KeyValue
 }
 
 func defaultConfig() config {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -29,6 +30,13 @@ const (
 type Subscription interface {
 	Name() string
 	Stats() bus.SubStats
+}
+
+// An ObservedSubscription is a Subscription that also reports its oldest
+// event's age: a *bus.Subscription[K] has these methods.
+type ObservedSubscription interface {
+	Subscription
+	OldestAge() time.Duration
 }
 
 // A Bus is what RegisterBus reads: a *bus.Bus[K] has this method.
@@ -60,9 +68,11 @@ func (r *Registration) Unregister() error {
 // (plus those of WithAttributes): the scheduler's instruments (pending,
 // running, live and parked keys, finished by outcome, retried, dead-lettered,
 // rejected) and keysched.bus.events.dropped, .skipped, .ejected and
-// keysched.bus.subscriptions.ejected. Not reported for a subscription: the
-// queue wait and duration histograms and the oldest age (the bus keeps its
-// subscribers' schedulers to itself).
+// keysched.bus.subscriptions.ejected, and keysched.tasks.oldest_age when sub
+// is an ObservedSubscription (a *bus.Subscription[K] is; its ages are 0
+// unless it was subscribed with bus.TaskAges or bus.Observe). For the queue
+// wait and duration histograms too, use New with ForSubscription and
+// Metrics.RegisterSubscription instead.
 //
 // Unregister the returned Registration when the subscription is gone
 // (Unsubscribe); until then its last figures keep being reported.
@@ -81,9 +91,23 @@ func RegisterSubscription(mp metric.MeterProvider, sub Subscription, opts ...Opt
 	}
 	base := append(append([]attribute.KeyValue(nil), cfg.attrs...), SubscriptionKey.String(sub.Name()))
 	opt := metric.WithAttributeSet(attribute.NewSet(base...))
-	reg, err := meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+	reg, err := meter.RegisterCallback(subCallback(in, sub, base, opt), in.observables...)
+	if err != nil {
+		return nil, fmt.Errorf("otelkeysched: %w", err)
+	}
+	return &Registration{reg: reg}, nil
+}
+
+// subCallback reads a subscription's figures at collection time.
+func subCallback(in *instruments, sub Subscription, base []attribute.KeyValue, opt metric.ObserveOption) metric.Callback {
+	aged, _ := sub.(ObservedSubscription)
+	return func(_ context.Context, o metric.Observer) error {
 		st := sub.Stats()
-		in.observeStats(o, st.Stats, base, -1)
+		age := -1.0
+		if aged != nil {
+			age = aged.OldestAge().Seconds()
+		}
+		in.observeStats(o, st.Stats, base, age)
 		o.ObserveInt64(in.dropped, int64(st.Dropped), opt)
 		o.ObserveInt64(in.skipped, int64(st.Skipped), opt)
 		o.ObserveInt64(in.ejectedEv, int64(st.EjectedEvents), opt)
@@ -93,11 +117,25 @@ func RegisterSubscription(mp metric.MeterProvider, sub Subscription, opts ...Opt
 		}
 		o.ObserveInt64(in.ejected, ej, opt)
 		return nil
-	}, in.observables...)
-	if err != nil {
-		return nil, fmt.Errorf("otelkeysched: %w", err)
 	}
-	return &Registration{reg: reg}, nil
+}
+
+// RegisterSubscription reports sub's figures at every collection, as the
+// package-level RegisterSubscription does, for Metrics made with
+// ForSubscription(sub.Name()); together with its Observer (given to
+// bus.Subscribe with bus.Observe) that is the queue wait and duration
+// histograms too, and the oldest age. Unregister stops it. Errors: a nil sub
+// or a name other than ForSubscription's (wrapping keysched.ErrInvalidOption),
+// ErrRegistered, ErrUnregistered.
+func (m *Metrics[K]) RegisterSubscription(sub Subscription) error {
+	if sub == nil {
+		return fmt.Errorf("%w: otelkeysched: nil Subscription", keysched.ErrInvalidOption)
+	}
+	if m.subscription == "" || sub.Name() != m.subscription {
+		return fmt.Errorf("%w: otelkeysched: RegisterSubscription(%q) on Metrics made ForSubscription(%q)",
+			keysched.ErrInvalidOption, sub.Name(), m.subscription)
+	}
+	return m.register(subCallback(m.in, sub, m.attrs, metric.WithAttributeSet(attribute.NewSet(m.attrs...))))
 }
 
 // RegisterBus reports a bus's own counters at every collection:

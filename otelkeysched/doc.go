@@ -30,11 +30,16 @@
 // nothing for them. Only the two histograms are recorded per task, through
 // the keysched.Observer that Metrics.Observer returns.
 //
-// A bus subscriber reports the same counters (not the histograms and the
-// oldest age) with the attribute subscription=<name>, plus
-// keysched.bus.events.dropped, .skipped, .ejected and
-// keysched.bus.subscriptions.ejected: see RegisterSubscription and
-// RegisterBus.
+// A bus subscriber reports the same, with the attribute
+// subscription=<name>, plus keysched.bus.events.dropped, .skipped, .ejected
+// and keysched.bus.subscriptions.ejected:
+//
+//	m, err := otelkeysched.New[string](mp, otelkeysched.ForSubscription("mailer"))
+//	sub, err := bus.Subscribe(b, "mailer", handler, bus.Observe(m.Observer()))
+//	err = m.RegisterSubscription(sub)
+//
+// (RegisterSubscription, the function, reports a subscription's counters
+// without the histograms.) RegisterBus reports the bus's own counters.
 //
 // Never a key as an attribute value: keys are account and user ids, unbounded
 // in number and often personal data. Per-key detail comes from

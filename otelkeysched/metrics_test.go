@@ -118,7 +118,11 @@ func TestSchedulerMetricsExact(t *testing.T) {
 			keysched.WithDeadLetter(func(keysched.DeadLetter[string]) {}),
 			keysched.WithRetry(keysched.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Second, MaxBackoff: time.Second}))
 		require.NoError(t, err)
-		defer s.Close(context.Background())
+		defer func() { // bounded (in fake time): a failed check may leave keys parked
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			s.Close(ctx)
+		}()
 		require.NoError(t, m.Register(s))
 		require.ErrorIs(t, m.Register(s), otelkeysched.ErrRegistered)
 

@@ -70,7 +70,8 @@ var (
 type Option func(*config) error
 
 type config struct {
-	attrs []attribute.KeyValue
+	attrs        []attribute.KeyValue
+	subscription string // ForSubscription
 }
 
 // WithAttributes adds constant attributes to every measurement, so that
@@ -90,6 +91,21 @@ func WithAttributes(kv ...attribute.KeyValue) Option {
 			}
 		}
 		c.attrs = append(c.attrs, kv...)
+		return nil
+	}
+}
+
+// ForSubscription makes New's Metrics those of the bus subscription named
+// name: every measurement, the histograms' included, carries the attribute
+// subscription=name, and Metrics.RegisterSubscription registers that
+// subscription. Give the Metrics' Observer to bus.Subscribe with
+// bus.Observe.
+func ForSubscription(name string) Option {
+	return func(c *config) error {
+		if name == "" {
+			return fmt.Errorf("%w: otelkeysched.ForSubscription: empty name", keysched.ErrInvalidOption)
+		}
+		c.subscription = name
 		return nil
 	}
 }
@@ -149,11 +165,10 @@ func newInstruments(meter metric.Meter, bus bool) (*instruments, error) {
 	errs = append(errs, err)
 	in.observables = append(in.observables, in.oldest)
 	if bus {
-		in.dropped = counter("keysched.bus.events.dropped", "{event}", "Events a subscriber dropped (OnFull(DropNewest)).")
-		in.skipped = counter("keysched.bus.events.skipped", "{event}", "Events not offered to a subscriber because it was ejected.")
-		in.ejectedEv = counter("keysched.bus.events.ejected", "{event}", "Events dead-lettered with ErrEjected without their handler running.")
-		in.ejected = upDown("keysched.bus.subscriptions.ejected", "{subscription}", "Subscriptions ejected (EjectAfter): 1 for an ejected one, else 0.")
-		return &in, errors.Join(errs...)
+		in.dropped = counter(BusEventsDropped, "{event}", "Events a subscriber dropped (OnFull(DropNewest)).")
+		in.skipped = counter(BusEventsSkipped, "{event}", "Events not offered to a subscriber because it was ejected.")
+		in.ejectedEv = counter(BusEventsEjected, "{event}", "Events dead-lettered with ErrEjected without their handler running.")
+		in.ejected = upDown(BusSubscriptionsEjected, "{subscription}", "Subscriptions ejected (EjectAfter): 1 for an ejected one, else 0.")
 	}
 	in.queueWait, err = meter.Float64Histogram(TaskQueueWait, metric.WithUnit("s"),
 		metric.WithDescription("Time from a task's acceptance to the start of its first attempt."),
@@ -203,15 +218,19 @@ func withKV(base []attribute.KeyValue, kv ...attribute.KeyValue) attribute.Set {
 //
 // Use: New, then keysched.New with keysched.WithObserver(m.Observer()), then
 // Register with the scheduler; Unregister when done. A scheduler made without
-// the observer still reports everything but the two histograms.
+// the observer still reports everything but the two histograms (and an
+// oldest age of 0, unless made with keysched.WithTaskAges). For a bus
+// subscriber: New with ForSubscription(name), bus.Subscribe with
+// bus.Observe(m.Observer()), then RegisterSubscription.
 //
 // No key is ever an attribute value (unbounded cardinality, personal data):
 // per-key detail is keysched.Scheduler.Keys's job. All methods are safe for
 // concurrent use.
 type Metrics[K comparable] struct {
-	in    *instruments
-	meter metric.Meter
-	attrs []attribute.KeyValue
+	in           *instruments
+	meter        metric.Meter
+	attrs        []attribute.KeyValue
+	subscription string // ForSubscription's name, or ""
 
 	// Per-measurement options, made once: recording allocates nothing.
 	waitOpt []metric.RecordOption
@@ -232,11 +251,14 @@ func New[K comparable](mp metric.MeterProvider, opts ...Option) (*Metrics[K], er
 		return nil, err
 	}
 	meter := mp.Meter(ScopeName)
-	in, err := newInstruments(meter, false)
+	if cfg.subscription != "" {
+		cfg.attrs = append(cfg.attrs, SubscriptionKey.String(cfg.subscription))
+	}
+	in, err := newInstruments(meter, cfg.subscription != "")
 	if err != nil {
 		return nil, fmt.Errorf("otelkeysched: %w", err)
 	}
-	m := &Metrics[K]{in: in, meter: meter, attrs: cfg.attrs}
+	m := &Metrics[K]{in: in, meter: meter, attrs: cfg.attrs, subscription: cfg.subscription}
 	m.waitOpt = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(cfg.attrs...))}
 	for i, oc := range []string{OutcomeSucceeded, OutcomeFailed, OutcomePanicked} {
 		m.durOpt[i] = []metric.RecordOption{metric.WithAttributeSet(withKV(cfg.attrs, OutcomeKey.String(oc)))}
@@ -282,6 +304,17 @@ func (m *Metrics[K]) Register(s *keysched.Scheduler[K]) error {
 	if s == nil {
 		return fmt.Errorf("%w: otelkeysched: Register(nil)", keysched.ErrInvalidOption)
 	}
+	if m.subscription != "" {
+		return fmt.Errorf("%w: otelkeysched: Metrics made ForSubscription(%q) registers a subscription, not a scheduler",
+			keysched.ErrInvalidOption, m.subscription)
+	}
+	return m.register(func(_ context.Context, o metric.Observer) error {
+		m.in.observeStats(o, s.Stats(), m.attrs, s.OldestAge().Seconds())
+		return nil
+	})
+}
+
+func (m *Metrics[K]) register(f metric.Callback) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	switch {
@@ -290,10 +323,7 @@ func (m *Metrics[K]) Register(s *keysched.Scheduler[K]) error {
 	case m.reg != nil:
 		return ErrRegistered
 	}
-	reg, err := m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		m.in.observeStats(o, s.Stats(), m.attrs, s.OldestAge().Seconds())
-		return nil
-	}, m.in.observables...)
+	reg, err := m.meter.RegisterCallback(f, m.in.observables...)
 	if err != nil {
 		return fmt.Errorf("otelkeysched: %w", err)
 	}

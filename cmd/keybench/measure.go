@@ -11,6 +11,7 @@ import (
 
 	"github.com/HdrHistogram/hdrhistogram-go"
 
+	"github.com/keysched/keysched/internal/durations"
 	"github.com/keysched/keysched/internal/trace"
 )
 
@@ -166,10 +167,7 @@ func (r *replay) handle(i int) {
 		r.violations.Add(1)
 	}
 	r.state[id].Store(&e.NextBlob)
-	if d := w.work.dur; d > 0 && w.work.kind != workNone {
-		if id == w.slowID {
-			d = time.Duration(float64(d) * w.slowFactor)
-		}
+	if d := w.workFor(id); d > 0 {
 		switch w.work.kind {
 		case workCPU:
 			spin(d)
@@ -183,6 +181,26 @@ func (r *replay) handle(i int) {
 		r.end.Store(end)
 		close(r.finished)
 	}
+}
+
+// workFor is how long the handler works for an event of key id: the --work
+// duration, times --slow-factor for the slow key, saturated (never wrapped
+// negative, whatever the factor).
+func (w *workload) workFor(id int32) time.Duration {
+	d := w.work.dur
+	if d <= 0 || w.work.kind == workNone {
+		return 0
+	}
+	if id == w.slowID {
+		d = durations.Scale(d, w.slowFactor)
+	}
+	return d
+}
+
+// dueAt is when event i is due, in ns from the run's start, in open loop
+// (--rate): i intervals of 1/rate s, saturated (never negative).
+func (w *workload) dueAt(i int) int64 {
+	return int64(durations.Scale(durations.PerSecond(w.rate), float64(i)))
 }
 
 // spin keeps a CPU busy for d.
@@ -227,17 +245,13 @@ func measure(ctx context.Context, w *workload, info rivalInfo, cfg rivalConfig, 
 		onStart(&r.handled)
 	}
 	r.base = time.Now()
-	var interval float64
-	if w.rate > 0 {
-		interval = 1e9 / w.rate
-	}
 	var pubErr error
 	for i := range n {
-		if interval > 0 {
+		if w.rate > 0 {
 			// Open loop: event i is due at i*interval. Its latency counts
 			// from then, so time spent blocked in an earlier Submit is not
 			// hidden (no coordinated omission).
-			due := int64(float64(i) * interval)
+			due := w.dueAt(i)
 			if d := due - r.now(); d > 0 {
 				time.Sleep(time.Duration(d))
 			}

@@ -1,0 +1,313 @@
+// Package inbox makes event consumers idempotent on a real database, two
+// ways:
+//
+//   - Inbox records each handled event's ID in the same transaction as the
+//     event's effect: Apply runs the effect only for an ID not yet recorded,
+//     so a redelivered event (at-least-once delivery: a retry, a relay that
+//     died before marking an event sent, a consumer that crashed before
+//     committing its offset) changes nothing the second time.
+//   - Versions gates a write on the entity's version: an event carrying a
+//     version not newer than the one stored for its entity is ignored. That
+//     absorbs duplicates and out-of-order redeliveries with one row per
+//     entity, no table of event IDs, nothing to expire.
+//
+// Both run on SQLite (modernc.org/sqlite) and PostgreSQL (pgx's
+// database/sql driver); the tables are created explicitly, with CreateSchema
+// or the SQL that Schema returns.
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/keysched/keysched/db/sqldb"
+)
+
+// Dialect names the database. See the constants.
+type Dialect = sqldb.Dialect
+
+// The dialects; Auto (the default) finds out from the *sql.DB's driver.
+const (
+	Auto     = sqldb.Auto
+	Postgres = sqldb.Postgres
+	SQLite   = sqldb.SQLite
+)
+
+// Default table names.
+const (
+	DefaultTable         = "keysched_inbox"
+	DefaultVersionsTable = "keysched_versions"
+)
+
+// Sentinel errors. Compare with errors.Is.
+var (
+	// ErrInvalidOption is wrapped by New's and NewVersions' errors.
+	ErrInvalidOption = errors.New("inbox: invalid option")
+	// ErrInvalidID is returned for an empty event ID or entity, or one
+	// longer than 1024 bytes.
+	ErrInvalidID = errors.New("inbox: invalid event ID or entity")
+	// ErrNilFunc is returned by Apply for a nil effect function.
+	ErrNilFunc = errors.New("inbox: nil effect function")
+	// ErrNilTx is returned by Record and Gate for a nil transaction.
+	ErrNilTx = errors.New("inbox: nil transaction")
+)
+
+// An Option configures New and NewVersions.
+type Option func(*options) error
+
+type options struct {
+	dialect   Dialect
+	table     string
+	retention time.Duration
+}
+
+// WithDialect says which database db is, for drivers that cannot be
+// recognised (default Auto).
+func WithDialect(d Dialect) Option {
+	return func(o *options) error {
+		if d != Auto && d != Postgres && d != SQLite {
+			return fmt.Errorf("%w: WithDialect(%v)", ErrInvalidOption, d)
+		}
+		o.dialect = d
+		return nil
+	}
+}
+
+// WithTable names the table (default DefaultTable for an Inbox,
+// DefaultVersionsTable for Versions): [a-z_][a-z0-9_]*, at most 48 bytes.
+func WithTable(name string) Option {
+	return func(o *options) error {
+		if !sqldb.ValidIdent(name) {
+			return fmt.Errorf("%w: WithTable(%q): want [a-z_][a-z0-9_]*, at most 48 bytes", ErrInvalidOption, name)
+		}
+		o.table = name
+		return nil
+	}
+}
+
+// WithRetention makes Cleanup delete recorded IDs older than d (d > 0).
+// Without it (the default) IDs are kept for ever and Cleanup deletes nothing.
+//
+// The risk: an event redelivered after its ID was deleted is applied again.
+// The retention must be longer than the longest time after which an event can
+// come back: the broker's retention if a consumer group can be reset to an
+// old offset, the outbox's retention of sent rows if they can be replayed,
+// how long dead events can wait before an operator resumes them, backups that
+// can be restored. When no such bound exists, keep IDs for ever or use
+// Versions, which needs no expiry.
+func WithRetention(d time.Duration) Option {
+	return func(o *options) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: WithRetention(%v): want > 0", ErrInvalidOption, d)
+		}
+		o.retention = d
+		return nil
+	}
+}
+
+func build(db *sql.DB, def string, opts []Option) (options, error) {
+	if db == nil {
+		return options{}, fmt.Errorf("%w: nil *sql.DB", ErrInvalidOption)
+	}
+	o := options{table: def}
+	for _, opt := range opts {
+		if opt == nil {
+			return o, fmt.Errorf("%w: nil Option", ErrInvalidOption)
+		}
+		if err := opt(&o); err != nil {
+			return o, err
+		}
+	}
+	d, err := sqldb.Resolve(db, o.dialect)
+	if err != nil {
+		return o, fmt.Errorf("%w: %w", ErrInvalidOption, err)
+	}
+	o.dialect = d
+	return o, nil
+}
+
+func validID(id string) error {
+	if id == "" || len(id) > 1024 {
+		return fmt.Errorf("%w: %d bytes", ErrInvalidID, len(id))
+	}
+	return nil
+}
+
+// An Inbox records the IDs of handled events. Safe for concurrent use.
+type Inbox struct {
+	db                     *sql.DB
+	o                      options
+	insert, cleanup, check string
+}
+
+// New returns an Inbox on db. It does not touch the database: create the
+// table with CreateSchema (or Schema's SQL).
+func New(db *sql.DB, opts ...Option) (*Inbox, error) {
+	o, err := build(db, DefaultTable, opts)
+	if err != nil {
+		return nil, err
+	}
+	in := &Inbox{db: db, o: o}
+	r := func(s string) string { return sqldb.Rebind(o.dialect, s) }
+	in.insert = r(`INSERT INTO ` + o.table + ` (id, processed_at) VALUES (?, ?) ON CONFLICT (id) DO NOTHING`)
+	in.cleanup = r(`DELETE FROM ` + o.table + ` WHERE processed_at < ?`)
+	in.check = r(`SELECT 1 FROM ` + o.table + ` WHERE id = ?`)
+	return in, nil
+}
+
+// Schema returns the SQL that creates the inbox table (idempotent).
+// processed_at is TIMESTAMPTZ on PostgreSQL, INTEGER microseconds since the
+// Unix epoch on SQLite.
+func (in *Inbox) Schema() []string {
+	t := in.o.table
+	if in.o.dialect == Postgres {
+		return []string{
+			`CREATE TABLE IF NOT EXISTS ` + t + ` (id TEXT PRIMARY KEY, processed_at TIMESTAMPTZ NOT NULL)`,
+			`CREATE INDEX IF NOT EXISTS ` + t + `_processed_at ON ` + t + ` (processed_at)`,
+		}
+	}
+	return []string{
+		`CREATE TABLE IF NOT EXISTS ` + t + ` (id TEXT PRIMARY KEY, processed_at INTEGER NOT NULL)`,
+		`CREATE INDEX IF NOT EXISTS ` + t + `_processed_at ON ` + t + ` (processed_at)`,
+	}
+}
+
+// CreateSchema runs Schema's statements in one transaction. Run it once at
+// start-up or from a migration.
+func (in *Inbox) CreateSchema(ctx context.Context) error {
+	return createSchema(ctx, in.db, in.Schema())
+}
+
+func createSchema(ctx context.Context, db *sql.DB, stmts []string) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("inbox: create schema: %w", err)
+	}
+	defer tx.Rollback()
+	for _, s := range stmts {
+		if _, err := tx.ExecContext(ctx, s); err != nil {
+			return fmt.Errorf("inbox: create schema: %w\n%s", err, s)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("inbox: create schema: %w", err)
+	}
+	return nil
+}
+
+func timeArg(d Dialect, t time.Time) any {
+	if d == Postgres {
+		return t
+	}
+	return t.UnixMicro()
+}
+
+// Apply handles one delivery of the event eventID: in one transaction, it
+// records the ID and runs fn, the event's effect, with that transaction; it
+// commits when fn returns nil.
+//
+// Results:
+//   - (true, nil): the ID was new; fn ran and its writes committed with the
+//     ID.
+//   - (false, nil): the ID was already recorded ("already handled"): fn did
+//     not run and nothing was written. Acknowledge the delivery.
+//   - (false, err): nothing was recorded, so a redelivery runs fn again:
+//     fn's error (returned as is, unwrapped), a database error, or ctx's.
+//
+// Concurrent deliveries of one ID run fn at most once in total: the second
+// one's insert waits for the first transaction (PostgreSQL's unique index,
+// SQLite's single writer) and then finds the ID, or, if the first rolled
+// back, records it and runs fn itself. A uniqueness violation is never
+// returned as an error. fn must do its work through tx (writes made any other
+// way are not undone with it) and must not commit or roll it back. A panic in
+// fn rolls the transaction back and is re-raised.
+func (in *Inbox) Apply(ctx context.Context, eventID string, fn func(tx *sql.Tx) error) (applied bool, err error) {
+	if fn == nil {
+		return false, ErrNilFunc
+	}
+	if err := validID(eventID); err != nil {
+		return false, err
+	}
+	return runTx(ctx, in.db, func(tx *sql.Tx) (bool, error) {
+		first, err := in.Record(ctx, tx, eventID)
+		if err != nil || !first {
+			return false, err
+		}
+		return true, fn(tx)
+	})
+}
+
+// runTx runs body in a transaction and commits when body returns (true, nil).
+func runTx(ctx context.Context, db *sql.DB, body func(tx *sql.Tx) (bool, error)) (done bool, err error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return false, fmt.Errorf("inbox: begin: %w", err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			tx.Rollback()
+		}
+	}()
+	ok, err := body(tx)
+	if err != nil || !ok {
+		return false, err
+	}
+	if err := tx.Commit(); err != nil {
+		return false, fmt.Errorf("inbox: commit: %w", err)
+	}
+	committed = true
+	return true, nil
+}
+
+// Record records eventID inside tx, the caller's transaction, and reports
+// whether it was new. When it returns false, the event was handled already:
+// roll tx back (or go on without the effect). Use it when you manage the
+// transaction yourself; Apply is Record plus the transaction.
+func (in *Inbox) Record(ctx context.Context, tx *sql.Tx, eventID string) (first bool, err error) {
+	if tx == nil {
+		return false, ErrNilTx
+	}
+	if err := validID(eventID); err != nil {
+		return false, err
+	}
+	res, err := tx.ExecContext(ctx, in.insert, eventID, timeArg(in.o.dialect, sqldb.Now()))
+	if err != nil {
+		return false, fmt.Errorf("inbox: record %q: %w", eventID, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("inbox: record %q: %w", eventID, err)
+	}
+	return n == 1, nil
+}
+
+// Seen reports whether eventID is recorded (committed).
+func (in *Inbox) Seen(ctx context.Context, eventID string) (bool, error) {
+	var one int
+	err := in.db.QueryRowContext(ctx, in.check, eventID).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("inbox: seen %q: %w", eventID, err)
+	}
+	return true, nil
+}
+
+// Cleanup deletes the IDs recorded longer ago than the retention
+// (WithRetention) and returns how many it deleted; without a retention it
+// deletes nothing. Call it periodically. See WithRetention for the risk.
+func (in *Inbox) Cleanup(ctx context.Context) (int64, error) {
+	if in.o.retention <= 0 {
+		return 0, nil
+	}
+	res, err := in.db.ExecContext(ctx, in.cleanup, timeArg(in.o.dialect, sqldb.Now().Add(-in.o.retention)))
+	if err != nil {
+		return 0, fmt.Errorf("inbox: cleanup: %w", err)
+	}
+	return res.RowsAffected()
+}

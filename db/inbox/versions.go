@@ -1,0 +1,117 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/keysched/keysched/db/sqldb"
+)
+
+// Versions gates writes on an entity's version: one row per entity (its
+// key and the highest version applied), so an event whose version is not
+// newer than the stored one (a duplicate, or an older event redelivered
+// after a newer one) is ignored. Unlike Inbox it keeps no row per event and
+// needs no retention, but it needs a version that grows with each change of
+// the entity: a sequence number per entity, the outbox's Event.Seq of the
+// events of one key, the source row's version column.
+//
+// Safe for concurrent use.
+type Versions struct {
+	db         *sql.DB
+	o          options
+	gate, read string
+}
+
+// NewVersions returns a Versions on db (table DefaultVersionsTable unless
+// WithTable). It does not touch the database: create the table with
+// CreateSchema. WithRetention is refused: versions never expire.
+func NewVersions(db *sql.DB, opts ...Option) (*Versions, error) {
+	o, err := build(db, DefaultVersionsTable, opts)
+	if err != nil {
+		return nil, err
+	}
+	if o.retention != 0 {
+		return nil, fmt.Errorf("%w: WithRetention does not apply to Versions", ErrInvalidOption)
+	}
+	v := &Versions{db: db, o: o}
+	t := o.table
+	v.gate = sqldb.Rebind(o.dialect, `INSERT INTO `+t+` (entity, version) VALUES (?, ?)
+	ON CONFLICT (entity) DO UPDATE SET version = excluded.version WHERE `+t+`.version < excluded.version
+	RETURNING version`)
+	v.read = sqldb.Rebind(o.dialect, `SELECT version FROM `+t+` WHERE entity = ?`)
+	return v, nil
+}
+
+// Schema returns the SQL that creates the versions table (idempotent).
+func (v *Versions) Schema() []string {
+	return []string{`CREATE TABLE IF NOT EXISTS ` + v.o.table + ` (entity TEXT PRIMARY KEY, version BIGINT NOT NULL)`}
+}
+
+// CreateSchema runs Schema's statements in one transaction.
+func (v *Versions) CreateSchema(ctx context.Context) error {
+	return createSchema(ctx, v.db, v.Schema())
+}
+
+// Apply runs fn in a transaction only if version is newer than the version
+// stored for entity (or none is stored), storing version in the same
+// transaction. Results:
+//   - (true, nil): version was newer; fn ran and committed with it.
+//   - (false, nil): version is not newer (a duplicate or an out-of-order
+//     redelivery): fn did not run, nothing was written.
+//   - (false, err): fn's error (as is), a database error or ctx's; nothing
+//     was written.
+//
+// Concurrent Applys on one entity serialise on its row: the newest version
+// wins, whatever the arrival order, and each version's fn runs at most once.
+// A panic in fn rolls back and is re-raised.
+func (v *Versions) Apply(ctx context.Context, entity string, version int64, fn func(tx *sql.Tx) error) (applied bool, err error) {
+	if fn == nil {
+		return false, ErrNilFunc
+	}
+	if err := validID(entity); err != nil {
+		return false, err
+	}
+	return runTx(ctx, v.db, func(tx *sql.Tx) (bool, error) {
+		newer, err := v.Gate(ctx, tx, entity, version)
+		if err != nil || !newer {
+			return false, err
+		}
+		return true, fn(tx)
+	})
+}
+
+// Gate stores version for entity inside tx, the caller's transaction, if it
+// is newer than the stored one, and reports whether it was. On false, skip
+// the write (or roll back). On PostgreSQL it locks the entity's row until tx
+// ends.
+func (v *Versions) Gate(ctx context.Context, tx *sql.Tx, entity string, version int64) (newer bool, err error) {
+	if tx == nil {
+		return false, ErrNilTx
+	}
+	if err := validID(entity); err != nil {
+		return false, err
+	}
+	var got int64
+	err = tx.QueryRowContext(ctx, v.gate, entity, version).Scan(&got)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("inbox: version gate %q: %w", entity, err)
+	}
+	return true, nil
+}
+
+// Current returns the version stored for entity; ok is false when none is.
+func (v *Versions) Current(ctx context.Context, entity string) (version int64, ok bool, err error) {
+	err = v.db.QueryRowContext(ctx, v.read, entity).Scan(&version)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("inbox: version of %q: %w", entity, err)
+	}
+	return version, true, nil
+}

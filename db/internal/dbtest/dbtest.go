@@ -1,0 +1,110 @@
+// Package dbtest opens the databases the db module's tests run on: SQLite in
+// a temporary directory, and PostgreSQL from KEYSCHED_TEST_POSTGRES.
+package dbtest
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/keysched/keysched/db/sqldb"
+)
+
+// DefaultPostgresDSN is used when KEYSCHED_TEST_POSTGRES is unset: the local
+// server's Unix socket, database keysched_test, as the current OS user (peer
+// authentication).
+const DefaultPostgresDSN = "host=/var/run/postgresql dbname=keysched_test"
+
+// EnvDSN names the variable holding the test server's DSN; EnvRequire, when
+// set to 1, turns a missing server into a failure instead of a skip (CI).
+const (
+	EnvDSN     = "KEYSCHED_TEST_POSTGRES"
+	EnvRequire = "KEYSCHED_REQUIRE_POSTGRES"
+)
+
+var (
+	pgOnce sync.Once
+	pgDB   *sql.DB
+	pgErr  error
+	seq    atomic.Int64
+)
+
+// DSN returns the PostgreSQL DSN the tests use.
+func DSN() string {
+	if d := os.Getenv(EnvDSN); d != "" {
+		return d
+	}
+	return DefaultPostgresDSN
+}
+
+// Postgres returns the shared test database, or skips t loudly (fails it
+// when KEYSCHED_REQUIRE_POSTGRES=1) when no server answers.
+func Postgres(t testing.TB) *sql.DB {
+	t.Helper()
+	pgOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		pgDB, pgErr = sqldb.OpenPostgres(ctx, DSN())
+		if pgDB != nil {
+			pgDB.SetMaxOpenConns(40)
+		}
+	})
+	if pgErr != nil {
+		msg := fmt.Sprintf("\n*** POSTGRESQL NOT AVAILABLE: %v\n*** DSN %q (set %s). These PostgreSQL tests did NOT run.\n"+
+			"*** Start it: pg_ctlcluster 15 main start; runuser -u postgres -- createuser --superuser root; runuser -u postgres -- createdb -O root keysched_test\n",
+			pgErr, DSN(), EnvDSN)
+		if os.Getenv(EnvRequire) == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return pgDB
+}
+
+// SQLite opens a fresh SQLite database file in t's temporary directory.
+func SQLite(t testing.TB) *sql.DB {
+	t.Helper()
+	db, err := sqldb.OpenSQLite(t.TempDir() + "/test.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// Table returns a table name unique in this test process, for tests that
+// share the PostgreSQL database; it drops the table and its lease table when
+// t ends.
+func Table(t testing.TB, db *sql.DB, prefix string) string {
+	name := fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), seq.Add(1))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, s := range []string{name, name + "_lease"} {
+			db.ExecContext(ctx, "DROP TABLE IF EXISTS "+s)
+		}
+		if d, _ := sqldb.Detect(db); d == sqldb.Postgres {
+			db.ExecContext(ctx, "DROP FUNCTION IF EXISTS "+name+"_notify() CASCADE")
+		}
+	})
+	return name
+}
+
+// Each runs f as a subtest on SQLite and on PostgreSQL.
+func Each(t *testing.T, f func(t *testing.T, db *sql.DB)) {
+	t.Helper()
+	t.Run("sqlite", func(t *testing.T) { f(t, SQLite(t)) })
+	t.Run("postgres", func(t *testing.T) { f(t, Postgres(t)) })
+}
+
+// Name returns the dialect's name for messages.
+func Name(db *sql.DB) string {
+	d, _ := sqldb.Detect(db)
+	return strings.ToLower(d.String())
+}

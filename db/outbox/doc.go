@@ -1,0 +1,139 @@
+// Package outbox is a transactional outbox with a per-key ordered relay on
+// keysched, for SQLite (modernc.org/sqlite, pure Go) and PostgreSQL (pgx).
+//
+// At a glance, use it if you want:
+//
+//   - an event published if and only if the transaction that caused it
+//     commits: Write inserts the event as a row in the caller's *sql.Tx, so a
+//     rolled-back transaction publishes nothing and a committed one is
+//     published at least once, whatever crashes in between;
+//   - a relay that publishes pending rows in write order per key (the row's
+//     key is its keysched key), keys in parallel on a bounded pool, with
+//     retries, dead rows, and per-key isolation: a key whose sink fails or is
+//     slow delays only its own later rows;
+//   - several relays at once (two instances of a service) without a key's
+//     rows ever going out of order: each key is claimed by one relay at a
+//     time, with a lease;
+//   - sinks for the in-process bus (BusSink), Kafka (package kafkasink,
+//     franz-go) or any func(ctx, Event) error.
+//
+// Delivery is at-least-once: a relay that dies between publishing a row and
+// marking it sent publishes it again (another relay does, after the lease
+// expires). Consumers deduplicate on Event.ID, or gate on a version: see
+// package inbox.
+//
+// # Schema
+//
+// Creation is explicit: CreateSchema, or the statements Schema returns put in
+// your migrations. New never touches the database. The outbox table (default
+// keysched_outbox) holds one row per event:
+//
+//	seq         identity (PostgreSQL) / INTEGER PRIMARY KEY AUTOINCREMENT (SQLite): write order, never reused
+//	id          TEXT UNIQUE: the event ID
+//	key, type   TEXT
+//	payload     BYTEA / BLOB
+//	headers     TEXT, a JSON object
+//	created_at  TIMESTAMPTZ / INTEGER (Unix microseconds, UTC)
+//	state       0 pending, 1 sent, 2 dead, 3 skipped
+//	attempts    sink calls made for a dead row
+//	last_error  the last attempt's error, for a dead row
+//	done_at     when the row was marked sent or dead
+//
+// with partial indexes on the pending rows (key, seq), the dead rows and the
+// sent rows, and a lease table (keysched_outbox_lease: key,
+// owner, expires_at). On PostgreSQL a statement-level AFTER INSERT trigger
+// calls pg_notify with the table's name as the channel: a relay that LISTENs
+// is woken when a transaction that wrote events commits, and polls otherwise.
+//
+// # How a relay claims a key, and why rows are not claimed one by one
+//
+// A relay claims keys, not rows. Claiming rows with SELECT ... FOR UPDATE
+// SKIP LOCKED alone cannot keep a key's order across relays: relay A locks
+// row 10 of key k, relay B skips it and takes row 11 of k, and B may publish
+// 11 before A publishes 10. So the unit of ownership is the key, and the
+// claim is a row in the lease table:
+//
+//   - A relay looks for keys that have pending rows and no live lease
+//     (walking the pending rows' keys in key order, one index probe per
+//     key, a bounded number per poll from a rotating cursor), and claims
+//     them: on PostgreSQL with
+//     INSERT ... ON CONFLICT DO NOTHING for keys nobody holds and, for
+//     expired leases, UPDATE ... FROM (SELECT ... FOR UPDATE SKIP LOCKED),
+//     so two relays racing for one expired lease never wait for each other
+//     and only one gets it; on SQLite, which has one writer, with an upsert
+//     whose WHERE accepts only an expired lease. A lease lasts
+//     WithLeaseDuration (default 30 s) and the relay renews all of its
+//     leases every third of that.
+//   - While it holds a key's lease, the relay reads that key's pending rows
+//     in seq order, beyond the last one it took, and submits them to its
+//     keysched scheduler under the key: one at a time per key, in order.
+//     Published rows are marked sent (or deleted) in batches.
+//   - A key with nothing left in flight and nothing pending is released
+//     (its lease row deleted), so another relay can take it when new rows
+//     arrive. A key held for longer than a lease duration stops fetching,
+//     and is released once its rows in flight are settled, then claimed
+//     afresh (by any relay) from its oldest pending row: that spreads busy
+//     keys over the relays and bounds how long a row committed out of seq
+//     order (below) waits. Close releases all of the relay's keys.
+//
+// Each relay keeps, per key, the local time at which its lease ends,
+// measured from before the claim or renewal was sent, so it is never later
+// than the database's expiry. A row is published only before that deadline,
+// and the sink's context ends at it. Once a lease is lost (not renewed in
+// time, or found taken by another relay), the relay publishes nothing more of
+// that key: its rows in flight are given back unpublished (they stay pending)
+// and the key is forgotten until claimed again, from its oldest pending row.
+//
+// What happens when a relay dies holding a lease: its keys stay claimed
+// until their leases expire (at most the lease duration), so their rows wait
+// that long; then any relay claims them and publishes from each key's oldest
+// pending row. Rows the dead relay had published but not yet marked sent are
+// published again: duplicates, in order (the key's stream restarts from an
+// earlier row and goes on in order; no row is skipped). No row is lost and no
+// key is published by two relays at once, on one condition: a sink call
+// started before the lease ended must not land after it. The sink's context
+// ends with the lease; a sink that ignores it (or a broker that completes a
+// produce after the client gave up on it) can deliver late, after another
+// relay's newer rows. Keep the lease well above your sink's timeout.
+//
+// Order is seq order, which is insert order. On PostgreSQL two transactions
+// writing events of one key at once insert in one order and may commit in
+// the other; the relay could then see (and publish) the later seq first, and
+// the earlier one when it next reads the key from its oldest pending row
+// (within about a lease duration). Make a key's transactions serialise on
+// that key, as state changes usually do (update the entity's row, which locks
+// it, before Write). On SQLite writers are serialised anyway.
+//
+// Leases are only as good as the clocks: expiry is decided by the database
+// server's clock on PostgreSQL and by the wall clocks of the processes
+// sharing the file on SQLite, while a relay's own deadline runs on its
+// monotonic clock. A clock stepped forward by more than the margin between
+// the two can let a lease expire early, and two relays publish one key at
+// once, briefly. All relays of one outbox must use the same failure policy:
+// a Continue relay goes past dead rows that a Park relay stops at.
+//
+// # Failures
+//
+// A sink error is retried with the relay's retry policy (WithRetry; default
+// DefaultRetry, 10 attempts with exponential backoff and full jitter) while
+// the key's later rows wait: other keys go on. A row that fails for good
+// (attempts exhausted, an error wrapped with keysched.Permanent, or a
+// panicking sink after its retries) is marked dead in the database with its
+// error and attempt count, and logged; it is never silently skipped. Then,
+// per WithFailurePolicy:
+//
+//   - keysched.Continue (the default): the key goes on with its next row.
+//   - keysched.Park: the key stops. Its dead row keeps every relay off the
+//     key (the claim query skips keys with a dead row), across restarts,
+//     until an operator calls Resume (publish the dead row again, then the
+//     rest) or Skip (give it up and go on). Parked lists such keys, Dead the
+//     rows.
+//
+// # Shutdown
+//
+// Close stops claiming, lets the sink calls in progress finish (until its
+// context ends), gives back the rows that had not started, marks what was
+// published and releases the leases; cancelling Run's context does the same
+// at once. Rows given back stay pending and are published by the next relay
+// to claim their key.
+package outbox

@@ -1,0 +1,10 @@
+package outbox
+
+// Crash makes the relay stop like a crashed process when Run's context
+// ends: no final marking of published rows, no release of its leases.
+// Call before Run.
+func Crash(r *Relay) { r.crash = true }
+
+// NoMark makes the relay never mark published rows sent: as if it crashed
+// right after each publish. Call before Run.
+func NoMark(r *Relay) { r.noMark = true }

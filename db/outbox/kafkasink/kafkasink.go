@@ -1,0 +1,116 @@
+// Package kafkasink publishes outbox events to Kafka with franz-go: one
+// synchronous produce per event (kgo.Client.ProduceSync), which returns once
+// the brokers acknowledged the record.
+//
+// Use it as the Sink of an outbox.Relay:
+//
+//	cl, _ := kgo.NewClient(kgo.SeedBrokers("localhost:9092"))
+//	sink, _ := kafkasink.New(cl, "orders")
+//	relay, _ := ob.NewRelay(sink)
+//
+// The record's key is the event's key, its value the payload, its timestamp
+// the event's creation time; its headers are the event's headers (sorted by name) plus
+// HeaderID, HeaderType and HeaderSeq. With franz-go's default partitioner a
+// key's records go to one partition, and the relay produces a key's events
+// one at a time, in order, so a key's events land in its partition in write
+// order.
+//
+// franz-go's producer is idempotent by default (do not set
+// kgo.DisableIdempotentWrite, and keep the default acks, all in-sync
+// replicas): a produce retried inside the client is written once, in order.
+// A produce the relay retries (after an error, or after a relay died between
+// producing and marking the row sent) is a new record: consumers deduplicate
+// on the HeaderID header (see package inbox).
+package kafkasink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/db/outbox"
+)
+
+// Headers the sink adds to every record.
+const (
+	HeaderID   = "keysched-event-id"
+	HeaderType = "keysched-event-type"
+	HeaderSeq  = "keysched-event-seq"
+)
+
+// ErrInvalidOption is wrapped by New's errors.
+var ErrInvalidOption = errors.New("kafkasink: invalid option")
+
+// An Option configures New.
+type Option func(*config) error
+
+type config struct {
+	topicFor func(outbox.Event) (string, error)
+}
+
+// WithTopicFunc chooses each event's topic (for example by Event.Type)
+// instead of the topic given to New. An empty topic or an error makes that
+// event's produce fail permanently: the row is marked dead.
+func WithTopicFunc(fn func(outbox.Event) (string, error)) Option {
+	return func(c *config) error {
+		if fn == nil {
+			return fmt.Errorf("%w: WithTopicFunc(nil)", ErrInvalidOption)
+		}
+		c.topicFor = fn
+		return nil
+	}
+}
+
+// New returns a Sink that produces each event to topic through cl. The
+// client is the caller's: the sink never closes it. Close the relay before
+// the client. topic may be empty only with WithTopicFunc.
+func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
+	if cl == nil {
+		return nil, fmt.Errorf("%w: nil *kgo.Client", ErrInvalidOption)
+	}
+	c := config{}
+	if topic != "" {
+		c.topicFor = func(outbox.Event) (string, error) { return topic, nil }
+	}
+	for _, opt := range opts {
+		if opt == nil {
+			return nil, fmt.Errorf("%w: nil Option", ErrInvalidOption)
+		}
+		if err := opt(&c); err != nil {
+			return nil, err
+		}
+	}
+	if c.topicFor == nil {
+		return nil, fmt.Errorf("%w: no topic (give one to New, or WithTopicFunc)", ErrInvalidOption)
+	}
+	return func(ctx context.Context, e outbox.Event) error {
+		t, err := c.topicFor(e)
+		if err == nil && t == "" {
+			err = errors.New("empty topic")
+		}
+		if err != nil {
+			return keysched.Permanent(fmt.Errorf("kafkasink: topic for event %s: %w", e.ID, err))
+		}
+		return cl.ProduceSync(ctx, Record(t, e)).FirstErr()
+	}, nil
+}
+
+// Record returns the record New's sink produces for e on topic.
+func Record(topic string, e outbox.Event) *kgo.Record {
+	hs := make([]kgo.RecordHeader, 0, len(e.Headers)+3)
+	for _, k := range slices.Sorted(maps.Keys(e.Headers)) {
+		hs = append(hs, kgo.RecordHeader{Key: k, Value: []byte(e.Headers[k])})
+	}
+	hs = append(hs,
+		kgo.RecordHeader{Key: HeaderID, Value: []byte(e.ID)},
+		kgo.RecordHeader{Key: HeaderType, Value: []byte(e.Type)},
+		kgo.RecordHeader{Key: HeaderSeq, Value: []byte(strconv.FormatInt(e.Seq, 10))},
+	)
+	return &kgo.Record{Topic: topic, Key: []byte(e.Key), Value: e.Payload, Headers: hs, Timestamp: e.CreatedAt}
+}

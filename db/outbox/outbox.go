@@ -1,0 +1,424 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/keysched/keysched/db/sqldb"
+)
+
+// Dialect names the database an Outbox writes to. See the constants.
+type Dialect = sqldb.Dialect
+
+// The dialects. Auto (the default) finds out from the *sql.DB's driver:
+// pgx's stdlib driver is Postgres, modernc.org/sqlite is SQLite.
+const (
+	Auto     = sqldb.Auto
+	Postgres = sqldb.Postgres
+	SQLite   = sqldb.SQLite
+)
+
+// DefaultTable is the outbox table's name when WithTable is not given. The
+// relay's lease table is named after it with the suffix "_lease".
+const DefaultTable = "keysched_outbox"
+
+// Sentinel errors. Compare with errors.Is.
+var (
+	// ErrInvalidOption is wrapped by every error New and NewRelay return
+	// for a bad option.
+	ErrInvalidOption = errors.New("outbox: invalid option")
+	// ErrInvalidEvent is wrapped by Write's error for an event it refuses
+	// (an empty key, a key or type too long). Nothing was written.
+	ErrInvalidEvent = errors.New("outbox: invalid event")
+	// ErrDuplicateID is wrapped by Write's error when the outbox already
+	// holds a row with the event's ID. On PostgreSQL the caller's
+	// transaction is aborted by the failed insert and must be rolled back.
+	ErrDuplicateID = errors.New("outbox: duplicate event ID")
+	// ErrNilTx is returned by Write for a nil transaction.
+	ErrNilTx = errors.New("outbox: nil transaction")
+	// ErrNotParked is returned by Resume and Skip for a key with no dead row.
+	ErrNotParked = errors.New("outbox: key has no dead row")
+	// ErrClosed is returned by Run after Close, and by Run when the relay
+	// has already run: a Relay runs once.
+	ErrClosed = errors.New("outbox: relay closed")
+	// ErrNilSink is returned by NewRelay for a nil sink.
+	ErrNilSink = errors.New("outbox: nil sink")
+)
+
+// MaxKeyLen and MaxTypeLen bound an event's key and type, in bytes.
+const (
+	MaxKeyLen  = 1024
+	MaxTypeLen = 256
+)
+
+// An Event is one outbox row: what a relay hands to its Sink.
+type Event struct {
+	// ID is the producer-assigned event ID, unique in the outbox. Write
+	// fills an empty one with a UUIDv7 (time-ordered, RFC 9562). Consumers
+	// deduplicate on it (see package inbox).
+	ID string
+	// Key is the event's ordering key: the relay publishes a key's events
+	// one at a time, in the order they were written, and different keys
+	// in parallel. Non-empty, at most MaxKeyLen bytes.
+	Key string
+	// Type names the kind of event (free form, at most MaxTypeLen bytes;
+	// may be empty).
+	Type string
+	// Payload is the event's body, stored as bytes (BYTEA, BLOB).
+	Payload []byte
+	// Headers is metadata (a correlation ID, a trace parent...), stored as
+	// a JSON object. nil and an empty map both read back as nil.
+	Headers map[string]string
+	// CreatedAt is when the event was written; Write sets a zero one to the
+	// current time. Stored with microsecond precision, read back in UTC.
+	CreatedAt time.Time
+	// Seq is the row's position in the outbox, assigned by the database on
+	// insert (Write ignores it): increasing in insert order, never reused.
+	// A key's events are published in Seq order.
+	Seq int64
+}
+
+// An Outbox writes events into an outbox table, in the caller's
+// transactions, and makes the relays that publish them. It holds no
+// connection of its own: every call uses the *sql.DB it was made with, or
+// the transaction given. Safe for concurrent use.
+type Outbox struct {
+	db      *sql.DB
+	dialect Dialect
+	table   string
+	q       queries
+}
+
+// An Option configures New.
+type Option func(*Outbox) error
+
+// WithDialect says which database db is (Postgres or SQLite), for drivers
+// New cannot recognise. Default Auto: found from the driver.
+func WithDialect(d Dialect) Option {
+	return func(o *Outbox) error {
+		if d != Auto && d != Postgres && d != SQLite {
+			return fmt.Errorf("%w: WithDialect(%v)", ErrInvalidOption, d)
+		}
+		o.dialect = d
+		return nil
+	}
+}
+
+// WithTable names the outbox table (default DefaultTable): lower-case
+// letters, digits and underscores, starting with a letter or underscore, at
+// most 48 bytes. The lease table is name+"_lease".
+func WithTable(name string) Option {
+	return func(o *Outbox) error {
+		if !sqldb.ValidIdent(name) {
+			return fmt.Errorf("%w: WithTable(%q): want [a-z_][a-z0-9_]*, at most 48 bytes", ErrInvalidOption, name)
+		}
+		o.table = name
+		return nil
+	}
+}
+
+// New returns an Outbox on db. It does not touch the database: create the
+// tables once with CreateSchema (or with the SQL that Schema returns, in your
+// own migrations). A nil db or a bad option is an error wrapping
+// ErrInvalidOption.
+func New(db *sql.DB, opts ...Option) (*Outbox, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: nil *sql.DB", ErrInvalidOption)
+	}
+	o := &Outbox{db: db, table: DefaultTable}
+	for _, opt := range opts {
+		if opt == nil {
+			return nil, fmt.Errorf("%w: nil Option", ErrInvalidOption)
+		}
+		if err := opt(o); err != nil {
+			return nil, err
+		}
+	}
+	d, err := sqldb.Resolve(db, o.dialect)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
+	}
+	o.dialect = d
+	o.q = newQueries(d, o.table)
+	return o, nil
+}
+
+// DB returns the database the Outbox was made with.
+func (o *Outbox) DB() *sql.DB { return o.db }
+
+// Dialect returns the Outbox's database dialect (never Auto).
+func (o *Outbox) Dialect() Dialect { return o.dialect }
+
+// Table returns the outbox table's name.
+func (o *Outbox) Table() string { return o.table }
+
+// Schema returns the SQL statements that create the outbox's tables, indexes
+// and (on PostgreSQL) the trigger that notifies relays of new rows, in order.
+// Each is idempotent (IF NOT EXISTS, OR REPLACE). Use it to put the schema
+// into your own migrations.
+func (o *Outbox) Schema() []string { return schema(o.dialect, o.table) }
+
+// CreateSchema runs Schema's statements in one transaction. It is
+// idempotent, but not meant to race with itself: on PostgreSQL two concurrent
+// first runs can fail on the catalog's unique indexes; run it once at start-up
+// or from a migration.
+func (o *Outbox) CreateSchema(ctx context.Context) error {
+	tx, err := o.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("outbox: create schema: %w", err)
+	}
+	defer tx.Rollback()
+	for _, stmt := range o.Schema() {
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("outbox: create schema: %w\n%s", err, stmt)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("outbox: create schema: %w", err)
+	}
+	return nil
+}
+
+// Write inserts e as a pending outbox row inside tx, the caller's
+// transaction: the row becomes visible to relays when, and only if, tx
+// commits. It is one INSERT and no other write (on PostgreSQL the schema's
+// statement trigger queues a NOTIFY, delivered on commit). It returns the
+// event's ID (generated when e.ID is empty).
+//
+// Order: a key's events are published in insert order (Seq). On PostgreSQL,
+// two transactions that write events of one key concurrently are ordered by
+// when they inserted, not when they committed, and the relay may see the later
+// one first: write a key's events in transactions that serialise on that key
+// (update the entity's row before Write, which locks it), as a state change
+// usually does. SQLite runs one write transaction at a time, so there insert
+// order is commit order.
+//
+// Errors: ErrNilTx, ErrInvalidEvent, ErrDuplicateID (wrapped), ctx's error,
+// or the database's. On PostgreSQL any error aborts tx.
+func (o *Outbox) Write(ctx context.Context, tx *sql.Tx, e Event) (id string, err error) {
+	if tx == nil {
+		return "", ErrNilTx
+	}
+	if err := validate(&e); err != nil {
+		return "", err
+	}
+	if e.ID == "" {
+		u, err := uuid.NewV7()
+		if err != nil {
+			return "", fmt.Errorf("outbox: generate event ID: %w", err)
+		}
+		e.ID = u.String()
+	}
+	if e.CreatedAt.IsZero() {
+		e.CreatedAt = sqldb.Now()
+	}
+	var headers any
+	if len(e.Headers) > 0 {
+		b, err := json.Marshal(e.Headers)
+		if err != nil {
+			return "", fmt.Errorf("%w: headers: %w", ErrInvalidEvent, err)
+		}
+		headers = string(b)
+	}
+	payload := e.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	// A plain Exec on the caller's transaction: preparing a statement on
+	// the *sql.DB would need a second connection, which a pool of one
+	// (common with SQLite) held by tx would never give.
+	if _, err = tx.ExecContext(ctx, o.q.insert, e.ID, e.Key, e.Type, payload, headers, o.q.timeArg(e.CreatedAt)); err != nil {
+		if sqldb.IsUniqueViolation(err) {
+			return "", fmt.Errorf("%w: %q: %w", ErrDuplicateID, e.ID, err)
+		}
+		return "", fmt.Errorf("outbox: write event %q: %w", e.ID, err)
+	}
+	return e.ID, nil
+}
+
+func validate(e *Event) error {
+	switch {
+	case e.Key == "":
+		return fmt.Errorf("%w: empty key", ErrInvalidEvent)
+	case len(e.Key) > MaxKeyLen:
+		return fmt.Errorf("%w: key of %d bytes (at most %d)", ErrInvalidEvent, len(e.Key), MaxKeyLen)
+	case len(e.Type) > MaxTypeLen:
+		return fmt.Errorf("%w: type of %d bytes (at most %d)", ErrInvalidEvent, len(e.Type), MaxTypeLen)
+	case len(e.ID) > 256:
+		return fmt.Errorf("%w: ID of %d bytes (at most 256)", ErrInvalidEvent, len(e.ID))
+	case strings.ContainsRune(e.Key, 0) || strings.ContainsRune(e.ID, 0) || strings.ContainsRune(e.Type, 0):
+		return fmt.Errorf("%w: NUL byte in ID, key or type", ErrInvalidEvent)
+	}
+	return nil
+}
+
+// State is an outbox row's state.
+type State int
+
+// The row states. A row is written Pending; the relay makes it Sent (or
+// deletes it, without retention) or Dead; Skip makes a Dead row Skipped and
+// Resume makes it Pending again.
+const (
+	Pending State = 0
+	Sent    State = 1
+	Dead    State = 2
+	Skipped State = 3
+)
+
+// String returns the state's name.
+func (s State) String() string {
+	switch s {
+	case Pending:
+		return "pending"
+	case Sent:
+		return "sent"
+	case Dead:
+		return "dead"
+	case Skipped:
+		return "skipped"
+	}
+	return fmt.Sprintf("State(%d)", int(s))
+}
+
+// A DeadEvent is an outbox row that a relay failed to publish for good.
+type DeadEvent struct {
+	Event
+	// Attempts counts the sink calls made for the row, over all relays
+	// and Resumes.
+	Attempts int
+	// Err is the last attempt's error, as text.
+	Err string
+	// DiedAt is when the row was marked dead.
+	DiedAt time.Time
+}
+
+// Dead returns up to limit dead rows (limit >= 1), oldest first: the events
+// that failed for good and have been neither resumed nor skipped. Under the
+// Park policy each such row stops its key.
+func (o *Outbox) Dead(ctx context.Context, limit int) ([]DeadEvent, error) {
+	if limit < 1 {
+		return nil, fmt.Errorf("outbox: Dead: limit %d < 1", limit)
+	}
+	rows, err := o.db.QueryContext(ctx, o.q.listDead, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: list dead rows: %w", err)
+	}
+	defer rows.Close()
+	var out []DeadEvent
+	for rows.Next() {
+		var d DeadEvent
+		var headers sql.NullString
+		var lastErr sql.NullString
+		created, died := o.q.timeDest(), o.q.timeDest()
+		if err := rows.Scan(&d.Seq, &d.ID, &d.Key, &d.Type, &d.Payload, &headers, created, &d.Attempts, &lastErr, died); err != nil {
+			return nil, fmt.Errorf("outbox: list dead rows: %w", err)
+		}
+		d.CreatedAt, d.DiedAt = o.q.timeOf(created), o.q.timeOf(died)
+		d.Err = lastErr.String
+		if d.Headers, err = decodeHeaders(headers); err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: list dead rows: %w", err)
+	}
+	return out, nil
+}
+
+// Parked returns the keys that have a dead row, sorted. Under the Park
+// policy these keys are stopped until Resume or Skip.
+func (o *Outbox) Parked(ctx context.Context) ([]string, error) {
+	rows, err := o.db.QueryContext(ctx, o.q.parkedKeys)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: parked keys: %w", err)
+	}
+	defer rows.Close()
+	var keys []string
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return nil, fmt.Errorf("outbox: parked keys: %w", err)
+		}
+		keys = append(keys, k)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: parked keys: %w", err)
+	}
+	return keys, nil
+}
+
+// Resume makes the key's oldest dead row pending again, so a relay publishes
+// it (and, under Park, the key's later rows after it) with a fresh attempt
+// budget. Its attempt count and last error are kept. It returns ErrNotParked
+// when the key has no dead row. Under the Continue policy the key's later rows
+// may have been published already: the resumed row then arrives after them.
+func (o *Outbox) Resume(ctx context.Context, key string) error {
+	return o.moveDead(ctx, key, Pending)
+}
+
+// Skip gives up the key's oldest dead row for good (it becomes Skipped, with
+// its error and attempts kept) so that, under Park, the key goes on with its
+// next row. It returns ErrNotParked when the key has no dead row.
+func (o *Outbox) Skip(ctx context.Context, key string) error {
+	return o.moveDead(ctx, key, Skipped)
+}
+
+func (o *Outbox) moveDead(ctx context.Context, key string, to State) error {
+	res, err := o.db.ExecContext(ctx, o.q.moveDead, int(to), key, key)
+	if err != nil {
+		return fmt.Errorf("outbox: %v key %q: %w", to, key, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("outbox: %v key %q: %w", to, key, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: %q", ErrNotParked, key)
+	}
+	return nil
+}
+
+// Count returns how many rows are in each state (rows deleted when sent are
+// not counted).
+func (o *Outbox) Count(ctx context.Context) (map[State]int64, error) {
+	rows, err := o.db.QueryContext(ctx, o.q.countStates)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: count: %w", err)
+	}
+	defer rows.Close()
+	out := map[State]int64{}
+	for rows.Next() {
+		var s int
+		var n int64
+		if err := rows.Scan(&s, &n); err != nil {
+			return nil, fmt.Errorf("outbox: count: %w", err)
+		}
+		out[State(s)] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: count: %w", err)
+	}
+	return out, nil
+}
+
+func decodeHeaders(h sql.NullString) (map[string]string, error) {
+	if !h.Valid || h.String == "" {
+		return nil, nil
+	}
+	var m map[string]string
+	if err := json.Unmarshal([]byte(h.String), &m); err != nil {
+		return nil, fmt.Errorf("outbox: bad headers JSON %q: %w", h.String, err)
+	}
+	if len(m) == 0 {
+		return nil, nil
+	}
+	return m, nil
+}

@@ -1,0 +1,1220 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/keysched/keysched"
+)
+
+// A Sink publishes one event: to a broker, a bus, an HTTP endpoint. It
+// returns nil once the event is published (durably, for a broker); an error
+// makes the relay retry it with its retry policy, then mark the row dead.
+// Wrap an error with keysched.Permanent to give up at once.
+//
+// The relay calls a Sink for one key at a time, in the key's write order,
+// and for different keys concurrently: a Sink must be safe for concurrent
+// use. ctx ends when the relay's lease on the key ends (see the package doc)
+// or when the relay shuts down: a Sink must return promptly then, and a
+// publish still in flight after that may reach the broker after another relay
+// has taken the key over. The same event can be published more than once
+// (at-least-once): consumers deduplicate on Event.ID (see package inbox).
+type Sink func(ctx context.Context, e Event) error
+
+// Defaults of the relay's options.
+const (
+	DefaultBatchSize     = 1000
+	DefaultKeyBatch      = 100
+	DefaultPollInterval  = 200 * time.Millisecond
+	DefaultLeaseDuration = 30 * time.Second
+	DefaultWorkers       = 64
+)
+
+// DefaultRetry is the relay's retry policy unless WithRetry says otherwise:
+// 10 attempts, backoff ceilings from 100 ms doubling to 30 s (full jitter).
+var DefaultRetry = keysched.RetryPolicy{MaxAttempts: 10, InitialBackoff: 100 * time.Millisecond, MaxBackoff: 30 * time.Second, Multiplier: 2}
+
+// A RelayOption configures NewRelay.
+type RelayOption func(*relayConfig) error
+
+type relayConfig struct {
+	retry       keysched.RetryPolicy
+	policy      keysched.FailurePolicy
+	workers     int
+	taskTimeout time.Duration
+	batch       int
+	keyBatch    int
+	maxKeys     int
+	poll        time.Duration
+	lease       time.Duration
+	retention   time.Duration
+	listen      bool
+	logger      *slog.Logger
+	owner       string
+	onDead      func(DeadEvent)
+}
+
+func badOption(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
+}
+
+// WithRetry sets the retry policy of a failing sink call (default
+// DefaultRetry). A RetryPolicy with MaxAttempts 1 never retries. See
+// keysched.RetryPolicy. A panicking sink is retried like a failing one.
+func WithRetry(p keysched.RetryPolicy) RelayOption {
+	return func(c *relayConfig) error { c.retry = p; return nil }
+}
+
+// WithFailurePolicy says what a key does once one of its rows failed for
+// good and was marked dead: keysched.Continue (the default) goes on with the
+// key's next row; keysched.Park stops the key, in the database, for every
+// relay, until Resume or Skip (the other keys go on).
+//
+// The relay implements Park itself, in the database, rather than with the
+// scheduler's in-memory park: a parked key must stay parked when its relay
+// stops or dies, and must be seen by every relay.
+func WithFailurePolicy(p keysched.FailurePolicy) RelayOption {
+	return func(c *relayConfig) error {
+		if p != keysched.Continue && p != keysched.Park {
+			return badOption("WithFailurePolicy(%d)", int(p))
+		}
+		c.policy = p
+		return nil
+	}
+}
+
+// WithWorkers sets how many sink calls run at once, over all keys (the size
+// of the relay scheduler's pool; default DefaultWorkers). n >= 1.
+func WithWorkers(n int) RelayOption {
+	return func(c *relayConfig) error {
+		if n < 1 {
+			return badOption("WithWorkers(%d)", n)
+		}
+		c.workers = n
+		return nil
+	}
+}
+
+// WithSinkTimeout bounds each sink call (d > 0); a call that overruns is a
+// failed, retried attempt. Default: bounded only by the key's lease.
+func WithSinkTimeout(d time.Duration) RelayOption {
+	return func(c *relayConfig) error {
+		if d <= 0 {
+			return badOption("WithSinkTimeout(%v)", d)
+		}
+		c.taskTimeout = d
+		return nil
+	}
+}
+
+// WithBatchSize bounds the rows the relay holds in flight (fetched and not
+// yet settled: queued, being published, or published and not yet marked), and
+// so the rows it reads per poll (default DefaultBatchSize). n >= 1.
+func WithBatchSize(n int) RelayOption {
+	return func(c *relayConfig) error {
+		if n < 1 {
+			return badOption("WithBatchSize(%d)", n)
+		}
+		c.batch = n
+		return nil
+	}
+}
+
+// WithKeyBatch bounds the rows of one key the relay holds in flight (default
+// DefaultKeyBatch, capped at the batch size). A key whose sink fails or is
+// slow holds at most this many of the batch's slots, so the other keys keep
+// flowing. n >= 1.
+func WithKeyBatch(n int) RelayOption {
+	return func(c *relayConfig) error {
+		if n < 1 {
+			return badOption("WithKeyBatch(%d)", n)
+		}
+		c.keyBatch = n
+		return nil
+	}
+}
+
+// WithMaxKeys bounds how many keys the relay leases at once (default: the
+// batch size). n >= 1.
+func WithMaxKeys(n int) RelayOption {
+	return func(c *relayConfig) error {
+		if n < 1 {
+			return badOption("WithMaxKeys(%d)", n)
+		}
+		c.maxKeys = n
+		return nil
+	}
+}
+
+// WithPollInterval sets how long the relay waits between polls when it
+// found nothing to do (default DefaultPollInterval; capped at a third of the
+// lease). On PostgreSQL a NOTIFY from a committed Write wakes it sooner
+// (see WithListen). A full batch is followed by the next poll at once.
+// d > 0.
+func WithPollInterval(d time.Duration) RelayOption {
+	return func(c *relayConfig) error {
+		if d <= 0 {
+			return badOption("WithPollInterval(%v)", d)
+		}
+		c.poll = d
+		return nil
+	}
+}
+
+// WithLeaseDuration sets how long a relay's claim on a key lasts without
+// renewal (default DefaultLeaseDuration; at least 30 ms). The relay renews its
+// leases every third of it. When a relay dies, its keys are taken over by
+// another relay after at most this long. Choose it well above your sink's
+// longest call and your database's longest stall.
+func WithLeaseDuration(d time.Duration) RelayOption {
+	return func(c *relayConfig) error {
+		if d < 30*time.Millisecond {
+			return badOption("WithLeaseDuration(%v): at least 30ms", d)
+		}
+		c.lease = d
+		return nil
+	}
+}
+
+// WithRetention keeps sent rows (state Sent, with their send time) for d
+// before the relay deletes them, for audit or replay; d == 0 (the default)
+// deletes a row as soon as it is marked sent. d >= 0.
+func WithRetention(d time.Duration) RelayOption {
+	return func(c *relayConfig) error {
+		if d < 0 {
+			return badOption("WithRetention(%v)", d)
+		}
+		c.retention = d
+		return nil
+	}
+}
+
+// WithListen turns PostgreSQL LISTEN/NOTIFY wake-ups on or off (default on;
+// no effect on SQLite). When on, the relay holds one connection of the
+// *sql.DB for as long as it runs: size the pool for it.
+func WithListen(on bool) RelayOption {
+	return func(c *relayConfig) error { c.listen = on; return nil }
+}
+
+// WithLogger sets where the relay logs database errors, lost leases and dead
+// rows (default slog.Default()). nil is an error.
+func WithLogger(l *slog.Logger) RelayOption {
+	return func(c *relayConfig) error {
+		if l == nil {
+			return badOption("WithLogger(nil)")
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// WithOwner names the relay in the lease table (default a random UUID): it
+// must be unique among the relays running on one outbox; a relay that
+// restarts with the same name takes its old leases back at once.
+func WithOwner(name string) RelayOption {
+	return func(c *relayConfig) error {
+		if name == "" || len(name) > 256 {
+			return badOption("WithOwner(%q)", name)
+		}
+		c.owner = name
+		return nil
+	}
+}
+
+// WithOnDead sets a function called after a row was marked dead, with the
+// row (for alerting). It runs on the worker, while the key waits: keep it
+// short.
+func WithOnDead(fn func(DeadEvent)) RelayOption {
+	return func(c *relayConfig) error {
+		if fn == nil {
+			return badOption("WithOnDead(nil)")
+		}
+		c.onDead = fn
+		return nil
+	}
+}
+
+// A Relay publishes an outbox's pending rows through a Sink: in order per
+// key, keys in parallel, on a keysched.Scheduler[string] whose key is the
+// row's key. Make one with Outbox.NewRelay, start it with Run, stop it with
+// Close. Several relays (in one process or several) may run on one outbox:
+// each key is published by one relay at a time (see the package doc).
+type Relay struct {
+	o     *Outbox
+	sink  Sink
+	cfg   relayConfig
+	sched *keysched.Scheduler[string]
+	log   *slog.Logger
+	epoch time.Time
+
+	wake     chan struct{} // loop wake-up (cap 1)
+	flushSig chan struct{} // flusher wake-up (cap 1)
+	closing  chan struct{} // closed by Close
+	done     chan struct{} // closed when Run returns
+	started  atomic.Bool
+	stopping atomic.Bool
+
+	closeOnce sync.Once
+	closeCtx  context.Context // set before closing is closed
+	crash     bool            // tests: leave leases and marks as a crash would
+	noMark    bool            // tests: never mark published rows (a crash right after publishing)
+
+	lastClean int64  // loop goroutine only
+	cursor    string // loop goroutine only: where the next key walk starts
+	fetchStmt *sql.Stmt
+
+	// leaseMu makes claiming and renewing take turns, so that a renewal
+	// sees every lease claimed before it (a key missing from its result is
+	// really lost).
+	leaseMu sync.Mutex
+
+	mu       sync.Mutex // guards keys, inflight, settled, tenure.inflight, active
+	keys     map[string]*tenure
+	inflight int
+	settled  int // rows settled since the last poll
+	active   int // task functions running now
+	idle     *sync.Cond
+
+	fmu    sync.Mutex
+	toMark []*job
+
+	st struct {
+		published, sinkErrors, marked, dead, abandoned, leasesLost atomic.Uint64
+		polls, notifications, dbErrors                             atomic.Uint64
+		keysHeld                                                   atomic.Int64
+		listening                                                  atomic.Bool
+	}
+}
+
+// A tenure is one holding of one key's lease by this relay. Tasks of a tenure
+// that is lost (lease gone, key parked, a row given back) publish nothing;
+// the key is then released and later claimed afresh from its oldest pending
+// row.
+type tenure struct {
+	key      string
+	deadline atomic.Int64 // r.mono() nanoseconds at which the lease ends locally
+	lost     atomic.Bool
+	after    int64 // highest seq submitted in this tenure (loop goroutine)
+	born     int64 // r.mono() when claimed
+	inflight int   // rows of this tenure not settled (r.mu)
+	fetched  bool  // rows fetched in the current poll (r.mu)
+	// draining: the tenure is older than a lease; it fetches nothing more
+	// and is released once its rows settle, so that the key is claimed
+	// afresh from its oldest pending row (r.mu). That bounds how long a
+	// row committed late with a lower seq than rows already fetched (two
+	// PostgreSQL transactions on one key committing out of insert order)
+	// waits behind the cursor.
+	draining bool
+}
+
+type job struct {
+	e Event
+	t *tenure
+}
+
+type jobKey struct{}
+
+// NewRelay returns a relay that publishes this outbox's pending rows with
+// sink. It starts the relay's scheduler (and its pool of workers) but reads
+// nothing before Run. Call Close to release it. A nil sink gets ErrNilSink, a
+// bad option an error wrapping ErrInvalidOption.
+func (o *Outbox) NewRelay(sink Sink, opts ...RelayOption) (*Relay, error) {
+	if sink == nil {
+		return nil, ErrNilSink
+	}
+	cfg := relayConfig{
+		retry:   DefaultRetry,
+		workers: DefaultWorkers,
+		batch:   DefaultBatchSize,
+		poll:    DefaultPollInterval,
+		lease:   DefaultLeaseDuration,
+		listen:  true,
+		logger:  slog.Default(),
+	}
+	for _, opt := range opts {
+		if opt == nil {
+			return nil, badOption("nil RelayOption")
+		}
+		if err := opt(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.keyBatch == 0 {
+		cfg.keyBatch = DefaultKeyBatch
+	}
+	cfg.keyBatch = min(cfg.keyBatch, cfg.batch)
+	if cfg.maxKeys == 0 {
+		cfg.maxKeys = cfg.batch
+	}
+	cfg.poll = min(cfg.poll, cfg.lease/3)
+	if cfg.owner == "" {
+		cfg.owner = uuid.NewString()
+	}
+	r := &Relay{
+		o: o, sink: sink, cfg: cfg, log: cfg.logger, epoch: time.Now(),
+		wake: make(chan struct{}, 1), flushSig: make(chan struct{}, 1),
+		closing: make(chan struct{}), done: make(chan struct{}),
+		keys: map[string]*tenure{},
+	}
+	r.idle = sync.NewCond(&r.mu)
+	sopts := []keysched.Option{
+		keysched.WithWorkers(cfg.workers),
+		keysched.WithMaxPending(cfg.batch),
+		keysched.WithMaxKeyDepth(cfg.batch),
+		keysched.WithRetry(cfg.retry),
+		keysched.WithRetryPanics(),
+		keysched.WithDeadLetter(r.onDeadLetter),
+		keysched.WithLogger(cfg.logger),
+	}
+	if cfg.taskTimeout > 0 {
+		sopts = append(sopts, keysched.WithTaskTimeout(cfg.taskTimeout))
+	}
+	s, err := keysched.New[string](sopts...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
+	}
+	r.sched = s
+	return r, nil
+}
+
+// Scheduler returns the relay's scheduler (keys are the rows' keys), for
+// metrics and inspection. Do not submit to it, Close it, or Resume/Skip its
+// keys: the relay owns it (use Relay.Resume and Relay.Skip).
+func (r *Relay) Scheduler() *keysched.Scheduler[string] { return r.sched }
+
+// Owner returns the relay's name in the lease table.
+func (r *Relay) Owner() string { return r.cfg.owner }
+
+// RelayStats is a snapshot of a relay's counters, read one by one.
+type RelayStats struct {
+	Published     uint64 // sink calls that returned nil
+	SinkErrors    uint64 // sink calls that returned an error or panicked (each retry counts)
+	Marked        uint64 // published rows marked sent (or deleted)
+	Dead          uint64 // rows this relay marked dead
+	Abandoned     uint64 // rows given back unpublished or unmarked: lease lost or ended, key parked, shutdown
+	LeasesLost    uint64 // keys whose lease expired or was taken before this relay let it go
+	Polls         uint64 // poll iterations
+	Notifications uint64 // PostgreSQL NOTIFY wake-ups received
+	DBErrors      uint64 // failed database calls (logged; the relay retries)
+	KeysHeld      int    // keys leased now
+	InFlight      int    // rows fetched and not yet settled
+	// Listening is true while a PostgreSQL LISTEN for this outbox is
+	// active (false on SQLite, with WithListen(false), and while the
+	// listening connection is being re-established).
+	Listening bool
+}
+
+// Stats returns a snapshot of the relay's counters.
+func (r *Relay) Stats() RelayStats {
+	r.mu.Lock()
+	inflight := r.inflight
+	r.mu.Unlock()
+	return RelayStats{
+		Published: r.st.published.Load(), SinkErrors: r.st.sinkErrors.Load(),
+		Marked: r.st.marked.Load(), Dead: r.st.dead.Load(), Abandoned: r.st.abandoned.Load(),
+		LeasesLost: r.st.leasesLost.Load(), Polls: r.st.polls.Load(),
+		Notifications: r.st.notifications.Load(), DBErrors: r.st.dbErrors.Load(),
+		KeysHeld: int(r.st.keysHeld.Load()), InFlight: inflight,
+		Listening: r.st.listening.Load(),
+	}
+}
+
+// Parked returns the keys with a dead row (see Outbox.Parked): under the
+// Park policy, the keys stopped until Resume or Skip.
+func (r *Relay) Parked(ctx context.Context) ([]string, error) { return r.o.Parked(ctx) }
+
+// Resume makes the key's oldest dead row pending again (Outbox.Resume) and
+// wakes the relay. Any relay of the outbox then publishes it.
+func (r *Relay) Resume(ctx context.Context, key string) error {
+	if err := r.o.Resume(ctx, key); err != nil {
+		return err
+	}
+	r.signal()
+	return nil
+}
+
+// Skip gives up the key's oldest dead row (Outbox.Skip) and wakes the relay,
+// so that under Park the key goes on with its next row.
+func (r *Relay) Skip(ctx context.Context, key string) error {
+	if err := r.o.Skip(ctx, key); err != nil {
+		return err
+	}
+	r.signal()
+	return nil
+}
+
+func (r *Relay) mono() int64 { return int64(time.Since(r.epoch)) }
+
+func (r *Relay) signal() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run reads and publishes pending rows until ctx ends or Close is called. A
+// relay runs once: a second Run, or Run after Close, returns ErrClosed.
+//
+// When Close is called, Run stops claiming and fetching, lets the sink calls
+// in progress finish (until Close's context ends: then their contexts are
+// cancelled), gives back the rows that had not started (queued behind them,
+// or waiting out a retry backoff), marks what was published, releases its
+// leases and returns nil. When ctx ends, Run does the same at once: sink
+// calls in progress see their context cancelled, and Run returns ctx's error
+// once they have returned. Rows given back stay pending: they are published
+// by this outbox's next relay to claim their key.
+func (r *Relay) Run(ctx context.Context) error {
+	if ctx == nil {
+		return keysched.ErrNilContext
+	}
+	if !r.started.CompareAndSwap(false, true) {
+		return ErrClosed
+	}
+	defer close(r.done)
+	select {
+	case <-r.closing:
+		return ErrClosed
+	default:
+	}
+	bg, cancelBG := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelBG()
+	var wg sync.WaitGroup
+	stopFlush := make(chan struct{})
+	wg.Add(2)
+	go func() { defer wg.Done(); r.flusher(bg, stopFlush) }()
+	go func() { defer wg.Done(); r.renewer(bg, stopFlush) }()
+	lctx, cancelListen := context.WithCancel(ctx)
+	defer cancelListen()
+	if r.o.dialect == Postgres && r.cfg.listen {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.listen(lctx) }()
+	}
+
+	if r.o.dialect == SQLite {
+		// One query per key and poll: parse it once (pgx caches its
+		// statements by itself).
+		if st, err := r.o.db.PrepareContext(ctx, r.o.q.fetch); err == nil {
+			r.fetchStmt = st
+			defer st.Close()
+		}
+	}
+	err := r.loop(ctx)
+
+	// Shut down: no claim after this; tasks that have not started give
+	// their rows back.
+	r.stopping.Store(true)
+	closeCtx := context.Context(nil)
+	if err == nil {
+		closeCtx = r.closeCtx
+	} else {
+		c, cancel := context.WithCancel(context.Background())
+		cancel()
+		closeCtx = c
+	}
+	_ = r.sched.Close(closeCtx) // aborted tasks come back through onDeadLetter
+	r.waitTasks()               // a sink call Close gave up on must return before the key is let go
+	close(stopFlush)
+	cancelListen()
+	wg.Wait()
+	if !r.crash {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.lease/3)
+		r.flushAll(fctx)
+		if _, e := r.o.db.ExecContext(fctx, r.o.q.releaseAll, r.cfg.owner); e != nil {
+			r.dbError("release leases", e)
+		}
+		cancel()
+	}
+	r.st.keysHeld.Store(0)
+	return err
+}
+
+// Close stops the relay: see Run. It waits for Run to return, or for ctx to
+// end (then the rows still in flight are given back and Close returns ctx's
+// error once Run has returned). Close without Run releases the scheduler.
+// Close is idempotent; only the first call's ctx bounds the drain.
+func (r *Relay) Close(ctx context.Context) error {
+	if ctx == nil {
+		return keysched.ErrNilContext
+	}
+	r.closeOnce.Do(func() {
+		r.closeCtx = ctx
+		close(r.closing)
+	})
+	if r.started.CompareAndSwap(false, true) {
+		close(r.done)
+		return r.sched.Close(ctx)
+	}
+	select {
+	case <-r.done:
+		return nil
+	case <-ctx.Done():
+		<-r.done
+		return ctx.Err()
+	}
+}
+
+func (r *Relay) beginTask() {
+	r.mu.Lock()
+	r.active++
+	r.mu.Unlock()
+}
+
+func (r *Relay) endTask() {
+	r.mu.Lock()
+	r.active--
+	if r.active == 0 {
+		r.idle.Broadcast()
+	}
+	r.mu.Unlock()
+}
+
+func (r *Relay) waitTasks() {
+	r.mu.Lock()
+	for r.active > 0 {
+		r.idle.Wait()
+	}
+	r.mu.Unlock()
+}
+
+func (r *Relay) loop(ctx context.Context) error {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-r.closing:
+			return nil
+		default:
+		}
+		if r.poll(ctx) {
+			continue // a full batch: there may be more at once
+		}
+		timer.Reset(r.cfg.poll)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-r.closing:
+			return nil
+		case <-r.wake:
+		case <-timer.C:
+		}
+	}
+}
+
+func (r *Relay) dbError(what string, err error) {
+	if errors.Is(err, context.Canceled) && r.stopping.Load() {
+		return
+	}
+	r.st.dbErrors.Add(1)
+	r.log.Warn("outbox relay: database call failed", "op", what, "table", r.o.table, "owner", r.cfg.owner, "err", err)
+}
+
+// poll does one round: renew leases when due, let ended tenures go, claim
+// keys, fetch and submit their rows, delete expired sent rows when due. It
+// reports whether the batch was filled (more may be waiting).
+func (r *Relay) poll(ctx context.Context) (full bool) {
+	r.st.polls.Add(1)
+	r.releaseEnded(ctx)
+	r.mu.Lock()
+	room := r.cfg.batch - r.inflight
+	held := len(r.keys)
+	r.settled = 0
+	r.mu.Unlock()
+	if room > 0 {
+		if held < r.cfg.maxKeys {
+			r.acquire(ctx, room)
+		}
+		n := r.fetch(ctx, room)
+		full = n == room
+		r.releaseEnded(ctx)
+	}
+	if r.cfg.retention > 0 && r.mono()-r.lastClean >= int64(max(r.cfg.poll*10, time.Second)) {
+		r.cleanup(ctx)
+	}
+	return full
+}
+
+// renewer renews the relay's leases every third of the lease duration, on
+// its own goroutine so that a slow poll cannot make them lapse.
+func (r *Relay) renewer(ctx context.Context, stop <-chan struct{}) {
+	tick := time.NewTicker(r.cfg.lease / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+			r.renew(ctx)
+		}
+	}
+}
+
+func (r *Relay) renew(ctx context.Context) {
+	r.leaseMu.Lock()
+	defer r.leaseMu.Unlock()
+	r.mu.Lock()
+	n := len(r.keys)
+	r.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	start := r.mono()
+	var keys map[string]bool
+	var err error
+	if r.o.dialect == Postgres {
+		keys, err = r.queryKeys(ctx, r.o.db, r.o.q.renew, r.cfg.owner, r.cfg.lease.Microseconds())
+	} else {
+		keys, err = r.queryKeys(ctx, r.o.db, r.o.q.renew, time.Now().Add(r.cfg.lease).UnixMicro(), r.cfg.owner)
+	}
+	if err != nil {
+		r.dbError("renew leases", err)
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k, t := range r.keys {
+		if keys[k] {
+			t.deadline.Store(start + int64(r.cfg.lease))
+		} else if !t.lost.Swap(true) {
+			r.st.leasesLost.Add(1)
+			r.log.Warn("outbox relay: lease on key lost (expired and taken over); its rows in flight are given back", "table", r.o.table, "owner", r.cfg.owner)
+		}
+	}
+}
+
+func (r *Relay) queryKeys(ctx context.Context, q interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}, query string, args ...any) (map[string]bool, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	keys := map[string]bool{}
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return nil, err
+		}
+		keys[k] = true
+	}
+	return keys, rows.Err()
+}
+
+// releaseEnded forgets tenures with nothing in flight that are lost or found
+// idle, and deletes their lease rows (those still ours).
+func (r *Relay) releaseEnded(ctx context.Context) {
+	var ended []string
+	r.mu.Lock()
+	for k, t := range r.keys {
+		if t.inflight == 0 && (t.lost.Load() || !t.fetched || t.draining) {
+			delete(r.keys, k)
+			ended = append(ended, k)
+		}
+	}
+	r.st.keysHeld.Store(int64(len(r.keys)))
+	r.mu.Unlock()
+	if len(ended) == 0 {
+		return
+	}
+	var err error
+	if r.o.dialect == Postgres {
+		_, err = r.o.db.ExecContext(ctx, r.o.q.release, r.cfg.owner, ended)
+	} else {
+		for len(ended) > 0 && err == nil {
+			n := min(len(ended), 500)
+			args := []any{r.cfg.owner}
+			for _, k := range ended[:n] {
+				args = append(args, k)
+			}
+			_, err = r.o.db.ExecContext(ctx, r.o.q.release+inList(n), args...)
+			ended = ended[n:]
+		}
+	}
+	if err != nil {
+		// The leases expire by themselves; the keys are only delayed.
+		r.dbError("release leases", err)
+	}
+}
+
+func (r *Relay) sqliteTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := r.o.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// acquire claims up to room keys that have pending rows and no live lease.
+func (r *Relay) acquire(ctx context.Context, room int) {
+	q := r.o.q.candidates
+	if r.cfg.policy == keysched.Park {
+		q = r.o.q.candidatesPark
+	}
+	// Visit at most this many keys per poll; the cursor moves on, and
+	// wraps around at the last key, so every key gets its turn.
+	walk := 4*room + 64
+	args := []any{r.cursor, walk}
+	if r.o.dialect == SQLite {
+		args = append(args, time.Now().UnixMicro())
+	}
+	args = append(args, r.cfg.owner) // a lease of ours with no tenure (a restart under the same name) is free to us
+	rows, err := r.o.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		r.dbError("find keys", err)
+		return
+	}
+	var found []string
+	visited, last := 0, ""
+	for rows.Next() {
+		var k string
+		var free bool
+		if err := rows.Scan(&k, &free); err != nil {
+			rows.Close()
+			r.dbError("find keys", err)
+			return
+		}
+		visited++
+		last = k
+		if free {
+			found = append(found, k)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		r.dbError("find keys", err)
+		return
+	}
+	if visited < walk {
+		r.cursor = "" // reached the last key: start over next time
+	} else {
+		r.cursor = last
+	}
+	var cands []string
+	seen := map[string]bool{}
+	r.mu.Lock()
+	// A key claimed without a slot to fill would only be released again.
+	limit := min(r.cfg.maxKeys-len(r.keys), room)
+	for _, k := range found {
+		if !seen[k] && r.keys[k] == nil && len(cands) < limit {
+			seen[k] = true
+			cands = append(cands, k)
+		}
+	}
+	r.mu.Unlock()
+	if len(cands) == 0 {
+		return
+	}
+	sort.Strings(cands) // one lock order for every relay
+	r.leaseMu.Lock()
+	defer r.leaseMu.Unlock()
+	start := r.mono()
+	got := map[string]bool{}
+	if r.o.dialect == Postgres {
+		micros := r.cfg.lease.Microseconds()
+		ins, err := r.queryKeys(ctx, r.o.db, r.o.q.acquireInsert, cands, r.cfg.owner, micros)
+		if err != nil {
+			r.dbError("claim keys", err)
+			return
+		}
+		var rest []string
+		for _, k := range cands {
+			if ins[k] {
+				got[k] = true
+			} else {
+				rest = append(rest, k)
+			}
+		}
+		if len(rest) > 0 {
+			taken, err := r.queryKeys(ctx, r.o.db, r.o.q.acquireTakeover, rest, r.cfg.owner, micros)
+			if err != nil {
+				r.dbError("take over expired keys", err)
+			}
+			for k := range taken {
+				got[k] = true
+			}
+		}
+	} else {
+		now := time.Now()
+		exp := now.Add(r.cfg.lease).UnixMicro()
+		for len(cands) > 0 {
+			n := min(len(cands), 300)
+			args := make([]any, 0, 3*n+1)
+			var b strings.Builder
+			for i, k := range cands[:n] {
+				if i > 0 {
+					b.WriteString(", ")
+				}
+				b.WriteString("(?, ?, ?)")
+				args = append(args, k, r.cfg.owner, exp)
+			}
+			args = append(args, now.UnixMicro())
+			ks, err := r.queryKeys(ctx, r.o.db, fmt.Sprintf(r.o.q.acquireUpsert, b.String()), args...)
+			if err != nil {
+				r.dbError("claim keys", err)
+				break
+			}
+			for k := range ks {
+				got[k] = true
+			}
+			cands = cands[n:]
+		}
+	}
+	r.mu.Lock()
+	for k := range got {
+		t := &tenure{key: k, born: start}
+		t.deadline.Store(start + int64(r.cfg.lease))
+		r.keys[k] = t
+	}
+	r.st.keysHeld.Store(int64(len(r.keys)))
+	r.mu.Unlock()
+}
+
+// fetch reads up to room pending rows of the held keys, beyond what each
+// tenure already submitted, and submits them in order. It returns how many
+// it submitted.
+func (r *Relay) fetch(ctx context.Context, room int) int {
+	type want struct {
+		t     *tenure
+		limit int
+	}
+	var wants []want
+	now := r.mono()
+	r.mu.Lock()
+	for _, t := range r.keys {
+		t.fetched = t.inflight > 0
+		if now-t.born > int64(r.cfg.lease) {
+			t.draining = true
+		}
+		if t.lost.Load() || t.draining {
+			continue
+		}
+		if l := r.cfg.keyBatch - t.inflight; l > 0 {
+			wants = append(wants, want{t, l})
+		}
+	}
+	r.mu.Unlock()
+	if len(wants) == 0 {
+		return 0
+	}
+	var evs []Event
+	var err error
+	if r.o.dialect == Postgres {
+		keys := make([]string, len(wants))
+		afters := make([]int64, len(wants))
+		for i, w := range wants {
+			keys[i], afters[i] = w.t.key, w.t.after
+		}
+		evs, err = r.scanEvents(r.o.db.QueryContext(ctx, r.o.q.fetch, keys, afters, r.cfg.keyBatch, room))
+	} else {
+		left := room
+		for _, w := range wants {
+			if left == 0 {
+				break
+			}
+			var rows *sql.Rows
+			var e error
+			if r.fetchStmt != nil {
+				rows, e = r.fetchStmt.QueryContext(ctx, w.t.key, w.t.after, min(w.limit, left))
+			} else {
+				rows, e = r.o.db.QueryContext(ctx, r.o.q.fetch, w.t.key, w.t.after, min(w.limit, left))
+			}
+			more, e := r.scanEvents(rows, e)
+			if e != nil {
+				err = e
+				break
+			}
+			evs = append(evs, more...)
+			left -= len(more)
+		}
+	}
+	if err != nil {
+		r.dbError("fetch rows", err)
+		// Rows read before the error are still submitted below: each key's
+		// rows are complete up to where they stop.
+	}
+	quota := make(map[*tenure]int, len(wants))
+	for _, w := range wants {
+		quota[w.t] = w.limit
+	}
+	stopped := map[*tenure]bool{}
+	n := 0
+	r.mu.Lock()
+	byKey := make(map[string]*tenure, len(wants))
+	for _, w := range wants {
+		byKey[w.t.key] = w.t
+	}
+	r.mu.Unlock()
+	for _, e := range evs {
+		t := byKey[e.Key]
+		if t == nil || stopped[t] || quota[t] == 0 || n == room {
+			// Never submit a later row of a key whose earlier row was
+			// left out: the cursor would pass over it.
+			if t != nil {
+				stopped[t] = true
+			}
+			continue
+		}
+		quota[t]--
+		r.submit(t, e)
+		n++
+	}
+	return n
+}
+
+func (r *Relay) scanEvents(rows *sql.Rows, err error) ([]Event, error) {
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var evs []Event
+	for rows.Next() {
+		var e Event
+		var headers sql.NullString
+		var attempts int
+		created := r.o.q.timeDest()
+		if err := rows.Scan(&e.Seq, &e.ID, &e.Key, &e.Type, &e.Payload, &headers, created, &attempts); err != nil {
+			return evs, err
+		}
+		e.CreatedAt = r.o.q.timeOf(created)
+		if e.Headers, err = decodeHeaders(headers); err != nil {
+			return evs, err
+		}
+		evs = append(evs, e)
+	}
+	return evs, rows.Err()
+}
+
+func (r *Relay) submit(t *tenure, e Event) {
+	j := &job{e: e, t: t}
+	r.mu.Lock()
+	r.inflight++
+	t.inflight++
+	t.fetched = true
+	r.mu.Unlock()
+	t.after = e.Seq
+	jctx := context.WithValue(context.Background(), jobKey{}, j)
+	if _, err := r.sched.TrySubmit(jctx, e.Key, func(ctx context.Context) error { return r.runJob(ctx, j) }); err != nil {
+		// Cannot happen while the bounds match the batch; give the row
+		// back and start the key afresh rather than lose it.
+		r.log.Error("outbox relay: scheduler refused a row", "err", err)
+		r.abandon(j)
+	}
+}
+
+func (r *Relay) runJob(ctx context.Context, j *job) error {
+	r.beginTask()
+	defer r.endTask()
+	t := j.t
+	if t.lost.Load() || r.stopping.Load() {
+		r.abandon(j)
+		return nil
+	}
+	dl := t.deadline.Load()
+	if r.mono() >= dl {
+		if !t.lost.Swap(true) {
+			r.st.leasesLost.Add(1)
+		}
+		r.abandon(j)
+		return nil
+	}
+	sctx, cancel := context.WithDeadline(ctx, r.epoch.Add(time.Duration(dl)))
+	err := r.sink(sctx, j.e)
+	cancel()
+	if err == nil {
+		r.st.published.Add(1)
+		if r.noMark {
+			return nil
+		}
+		r.fmu.Lock()
+		r.toMark = append(r.toMark, j)
+		r.fmu.Unlock()
+		select {
+		case r.flushSig <- struct{}{}:
+		default:
+		}
+		return nil
+	}
+	r.st.sinkErrors.Add(1)
+	if t.lost.Load() || r.mono() >= t.deadline.Load() || (r.stopping.Load() && ctx.Err() != nil) {
+		// The lease ended or the relay is stopping: not the row's failure.
+		t.lost.Store(true)
+		r.abandon(j)
+		return nil
+	}
+	return err
+}
+
+// onDeadLetter receives rows whose sink calls failed for good, and rows the
+// scheduler's Close gave up on.
+func (r *Relay) onDeadLetter(dl keysched.DeadLetter[string]) {
+	j, _ := dl.Context.Value(jobKey{}).(*job)
+	if j == nil {
+		r.log.Error("outbox relay: dead letter without its row", "err", dl.Err)
+		return
+	}
+	if r.stopping.Load() || errors.Is(dl.Err, keysched.ErrAborted) || j.t.lost.Load() || r.mono() >= j.t.deadline.Load() {
+		j.t.lost.Store(true)
+		r.abandon(j)
+		return
+	}
+	msg := "<nil>"
+	if dl.Err != nil {
+		msg = dl.Err.Error()
+	}
+	if len(msg) > 4096 {
+		msg = msg[:4096]
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.lease/3)
+	defer cancel()
+	var err error
+	if r.o.dialect == Postgres {
+		_, err = r.o.db.ExecContext(ctx, r.o.q.markDead, j.e.Seq, dl.Attempts, msg)
+	} else {
+		_, err = r.o.db.ExecContext(ctx, r.o.q.markDead, dl.Attempts, msg, time.Now().UnixMicro(), j.e.Seq)
+	}
+	if err != nil {
+		// Not marked: the row stays pending and its key starts afresh
+		// (it will be retried), rather than the key moving past it.
+		r.dbError("mark row dead", err)
+		j.t.lost.Store(true)
+		r.abandon(j)
+		return
+	}
+	r.st.dead.Add(1)
+	r.log.Warn("outbox relay: row failed for good, marked dead", "table", r.o.table, "id", j.e.ID, "seq", j.e.Seq, "attempts", dl.Attempts, "err", dl.Err, "park", r.cfg.policy == keysched.Park)
+	if r.cfg.policy == keysched.Park {
+		// The key's later rows in flight give themselves back; the key's
+		// dead row keeps every relay off it until Resume or Skip.
+		j.t.lost.Store(true)
+	}
+	if r.cfg.onDead != nil {
+		r.cfg.onDead(DeadEvent{Event: j.e, Attempts: dl.Attempts, Err: msg, DiedAt: time.Now().UTC()})
+	}
+	r.settle(j)
+}
+
+func (r *Relay) abandon(j *job) {
+	r.st.abandoned.Add(1)
+	j.t.lost.Store(true)
+	r.settle(j)
+}
+
+func (r *Relay) settle(j *job) {
+	r.mu.Lock()
+	r.inflight--
+	j.t.inflight--
+	r.settled++
+	// Refill once half a batch has settled (or the relay is half
+	// empty): a poll per settled row would read the held keys over and
+	// over for one row each. Counting settled rows, not free slots, keeps
+	// the refill rate when a failing key holds some slots for long.
+	refill := r.settled >= r.cfg.batch/2 || r.inflight <= r.cfg.batch/2
+	r.mu.Unlock()
+	if refill {
+		r.signal()
+	}
+}
+
+func (r *Relay) flusher(ctx context.Context, stop <-chan struct{}) {
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-r.flushSig:
+		case <-retry.C:
+		}
+		if !r.flushAll(ctx) {
+			retry.Reset(r.cfg.poll)
+		}
+	}
+}
+
+// flushAll marks every published row sent (or deletes it), in one statement
+// per chunk. On failure the rows stay queued, in order, for the next try.
+func (r *Relay) flushAll(ctx context.Context) bool {
+	r.fmu.Lock()
+	batch := r.toMark
+	r.toMark = nil
+	r.fmu.Unlock()
+	if len(batch) == 0 {
+		return true
+	}
+	seqs := make([]int64, len(batch))
+	for i, j := range batch {
+		seqs[i] = j.e.Seq
+	}
+	var err error
+	if r.o.dialect == Postgres {
+		q := r.o.q.markSentDelete
+		if r.cfg.retention > 0 {
+			q = r.o.q.markSentUpdate
+		}
+		_, err = r.o.db.ExecContext(ctx, q, seqs)
+	} else {
+		err = r.sqliteTx(ctx, func(tx *sql.Tx) error {
+			for len(seqs) > 0 {
+				n := min(len(seqs), 500)
+				args := make([]any, 0, n+1)
+				q := r.o.q.markSentDelete
+				if r.cfg.retention > 0 {
+					q = r.o.q.markSentUpdate
+					args = append(args, time.Now().UnixMicro())
+				}
+				for _, s := range seqs[:n] {
+					args = append(args, s)
+				}
+				if _, err := tx.ExecContext(ctx, q+inList(n), args...); err != nil {
+					return err
+				}
+				seqs = seqs[n:]
+			}
+			return nil
+		})
+	}
+	if err != nil {
+		r.dbError("mark rows sent", err)
+		r.fmu.Lock()
+		r.toMark = append(batch, r.toMark...)
+		r.fmu.Unlock()
+		return false
+	}
+	r.st.marked.Add(uint64(len(batch)))
+	for _, j := range batch {
+		r.settle(j)
+	}
+	return true
+}
+
+func (r *Relay) cleanup(ctx context.Context) {
+	r.lastClean = r.mono()
+	var err error
+	if r.o.dialect == Postgres {
+		_, err = r.o.db.ExecContext(ctx, r.o.q.cleanup, r.cfg.retention.Microseconds(), 10000)
+	} else {
+		_, err = r.o.db.ExecContext(ctx, r.o.q.cleanup, time.Now().Add(-r.cfg.retention).UnixMicro(), 10000)
+	}
+	if err != nil {
+		r.dbError("delete sent rows past retention", err)
+	}
+}
+
+func permanent(err error) error { return keysched.Permanent(err) }

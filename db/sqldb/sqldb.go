@@ -1,0 +1,211 @@
+// Package sqldb holds what the outbox and inbox packages share about the two
+// databases they run on: the SQL dialect, opening a database with the settings
+// they need, and the small differences in SQL text between the two.
+//
+// Both databases are used through database/sql, so the caller's *sql.DB and
+// *sql.Tx work with either:
+//
+//   - SQLite through modernc.org/sqlite (pure Go, no cgo), driver name
+//     "sqlite": the embedded default, a file and no setup. OpenSQLite opens
+//     one with WAL, a busy timeout and immediate transactions.
+//   - PostgreSQL through github.com/jackc/pgx/v5 and its database/sql driver
+//     (github.com/jackc/pgx/v5/stdlib), driver name "pgx". OpenPostgres opens
+//     one from a DSN.
+package sqldb
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+	"modernc.org/sqlite"
+)
+
+// Dialect names the SQL a store speaks.
+type Dialect int
+
+const (
+	// Auto means "find out from the *sql.DB's driver" (pgx's stdlib driver
+	// is PostgreSQL, modernc.org/sqlite is SQLite).
+	Auto Dialect = iota
+	// Postgres is PostgreSQL (tested on 15) through pgx's database/sql driver.
+	Postgres
+	// SQLite is SQLite (3.35 or newer, for RETURNING) through modernc.org/sqlite.
+	SQLite
+)
+
+// String returns "auto", "postgres" or "sqlite".
+func (d Dialect) String() string {
+	switch d {
+	case Auto:
+		return "auto"
+	case Postgres:
+		return "postgres"
+	case SQLite:
+		return "sqlite"
+	}
+	return "Dialect(" + strconv.Itoa(int(d)) + ")"
+}
+
+// ErrUnknownDialect is returned when a dialect is neither Postgres nor SQLite,
+// or when Detect cannot tell the dialect of a *sql.DB's driver.
+var ErrUnknownDialect = errors.New("sqldb: unknown SQL dialect")
+
+// Detect returns the dialect of db's driver: Postgres for pgx's stdlib driver,
+// SQLite for modernc.org/sqlite. Any other driver gets ErrUnknownDialect: say
+// the dialect explicitly then (WithDialect in the outbox and inbox packages).
+func Detect(db *sql.DB) (Dialect, error) {
+	if db == nil {
+		return Auto, errors.New("sqldb: nil *sql.DB")
+	}
+	switch db.Driver().(type) {
+	case *stdlib.Driver:
+		return Postgres, nil
+	case *sqlite.Driver:
+		return SQLite, nil
+	}
+	return Auto, fmt.Errorf("%w: driver %T (say WithDialect(Postgres) or WithDialect(SQLite))", ErrUnknownDialect, db.Driver())
+}
+
+// Resolve returns d, or Detect(db) when d is Auto; an invalid d is an error.
+func Resolve(db *sql.DB, d Dialect) (Dialect, error) {
+	switch d {
+	case Auto:
+		return Detect(db)
+	case Postgres, SQLite:
+		return d, nil
+	}
+	return Auto, fmt.Errorf("%w: %v", ErrUnknownDialect, d)
+}
+
+// OpenSQLite opens (creating it if missing) the SQLite database file at path
+// with the settings the outbox and inbox rely on: WAL journal (readers do not
+// block the writer), synchronous=NORMAL (durable across a process crash; the
+// last transactions may be lost on power loss, see SQLite's documentation),
+// a 10 s busy timeout (writers queue instead of failing with SQLITE_BUSY), and
+// immediate transactions (a transaction takes the write lock when it begins,
+// so two transactions never deadlock upgrading from read to write).
+//
+// SQLite has one writer at a time: every write transaction of the process
+// (and of other processes on the same file) runs one after another.
+func OpenSQLite(path string) (*sql.DB, error) {
+	if path == "" {
+		return nil, errors.New("sqldb: empty SQLite path")
+	}
+	q := url.Values{}
+	q.Add("_pragma", "busy_timeout(10000)")
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(NORMAL)")
+	q.Add("_txlock", "immediate")
+	db, err := sql.Open("sqlite", path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("sqldb: open SQLite %s: %w", path, err)
+	}
+	if err := db.PingContext(context.Background()); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("sqldb: open SQLite %s: %w", path, err)
+	}
+	return db, nil
+}
+
+// OpenPostgres opens a PostgreSQL database through pgx's database/sql driver
+// and checks that it answers (within ctx). dsn is a URL
+// (postgres://user@host/db?sslmode=disable) or a key=value string
+// (host=/var/run/postgresql dbname=app), as pgx accepts.
+func OpenPostgres(ctx context.Context, dsn string) (*sql.DB, error) {
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("sqldb: open PostgreSQL: %w", err)
+	}
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("sqldb: open PostgreSQL: %w", err)
+	}
+	return db, nil
+}
+
+// Rebind turns a query written with ? placeholders into the dialect's form:
+// $1, $2, ... for PostgreSQL, unchanged for SQLite. It does not look inside
+// string literals: the package's queries have no ? in them.
+func Rebind(d Dialect, query string) string {
+	if d != Postgres {
+		return query
+	}
+	var b strings.Builder
+	b.Grow(len(query) + 8)
+	n := 0
+	for i := 0; i < len(query); i++ {
+		if query[i] == '?' {
+			n++
+			b.WriteByte('$')
+			b.WriteString(strconv.Itoa(n))
+			continue
+		}
+		b.WriteByte(query[i])
+	}
+	return b.String()
+}
+
+// ValidIdent reports whether name can be used as a table name unquoted and
+// extended with a suffix: a lower-case letter or underscore, then lower-case
+// letters, digits or underscores, at most 48 bytes (PostgreSQL's limit is 63,
+// and the packages derive index and table names from it). No schema
+// qualifier: on PostgreSQL, choose the schema with the connection's
+// search_path.
+func ValidIdent(name string) bool {
+	if name == "" || len(name) > 48 {
+		return false
+	}
+	for i, c := range name {
+		switch {
+		case c == '_', c >= 'a' && c <= 'z':
+		case c >= '0' && c <= '9' && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// IsUniqueViolation reports whether err is a uniqueness violation: SQLSTATE
+// 23505 on PostgreSQL, SQLITE_CONSTRAINT_UNIQUE or _PRIMARYKEY on SQLite.
+func IsUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code == "23505"
+	}
+	var sqErr *sqlite.Error
+	if errors.As(err, &sqErr) {
+		// SQLITE_CONSTRAINT_PRIMARYKEY = 1555, SQLITE_CONSTRAINT_UNIQUE = 2067.
+		return sqErr.Code() == 1555 || sqErr.Code() == 2067
+	}
+	return false
+}
+
+// IsRetryable reports whether err is a transient conflict that the same
+// statement may well pass on a second try: a PostgreSQL deadlock (40P01) or
+// serialization failure (40001), SQLite's SQLITE_BUSY or SQLITE_LOCKED.
+func IsRetryable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code == "40P01" || pgErr.Code == "40001"
+	}
+	var sqErr *sqlite.Error
+	if errors.As(err, &sqErr) {
+		c := sqErr.Code() & 0xff
+		return c == 5 || c == 6
+	}
+	return false
+}
+
+// Now returns the current time as the packages store it: UTC, truncated to
+// microseconds (PostgreSQL's timestamp precision), so a time read back from
+// either database equals the one written.
+func Now() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }

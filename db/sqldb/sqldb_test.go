@@ -1,0 +1,60 @@
+package sqldb_test
+
+import (
+	"database/sql"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keysched/keysched/db/sqldb"
+)
+
+func TestRebind(t *testing.T) {
+	q := `SELECT a FROM t WHERE b = ? AND c IN (?, ?)`
+	require.Equal(t, `SELECT a FROM t WHERE b = $1 AND c IN ($2, $3)`, sqldb.Rebind(sqldb.Postgres, q))
+	require.Equal(t, q, sqldb.Rebind(sqldb.SQLite, q))
+}
+
+func TestValidIdent(t *testing.T) {
+	for _, ok := range []string{"keysched_outbox", "_x", "a1"} {
+		require.True(t, sqldb.ValidIdent(ok), ok)
+	}
+	for _, bad := range []string{"", "1a", "A", "a-b", "a.b", "a;drop", "x\x00", string(make([]byte, 49))} {
+		require.False(t, sqldb.ValidIdent(bad), "%q", bad)
+	}
+}
+
+func TestDetectAndOpen(t *testing.T) {
+	db, err := sqldb.OpenSQLite(t.TempDir() + "/x.db")
+	require.NoError(t, err)
+	defer db.Close()
+	d, err := sqldb.Detect(db)
+	require.NoError(t, err)
+	require.Equal(t, sqldb.SQLite, d)
+	var mode string
+	require.NoError(t, db.QueryRow(`PRAGMA journal_mode`).Scan(&mode))
+	require.Equal(t, "wal", mode)
+
+	pg, err := sql.Open("pgx", "host=/nonexistent")
+	require.NoError(t, err)
+	defer pg.Close()
+	d, err = sqldb.Resolve(pg, sqldb.Auto)
+	require.NoError(t, err)
+	require.Equal(t, sqldb.Postgres, d)
+	_, err = sqldb.Resolve(pg, sqldb.Dialect(7))
+	require.ErrorIs(t, err, sqldb.ErrUnknownDialect)
+	_, err = sqldb.Detect(nil)
+	require.Error(t, err)
+	_, err = sqldb.OpenSQLite("")
+	require.Error(t, err)
+
+	// A uniqueness violation is recognised on SQLite.
+	_, err = db.Exec(`CREATE TABLE u (id TEXT PRIMARY KEY)`)
+	require.NoError(t, err)
+	_, err = db.Exec(`INSERT INTO u VALUES ('a')`)
+	require.NoError(t, err)
+	_, err = db.Exec(`INSERT INTO u VALUES ('a')`)
+	require.True(t, sqldb.IsUniqueViolation(err), "%v", err)
+	require.False(t, sqldb.IsUniqueViolation(errors.New("other")))
+}

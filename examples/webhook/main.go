@@ -1,0 +1,232 @@
+// Command webhook runs the webhook delivery service with an embedded SQLite
+// database and, by default, a built-in simulation: a set of partners whose
+// customer endpoints (on loopback) are fast, slow, flaky, hanging or down
+// for a while, and a producer posting events to the intake.
+//
+//	go run ./examples/webhook                # simulation, database in a temp dir
+//	go run ./examples/webhook -db hooks.db   # keep the database
+//	go run ./examples/webhook -endpoints 'acme=http://127.0.0.1:9000/hook,globex=...' -sim-rate 0
+//	go run ./examples/webhook -postgres 'postgres://user@localhost/webhook'
+//
+// It prints where to look: the intake URL, the operator page and /metrics.
+// Stop it with Ctrl-C (SIGINT or SIGTERM): undelivered events stay in the
+// database and are delivered by the next start.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/examples/webhook/service"
+	"github.com/keysched/keysched/examples/webhook/sim"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "webhook:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	intake, admin string
+	dbPath        string
+	postgres      string
+	endpoints     string
+	partners      int
+	simRate       float64
+	maxBacklog    int
+	workers       int
+	attempts      int
+	backoff       time.Duration
+	timeout       time.Duration
+	concurrency   int
+	rate          float64
+	logLevel      string
+	lease         time.Duration
+	brkFailures   uint
+	brkOpen       time.Duration
+}
+
+func parseFlags() (options, error) {
+	var o options
+	fs := flag.NewFlagSet("webhook", flag.ContinueOnError)
+	fs.StringVar(&o.intake, "intake", "127.0.0.1:8080", "intake listen address (partners POST /events/{partner}); :0 picks a port")
+	fs.StringVar(&o.admin, "admin", "127.0.0.1:8081", "operator page and /metrics listen address; :0 picks a port")
+	fs.StringVar(&o.dbPath, "db", "", "SQLite database file (default: a new file in a temporary directory)")
+	fs.StringVar(&o.postgres, "postgres", "", "PostgreSQL URL; replaces SQLite")
+	fs.StringVar(&o.endpoints, "endpoints", "", "partner=URL,... : real endpoints instead of the simulated ones")
+	fs.IntVar(&o.partners, "partners", 12, "number of simulated partners (without -endpoints)")
+	fs.Float64Var(&o.simRate, "sim-rate", 20, "events per second the built-in producer posts (0: none)")
+	fs.IntVar(&o.maxBacklog, "max-backlog", 10000, "undelivered events per partner before intake answers 429")
+	fs.IntVar(&o.workers, "workers", 64, "bounded pool for all outbound calls")
+	fs.IntVar(&o.attempts, "attempts", 6, "delivery attempts per event before its partner is parked")
+	fs.DurationVar(&o.backoff, "backoff", 200*time.Millisecond, "backoff ceiling before the second attempt (doubles, full jitter, capped at 30s)")
+	fs.DurationVar(&o.timeout, "timeout", 5*time.Second, "timeout of each HTTP delivery")
+	fs.IntVar(&o.concurrency, "dest-concurrency", 8, "calls in flight per destination (bulkhead)")
+	fs.Float64Var(&o.rate, "dest-rate", 200, "calls per second per destination (token bucket)")
+	fs.StringVar(&o.logLevel, "log", "info", "log level: debug, info, warn, error")
+	fs.UintVar(&o.brkFailures, "breaker-failures", 5, "consecutive failed calls that open a destination's circuit breaker")
+	fs.DurationVar(&o.brkOpen, "breaker-open", 10*time.Second, "how long an open breaker refuses calls before trying one")
+	fs.DurationVar(&o.lease, "lease", 30*time.Second, "relay lease per partner: after a crash, how long before a new process takes a partner over; well above -timeout")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	return o, nil
+}
+
+func run() error {
+	o, err := parseFlags()
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return fmt.Errorf("-log %q: %w", o.logLevel, err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	// Partners and their endpoints.
+	partners := map[string]string{}
+	var endpoints []*sim.Endpoint
+	if o.endpoints != "" {
+		for _, kv := range strings.Split(o.endpoints, ",") {
+			p, u, ok := strings.Cut(strings.TrimSpace(kv), "=")
+			if !ok || p == "" || u == "" {
+				return fmt.Errorf("-endpoints: %q is not partner=URL", kv)
+			}
+			partners[p] = u
+		}
+	} else {
+		rec := sim.NewRecorder()
+		eps, err := simulate(o.partners, rec, partners)
+		if err != nil {
+			return err
+		}
+		endpoints = eps
+		defer func() {
+			for _, e := range endpoints {
+				_ = e.Close()
+			}
+		}()
+	}
+
+	// The database.
+	var store *service.Store
+	if o.postgres != "" {
+		store, err = service.OpenPostgres(ctx, o.postgres)
+	} else {
+		path := o.dbPath
+		if path == "" {
+			dir, err := os.MkdirTemp("", "keysched-webhook-")
+			if err != nil {
+				return err
+			}
+			path = filepath.Join(dir, "webhook.db")
+		}
+		o.dbPath = path
+		store, err = service.OpenSQLite(ctx, path)
+	}
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+
+	mp, metricsHandler, err := service.NewPrometheus()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+
+	svc, err := service.New(ctx, service.Config{
+		Partners:       partners,
+		MaxBacklog:     o.maxBacklog,
+		Workers:        o.workers,
+		Limits:         service.DestinationLimits{Concurrency: o.concurrency, Rate: o.rate, Burst: max(1, int(o.rate/4))},
+		Timeout:        o.timeout,
+		LeaseDuration:  o.lease,
+		Breaker:        service.BreakerSettings{Failures: uint32(min(o.brkFailures, 1<<31)), OpenFor: o.brkOpen},
+		Retry:          keysched.RetryPolicy{MaxAttempts: o.attempts, InitialBackoff: o.backoff, MaxBackoff: 30 * time.Second},
+		Logger:         log,
+		MeterProvider:  mp,
+		MetricsHandler: metricsHandler,
+		Store:          store,
+	})
+	if err != nil {
+		return err
+	}
+
+	intakeLn, err := net.Listen("tcp", o.intake)
+	if err != nil {
+		_ = svc.Close(context.Background())
+		return err
+	}
+	adminLn, err := net.Listen("tcp", o.admin)
+	if err != nil {
+		_ = intakeLn.Close()
+		_ = svc.Close(context.Background())
+		return err
+	}
+	intakeSrv := &http.Server{Handler: svc.IntakeHandler(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second}
+	adminSrv := &http.Server{Handler: svc.AdminHandler(), ReadHeaderTimeout: 5 * time.Second}
+	errc := make(chan error, 2)
+	go func() { errc <- intakeSrv.Serve(intakeLn) }()
+	go func() { errc <- adminSrv.Serve(adminLn) }()
+
+	intakeURL := "http://" + intakeLn.Addr().String()
+	adminURL := "http://" + adminLn.Addr().String()
+	names := make([]string, 0, len(partners))
+	for p := range partners {
+		names = append(names, p)
+	}
+	sort.Strings(names)
+	fmt.Printf("webhook delivery service running\n")
+	fmt.Printf("  intake:        %s/events/{partner}   (POST {\"type\":\"...\",\"data\":{...}})\n", intakeURL)
+	fmt.Printf("  operator page: %s/\n", adminURL)
+	fmt.Printf("  metrics:       %s/metrics\n", adminURL)
+	if o.postgres == "" {
+		fmt.Printf("  database:      %s (SQLite)\n", o.dbPath)
+	} else {
+		fmt.Printf("  database:      PostgreSQL\n")
+	}
+	fmt.Printf("  partners:      %s\n", strings.Join(names, ", "))
+	fmt.Printf("  try:           curl -i -H 'Content-Type: application/json' -d '{\"type\":\"order.created\",\"data\":{\"n\":1}}' %s/events/%s\n", intakeURL, names[0])
+	fmt.Printf("READY intake=%s admin=%s\n", intakeURL, adminURL)
+
+	if len(endpoints) > 0 && o.simRate > 0 {
+		go produce(ctx, intakeURL, names, o.simRate, log)
+		go chaos(ctx, endpoints, log)
+	}
+
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	log.Info("shutting down: undelivered events stay in the database")
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = intakeSrv.Shutdown(sctx)
+	_ = adminSrv.Shutdown(sctx)
+	return errors.Join(err, svc.Close(sctx))
+}

@@ -1,0 +1,125 @@
+package service
+
+import (
+	"bytes"
+	"log/slog"
+	"os"
+	"os/exec"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/examples/webhook/sim"
+	"github.com/stretchr/testify/require"
+)
+
+// chromiumPath finds the browser: /usr/bin/chromium (Debian's chromium
+// package), else chromium or chromium-browser on PATH.
+func chromiumPath() string {
+	if _, err := os.Stat("/usr/bin/chromium"); err == nil {
+		return "/usr/bin/chromium"
+	}
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// The operator page in a real headless Chromium: it lists the parked
+// partner, and its Resume button resumes it (the partner's events are then
+// delivered in order, and the action is logged).
+func TestOperatorPageInBrowser(t *testing.T) {
+	browser := chromiumPath()
+	if browser == "" {
+		t.Skip("SKIPPED: NO CHROMIUM BINARY (/usr/bin/chromium or on PATH): the operator page was NOT tested in a browser. " +
+			"Install it with: apt-get update && apt-get install -y chromium")
+	}
+	logs := &syncBuffer{}
+	h := newHarness(t, map[string]sim.Behavior{"stuck": {Down: true}, "fine": {}}, func(c *Config) {
+		c.Retry = keysched.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	})
+	for i := range 3 {
+		h.post("stuck", i)
+		h.post("fine", i)
+	}
+	require.Eventually(t, func() bool { return len(h.parked()) == 1 && h.delivered("fine") }, waitLong, 5*time.Millisecond)
+
+	alloc, cancelAlloc := chromedp.NewExecAllocator(t.Context(),
+		chromedp.ExecPath(browser),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()),
+	)
+	defer cancelAlloc()
+	ctx, cancel := chromedp.NewContext(alloc)
+	defer cancel()
+	text := func(sel string) string {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+		require.NoError(t, err, sel)
+		return v
+	}
+	// The first Run starts the browser: no timeout on its context.
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(h.admin.URL+"/"),
+		chromedp.WaitVisible(chromedp.CSS("#parked")),
+	))
+	parkedTable := text("#parked")
+	require.Contains(t, parkedTable, "stuck")
+	require.NotContains(t, parkedTable, "fine")
+	require.Equal(t, "parked", text(`#partners tr[data-partner="stuck"] td.state`))
+	require.Equal(t, "active", text(`#partners tr[data-partner="fine"] td.state`))
+
+	// The endpoint is back; the operator presses Resume (a POST form; the
+	// server redirects back to the page).
+	h.eps["stuck"].Set(sim.Behavior{})
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Click(chromedp.CSS("#resume-stuck")),
+		chromedp.WaitVisible(chromedp.CSS("#flash")),
+	))
+	require.Contains(t, text("#flash"), "resumed stuck")
+	require.Eventually(t, func() bool { return h.delivered("stuck") }, waitLong, 5*time.Millisecond)
+	h.checkOrder("stuck")
+	require.Contains(t, logs.String(), `msg="operator resumed partner" partner=stuck`)
+
+	// Reloaded, the page lists no parked partner.
+	require.Eventually(t, func() bool { return len(h.parked()) == 0 }, waitLong, 5*time.Millisecond)
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(h.admin.URL+"/"),
+		chromedp.WaitVisible(chromedp.CSS("#partners")),
+	))
+	noParked, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.querySelector("#parked") === null`))
+	require.NoError(t, err)
+	require.True(t, noParked)
+	require.Equal(t, "active", text(`#partners tr[data-partner="stuck"] td.state`))
+	cancel()
+	cancelAlloc()
+}

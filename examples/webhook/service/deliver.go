@@ -1,0 +1,292 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+	"golang.org/x/sync/semaphore"
+	"golang.org/x/time/rate"
+)
+
+// Headers every delivery carries. They follow the Standard Webhooks
+// specification's names (https://www.standardwebhooks.com): the ID is stable
+// across redeliveries of one event, so a customer deduplicates on it.
+const (
+	HeaderID        = "Webhook-Id"        // the event's ID, the same on every attempt
+	HeaderTimestamp = "Webhook-Timestamp" // the event's intake time, Unix seconds
+	HeaderPartner   = "Webhook-Partner"   // the partner (the scheduler key)
+)
+
+// Errors a delivery attempt can end with. All of them are retryable: the
+// relay retries with backoff and full jitter, then parks the partner.
+var (
+	// ErrBulkheadFull means the destination already has its concurrency
+	// budget of calls in flight (a slow or hanging endpoint): the attempt
+	// fails at once instead of holding a worker.
+	ErrBulkheadFull = errors.New("webhook: destination's concurrency budget is in use")
+	// ErrRateLimited means the destination's token bucket had no token
+	// within the attempt's deadline.
+	ErrRateLimited = errors.New("webhook: destination's rate limit")
+	// ErrUnknownPartner is returned for an event whose partner has no
+	// endpoint configured.
+	ErrUnknownPartner = errors.New("webhook: unknown partner")
+)
+
+// StatusError is the error of a delivery the endpoint answered with a non-2xx
+// status. Retrieve it with errors.As.
+type StatusError struct {
+	Code int
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("webhook: endpoint answered %d %s", e.Code, http.StatusText(e.Code))
+}
+
+// DestinationLimits bounds the calls to one destination (scheme, host and
+// port of an endpoint URL; several partners may share one).
+type DestinationLimits struct {
+	// Concurrency is the bulkhead: at most this many calls in flight to the
+	// destination; a further attempt fails at once with ErrBulkheadFull.
+	// A hanging destination therefore holds at most Concurrency workers of
+	// the shared pool. >= 1.
+	Concurrency int
+	// Rate is the token bucket's rate in calls per second, Burst its size.
+	// Concurrency is not rate: 20 calls in flight at 50 ms each is 400 a
+	// second. Rate > 0, Burst >= 1.
+	Rate  float64
+	Burst int
+}
+
+func (l DestinationLimits) validate() error {
+	if l.Concurrency < 1 || !(l.Rate > 0) || l.Burst < 1 {
+		return fmt.Errorf("%w: destination limits %+v: need Concurrency >= 1, Rate > 0, Burst >= 1", ErrInvalidConfig, l)
+	}
+	return nil
+}
+
+// BreakerSettings configures the circuit breaker of each destination
+// (github.com/sony/gobreaker/v2).
+type BreakerSettings struct {
+	// Failures is how many consecutive failed calls open the breaker.
+	Failures uint32
+	// OpenFor is how long an open breaker refuses calls before letting one
+	// through (half-open).
+	OpenFor time.Duration
+}
+
+// destination is one endpoint host's guards.
+type destination struct {
+	name     string
+	bulkhead *semaphore.Weighted
+	limiter  *rate.Limiter
+	breaker  *gobreaker.CircuitBreaker[struct{}]
+}
+
+// Deliverer makes the HTTP calls: one POST per attempt, through the
+// destination's bulkhead, token bucket and circuit breaker, with a timeout.
+// It is safe for concurrent use; the ordering per partner is the caller's
+// (the relay runs one partner's events one at a time).
+type Deliverer struct {
+	client    *http.Client
+	timeout   time.Duration
+	endpoints map[string]*url.URL // partner -> endpoint
+	dests     map[string]*destination
+	byPartner map[string]*destination
+	onState   func(dest string, from, to gobreaker.State)
+}
+
+// DelivererConfig configures NewDeliverer.
+type DelivererConfig struct {
+	Endpoints map[string]string // partner -> endpoint URL (http or https)
+	Limits    DestinationLimits // applied to every destination
+	// PerDestination overrides Limits for a destination, keyed by
+	// "scheme://host:port".
+	PerDestination map[string]DestinationLimits
+	Breaker        BreakerSettings
+	// Timeout bounds each call from dial to the end of the response body.
+	Timeout time.Duration
+	// OnBreakerState is called when a destination's breaker changes state.
+	OnBreakerState func(dest string, from, to gobreaker.State)
+}
+
+// NewDeliverer checks cfg and builds the destinations.
+func NewDeliverer(cfg DelivererConfig) (*Deliverer, error) {
+	if cfg.Timeout <= 0 {
+		return nil, fmt.Errorf("%w: delivery Timeout %v: need > 0", ErrInvalidConfig, cfg.Timeout)
+	}
+	if err := cfg.Limits.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Breaker.Failures == 0 || cfg.Breaker.OpenFor <= 0 {
+		return nil, fmt.Errorf("%w: breaker %+v: need Failures >= 1 and OpenFor > 0", ErrInvalidConfig, cfg.Breaker)
+	}
+	d := &Deliverer{
+		timeout:   cfg.Timeout,
+		endpoints: map[string]*url.URL{},
+		dests:     map[string]*destination{},
+		byPartner: map[string]*destination{},
+		onState:   cfg.OnBreakerState,
+	}
+	dialer := &net.Dialer{Timeout: min(cfg.Timeout, 5*time.Second), KeepAlive: 30 * time.Second}
+	d.client = &http.Client{
+		Timeout: cfg.Timeout, // the whole exchange, body included
+		Transport: &http.Transport{
+			DialContext:           dialer.DialContext,
+			TLSHandshakeTimeout:   min(cfg.Timeout, 5*time.Second),
+			ResponseHeaderTimeout: cfg.Timeout,
+			MaxIdleConns:          1024,
+			MaxIdleConnsPerHost:   64,
+			IdleConnTimeout:       90 * time.Second,
+		},
+		// A webhook endpoint that redirects is misconfigured: do not follow.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	for partner, raw := range cfg.Endpoints {
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("%w: partner %q: endpoint %q is not an http(s) URL", ErrInvalidConfig, partner, raw)
+		}
+		d.endpoints[partner] = u
+		name := destName(u)
+		dst := d.dests[name]
+		if dst == nil {
+			lim := cfg.Limits
+			if o, ok := cfg.PerDestination[name]; ok {
+				if err := o.validate(); err != nil {
+					return nil, err
+				}
+				lim = o
+			}
+			dst = &destination{
+				name:     name,
+				bulkhead: semaphore.NewWeighted(int64(lim.Concurrency)),
+				limiter:  rate.NewLimiter(rate.Limit(lim.Rate), lim.Burst),
+			}
+			failures := cfg.Breaker.Failures
+			dst.breaker = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
+				Name:        name,
+				MaxRequests: 1,
+				Timeout:     cfg.Breaker.OpenFor,
+				ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= failures },
+				// Our own refusals (rate) and a cancelled attempt say
+				// nothing about the endpoint's health.
+				IsExcluded: func(err error) bool {
+					return errors.Is(err, ErrRateLimited) || errors.Is(err, context.Canceled)
+				},
+				OnStateChange: func(name string, from, to gobreaker.State) {
+					if d.onState != nil {
+						d.onState(name, from, to)
+					}
+				},
+			})
+			d.dests[name] = dst
+		}
+		d.byPartner[partner] = dst
+	}
+	return d, nil
+}
+
+func destName(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	return u.Scheme + "://" + net.JoinHostPort(u.Hostname(), port)
+}
+
+// Destination returns the destination name of a partner's endpoint, "" for
+// an unknown partner.
+func (d *Deliverer) Destination(partner string) string {
+	if dst := d.byPartner[partner]; dst != nil {
+		return dst.name
+	}
+	return ""
+}
+
+// BreakerState returns the state of a destination's breaker.
+func (d *Deliverer) BreakerState(dest string) (gobreaker.State, bool) {
+	dst := d.dests[dest]
+	if dst == nil {
+		return 0, false
+	}
+	return dst.breaker.State(), true
+}
+
+// Delivery is one event to deliver.
+type Delivery struct {
+	Partner  string
+	ID       string    // stable across attempts: the dedup key for the customer
+	Received time.Time // intake time
+	Body     []byte    // sent as is, Content-Type application/json
+}
+
+// Deliver makes one delivery attempt: nil when the endpoint answered 2xx.
+// Failures are errors wrapping ErrBulkheadFull, ErrRateLimited,
+// gobreaker.ErrOpenState or ErrTooManyRequests, a *StatusError, or the
+// transport's error (timeouts included). The attempt never takes longer than
+// the configured Timeout plus the wait for a rate token (itself bounded by
+// the same deadline).
+func (d *Deliverer) Deliver(ctx context.Context, ev Delivery) error {
+	u := d.endpoints[ev.Partner]
+	dst := d.byPartner[ev.Partner]
+	if u == nil || dst == nil {
+		return fmt.Errorf("%w: %q", ErrUnknownPartner, ev.Partner)
+	}
+	// The bulkhead first, without waiting: a destination that is slow or
+	// hangs holds at most its budget of workers; an attempt beyond it fails
+	// now and waits out its backoff holding no worker.
+	if !dst.bulkhead.TryAcquire(1) {
+		return fmt.Errorf("%s: %w", dst.name, ErrBulkheadFull)
+	}
+	defer dst.bulkhead.Release(1)
+
+	ctx, cancel := context.WithTimeout(ctx, d.timeout)
+	defer cancel()
+	_, err := dst.breaker.Execute(func() (struct{}, error) {
+		// Inside the breaker so that an open breaker spends no token;
+		// a rate refusal is excluded from the breaker's counts.
+		if err := dst.limiter.Wait(ctx); err != nil {
+			return struct{}{}, fmt.Errorf("%w: %v", ErrRateLimited, err)
+		}
+		return struct{}{}, d.post(ctx, u, ev)
+	})
+	if err != nil {
+		return fmt.Errorf("deliver %s to %s: %w", ev.ID, dst.name, err)
+	}
+	return nil
+}
+
+func (d *Deliverer) post(ctx context.Context, u *url.URL, ev Delivery) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(ev.Body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "keysched-webhook/1")
+	req.Header.Set(HeaderID, ev.ID)
+	req.Header.Set(HeaderTimestamp, strconv.FormatInt(ev.Received.Unix(), 10))
+	req.Header.Set(HeaderPartner, ev.Partner)
+	resp, err := d.client.Do(req)
+	if err != nil {
+		return err
+	}
+	// Read a bounded amount so the connection can be reused.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	_ = resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return &StatusError{Code: resp.StatusCode}
+	}
+	return nil
+}
+
+// Close releases idle connections.
+func (d *Deliverer) Close() { d.client.CloseIdleConnections() }

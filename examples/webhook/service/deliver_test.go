@@ -1,0 +1,150 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/keysched/keysched/examples/webhook/sim"
+	"github.com/sony/gobreaker/v2"
+	"github.com/stretchr/testify/require"
+)
+
+func newEndpoint(t *testing.T, rec *sim.Recorder, b sim.Behavior) *sim.Endpoint {
+	t.Helper()
+	e, err := sim.NewEndpoint(rec, b)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Close() })
+	return e
+}
+
+func testDeliverer(t *testing.T, endpoints map[string]string, mod func(*DelivererConfig)) *Deliverer {
+	t.Helper()
+	cfg := DelivererConfig{
+		Endpoints: endpoints,
+		Limits:    DestinationLimits{Concurrency: 4, Rate: 1000, Burst: 100},
+		Breaker:   BreakerSettings{Failures: 3, OpenFor: 50 * time.Millisecond},
+		Timeout:   2 * time.Second,
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	d, err := NewDeliverer(cfg)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	return d
+}
+
+func TestDeliverCarriesStableID(t *testing.T) {
+	rec := sim.NewRecorder()
+	ep := newEndpoint(t, rec, sim.Behavior{Down: true})
+	d := testDeliverer(t, map[string]string{"p": ep.URL}, nil)
+	ev := Delivery{Partner: "p", ID: "evt-1", Received: time.Now(), Body: []byte(`{"id":"evt-1"}`)}
+	var se *StatusError
+	require.ErrorAs(t, d.Deliver(t.Context(), ev), &se)
+	require.Equal(t, 503, se.Code)
+	ep.Set(sim.Behavior{})
+	require.NoError(t, d.Deliver(t.Context(), ev))
+	require.NoError(t, d.Deliver(t.Context(), ev)) // a redelivery: same ID
+	require.Equal(t, []string{"evt-1", "evt-1"}, rec.IDs("p"))
+	_, received := rec.Total()
+	require.Equal(t, 3, received)
+}
+
+func TestDeliverUnknownPartnerAndBadConfig(t *testing.T) {
+	d := testDeliverer(t, map[string]string{"p": "http://127.0.0.1:1/x"}, nil)
+	require.ErrorIs(t, d.Deliver(t.Context(), Delivery{Partner: "nobody", ID: "x"}), ErrUnknownPartner)
+
+	for _, cfg := range []DelivererConfig{
+		{Endpoints: map[string]string{"p": "ftp://x"}, Limits: DestinationLimits{1, 1, 1}, Breaker: BreakerSettings{1, time.Second}, Timeout: time.Second},
+		{Endpoints: map[string]string{"p": "http://x"}, Limits: DestinationLimits{0, 1, 1}, Breaker: BreakerSettings{1, time.Second}, Timeout: time.Second},
+		{Endpoints: map[string]string{"p": "http://x"}, Limits: DestinationLimits{1, 1, 1}, Breaker: BreakerSettings{0, time.Second}, Timeout: time.Second},
+		{Endpoints: map[string]string{"p": "http://x"}, Limits: DestinationLimits{1, 1, 1}, Breaker: BreakerSettings{1, time.Second}},
+	} {
+		_, err := NewDeliverer(cfg)
+		require.ErrorIs(t, err, ErrInvalidConfig)
+	}
+}
+
+// A hanging destination holds at most its concurrency budget; the attempt
+// beyond it fails at once, and another destination is served meanwhile.
+func TestBulkheadIsolatesHangingDestination(t *testing.T) {
+	rec := sim.NewRecorder()
+	hang := newEndpoint(t, rec, sim.Behavior{Hang: true})
+	ok := newEndpoint(t, rec, sim.Behavior{})
+	d := testDeliverer(t, map[string]string{"h1": hang.URL, "h2": hang.URL, "h3": hang.URL, "ok": ok.URL},
+		func(c *DelivererConfig) { c.Limits.Concurrency = 2; c.Timeout = time.Minute })
+	require.Equal(t, d.Destination("h1"), d.Destination("h3"))
+	require.NotEqual(t, d.Destination("h1"), d.Destination("ok"))
+
+	ctx, cancel := context.WithCancel(t.Context())
+	errs := make(chan error, 2)
+	for _, p := range []string{"h1", "h2"} {
+		go func() { errs <- d.Deliver(ctx, Delivery{Partner: p, ID: p}) }()
+	}
+	// Both hang inside the endpoint.
+	require.Eventually(t, func() bool { _, n := rec.Total(); return n == 2 }, 10*time.Second, time.Millisecond)
+	require.ErrorIs(t, d.Deliver(t.Context(), Delivery{Partner: "h3", ID: "h3"}), ErrBulkheadFull)
+	for i := range 20 {
+		require.NoError(t, d.Deliver(t.Context(), Delivery{Partner: "ok", ID: string(rune('a' + i))}))
+	}
+	cancel()
+	for range 2 {
+		require.ErrorIs(t, <-errs, context.Canceled)
+	}
+	// The budget came back.
+	hang.Set(sim.Behavior{})
+	require.NoError(t, d.Deliver(t.Context(), Delivery{Partner: "h3", ID: "h3"}))
+}
+
+func TestBreakerOpensAndRecovers(t *testing.T) {
+	rec := sim.NewRecorder()
+	ep := newEndpoint(t, rec, sim.Behavior{Down: true})
+	d := testDeliverer(t, map[string]string{"p": ep.URL}, nil)
+	for range 3 {
+		var se *StatusError
+		require.ErrorAs(t, d.Deliver(t.Context(), Delivery{Partner: "p", ID: "x"}), &se)
+	}
+	st, _ := d.BreakerState(d.Destination("p"))
+	require.Equal(t, gobreaker.StateOpen, st)
+	require.ErrorIs(t, d.Deliver(t.Context(), Delivery{Partner: "p", ID: "x"}), gobreaker.ErrOpenState)
+	_, received := rec.Total()
+	require.Equal(t, 3, received, "an open breaker does not call the endpoint")
+	ep.Set(sim.Behavior{})
+	// After OpenFor one call goes through (half-open) and closes it.
+	require.Eventually(t, func() bool { return d.Deliver(t.Context(), Delivery{Partner: "p", ID: "x"}) == nil },
+		10*time.Second, 5*time.Millisecond)
+	st, _ = d.BreakerState(d.Destination("p"))
+	require.Equal(t, gobreaker.StateClosed, st)
+}
+
+func TestRateLimitDoesNotTripBreaker(t *testing.T) {
+	rec := sim.NewRecorder()
+	ep := newEndpoint(t, rec, sim.Behavior{})
+	d := testDeliverer(t, map[string]string{"p": ep.URL}, func(c *DelivererConfig) {
+		c.Limits = DestinationLimits{Concurrency: 4, Rate: 0.001, Burst: 1}
+		c.Timeout = time.Second
+		c.Breaker.Failures = 1
+	})
+	require.NoError(t, d.Deliver(t.Context(), Delivery{Partner: "p", ID: "1"}))
+	for range 5 {
+		require.ErrorIs(t, d.Deliver(t.Context(), Delivery{Partner: "p", ID: "2"}), ErrRateLimited)
+	}
+	st, _ := d.BreakerState(d.Destination("p"))
+	require.Equal(t, gobreaker.StateClosed, st)
+	_, received := rec.Total()
+	require.Equal(t, 1, received)
+}
+
+func TestDeliverTimesOut(t *testing.T) {
+	rec := sim.NewRecorder()
+	ep := newEndpoint(t, rec, sim.Behavior{Hang: true})
+	d := testDeliverer(t, map[string]string{"p": ep.URL}, func(c *DelivererConfig) { c.Timeout = 100 * time.Millisecond })
+	err := d.Deliver(t.Context(), Delivery{Partner: "p", ID: "1"})
+	var ne net.Error
+	if !errors.Is(err, context.DeadlineExceeded) && !(errors.As(err, &ne) && ne.Timeout()) {
+		t.Fatalf("want a timeout, got %v", err)
+	}
+}

@@ -1,0 +1,127 @@
+package service
+
+import (
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+var operatorPage = template.Must(template.New("page").Funcs(template.FuncMap{
+	"age": func(d time.Duration) string {
+		if d <= 0 {
+			return "-"
+		}
+		return d.Round(time.Millisecond).String()
+	},
+}).Parse(`<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>webhook delivery: partners</title>
+<style>
+body { font-family: system-ui, sans-serif; margin: 1.5em; }
+table { border-collapse: collapse; }
+th, td { padding: .25em .7em; border-bottom: 1px solid #ddd; text-align: right; }
+th:first-child, td:first-child, td.err { text-align: left; }
+tr.parked { background: #fff1e6; }
+td.err { max-width: 32em; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; color: #a33; }
+form { display: inline; }
+</style>
+</head>
+<body>
+<h1>Partners</h1>
+<p>{{.Total}} undelivered events; {{len .Parked}} parked partners; {{.Now.Format "15:04:05"}} UTC.
+{{with .Flash}}<strong id="flash">{{.}}</strong>{{end}}</p>
+{{if .Parked}}
+<h2>Parked</h2>
+<p>A parked partner's head event failed its attempts; its later events wait, none is dropped.
+Resume retries the head with a fresh attempt budget; Skip gives the head event up (it is not delivered) and goes on.</p>
+<table id="parked">
+<tr><th>partner</th><th>backlog</th><th>oldest</th><th>last error</th><th></th></tr>
+{{range .Parked}}
+<tr class="parked" data-partner="{{.Partner}}">
+<td>{{.Partner}}</td><td>{{.Backlog}}</td><td>{{age .OldestAge}}</td><td class="err" title="{{.LastError}}">{{.LastError}}</td>
+<td>
+<form method="post" action="/partners/{{.Partner}}/resume"><button type="submit" id="resume-{{.Partner}}">Resume</button></form>
+<form method="post" action="/partners/{{.Partner}}/skip"><button type="submit" id="skip-{{.Partner}}">Skip</button></form>
+</td>
+</tr>
+{{end}}
+</table>
+{{end}}
+<h2>All partners, by backlog and age</h2>
+<table id="partners">
+<tr><th>partner</th><th>state</th><th>backlog</th><th>oldest undelivered</th><th>delivered</th><th>failed attempts</th><th>parks</th><th>skipped</th><th>breaker</th><th>destination</th></tr>
+{{range .Partners}}
+<tr data-partner="{{.Partner}}" class="{{if .Parked}}parked{{end}}">
+<td>{{.Partner}}</td><td class="state">{{if .Parked}}parked{{else}}active{{end}}</td><td class="backlog">{{.Backlog}}</td><td>{{age .OldestAge}}</td>
+<td class="delivered">{{.Delivered}}</td><td>{{.Failed}}</td><td>{{.Parks}}</td><td>{{.Skipped}}</td><td>{{.Breaker}}</td><td>{{.Destination}}</td>
+</tr>
+{{end}}
+</table>
+<p><a href="/metrics">/metrics</a></p>
+</body>
+</html>
+`))
+
+type pageData struct {
+	Now      time.Time
+	Total    int
+	Partners []PartnerStatus
+	Parked   []PartnerStatus
+	Flash    string
+}
+
+func (s *Service) handleOperatorPage(w http.ResponseWriter, r *http.Request) {
+	now := s.now()
+	all, err := s.Status(r.Context())
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	d := pageData{Now: now.UTC(), Partners: all, Flash: r.URL.Query().Get("done")}
+	for _, p := range all {
+		d.Total += p.Backlog
+		if p.Parked {
+			d.Parked = append(d.Parked, p)
+		}
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	if err := operatorPage.Execute(w, d); err != nil {
+		s.log.Error("operator page", "err", err)
+	}
+}
+
+// handleOperatorAction is POST /partners/{partner}/{action}, action resume or
+// skip; it redirects back to the page (303).
+func (s *Service) handleOperatorAction(w http.ResponseWriter, r *http.Request) {
+	partner, action := r.PathValue("partner"), r.PathValue("action")
+	if !s.known(partner) {
+		http.Error(w, fmt.Sprintf("unknown partner %q", partner), http.StatusNotFound)
+		return
+	}
+	var err error
+	switch action {
+	case "resume":
+		err = s.Resume(r.Context(), partner)
+	case "skip":
+		err = s.Skip(r.Context(), partner)
+	default:
+		http.Error(w, fmt.Sprintf("unknown action %q (resume or skip)", action), http.StatusNotFound)
+		return
+	}
+	switch {
+	case errors.Is(err, ErrNotParked):
+		http.Error(w, fmt.Sprintf("partner %q is not parked", partner), http.StatusConflict)
+		return
+	case err != nil:
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	past := map[string]string{"resume": "resumed", "skip": "skipped the head event of"}[action]
+	http.Redirect(w, r, "/?done="+url.QueryEscape(past+" "+partner), http.StatusSeeOther)
+}

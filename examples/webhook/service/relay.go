@@ -1,0 +1,97 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/db/outbox"
+)
+
+// relay runs the outbox's relay with the service's sink: the scheduler key is
+// the partner, so one partner's events are delivered one at a time, in
+// intake order, and partners in parallel on one pool of Config.Workers.
+type relay struct {
+	r      *outbox.Relay
+	store  *Store
+	done   chan struct{}
+	runErr error
+	skipMu sync.Mutex // one Skip at a time: it reads the head, then moves it
+}
+
+func startRelay(ctx context.Context, s *Service) (*relay, error) {
+	r, err := s.store.ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+		return s.sink(ctx, e.Key, e.ID, e.CreatedAt, e.Payload)
+	},
+		outbox.WithRetry(s.cfg.Retry),
+		outbox.WithFailurePolicy(keysched.Park),
+		outbox.WithWorkers(s.cfg.Workers),
+		// The deliverer bounds each call; this bounds a call plus its wait
+		// for a rate token, which the deliverer bounds by the same timeout.
+		outbox.WithSinkTimeout(s.cfg.Timeout+time.Second),
+		outbox.WithLeaseDuration(s.cfg.LeaseDuration),
+		outbox.WithPollInterval(s.cfg.PollInterval),
+		outbox.WithOwner(s.cfg.RelayName),
+		outbox.WithLogger(s.log),
+		outbox.WithOnDead(func(d outbox.DeadEvent) {
+			s.onPark(d.Key, d.ID, d.Attempts, d.Err)
+		}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("webhook: relay: %w", err)
+	}
+	rl := &relay{r: r, store: s.store, done: make(chan struct{})}
+	go func() {
+		defer close(rl.done)
+		// Run stops at Close; its context is not the caller's, which only
+		// bounds New.
+		rl.runErr = r.Run(context.WithoutCancel(ctx))
+	}()
+	return rl, nil
+}
+
+func (rl *relay) parked(ctx context.Context) ([]string, error) { return rl.r.Parked(ctx) }
+
+func (rl *relay) resume(ctx context.Context, partner string) error {
+	err := rl.r.Resume(ctx, partner)
+	if errors.Is(err, outbox.ErrNotParked) {
+		return fmt.Errorf("%w: %q", ErrNotParked, partner)
+	}
+	return err
+}
+
+// skip gives up the partner's head (its oldest dead row) and returns its ID.
+func (rl *relay) skip(ctx context.Context, partner string) (string, error) {
+	rl.skipMu.Lock()
+	defer rl.skipMu.Unlock()
+	id, err := rl.store.parkedHead(ctx, partner)
+	if err != nil {
+		if errors.Is(err, ErrNotParked) {
+			return "", fmt.Errorf("%w: %q", ErrNotParked, partner)
+		}
+		return "", err
+	}
+	if err := rl.r.Skip(ctx, partner); err != nil {
+		if errors.Is(err, outbox.ErrNotParked) {
+			return "", fmt.Errorf("%w: %q", ErrNotParked, partner)
+		}
+		return "", err
+	}
+	return id, nil
+}
+
+// close stops the relay: deliveries in flight finish until ctx ends (then
+// they are cancelled and their rows stay pending for the next start).
+func (rl *relay) close(ctx context.Context) error {
+	err := rl.r.Close(ctx)
+	<-rl.done
+	if errors.Is(rl.runErr, outbox.ErrClosed) {
+		rl.runErr = nil
+	}
+	return errors.Join(err, rl.runErr)
+}
+
+func (rl *relay) scheduler() *keysched.Scheduler[string] { return rl.r.Scheduler() }

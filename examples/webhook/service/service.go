@@ -1,0 +1,389 @@
+// Package service is the webhook delivery service: partners POST events, the
+// service persists each one (an outbox row and an intake record, one
+// transaction) and delivers it to the partner's customer endpoint, in order
+// per partner, at least once.
+//
+// The pieces, in the order an event meets them:
+//
+//   - intake (POST /events/{partner}): checks the body's shape, admits the
+//     event if the partner's backlog is under its bound (else 429 with
+//     Retry-After, for that partner only), commits one short transaction,
+//     answers 202 with the event's ID. Nothing slow runs in the request.
+//   - the relay (package db/outbox): reads pending outbox rows and runs them
+//     on keysched with the partner as the key: one partner's events one at
+//     a time in order, partners in parallel on one bounded worker pool.
+//     Failed attempts are retried with exponential backoff and full jitter;
+//     after the last attempt the partner is parked: its later events wait,
+//     none is dropped, until an operator resumes or skips it.
+//   - delivery (Deliverer): one POST per attempt to the endpoint, through the
+//     destination's bulkhead (a concurrency budget: a hanging endpoint holds
+//     only its own share of the pool), token bucket (rate) and circuit
+//     breaker, with a timeout. Every delivery carries the Webhook-Id header,
+//     the same on every attempt: delivery is at-least-once and customers
+//     deduplicate on it.
+//   - operators: an HTML page listing partners by backlog and by the age of
+//     their oldest undelivered event, with Resume and Skip for parked ones;
+//     OpenTelemetry metrics per partner and the scheduler's own.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/otelkeysched"
+	"github.com/sony/gobreaker/v2"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// Sentinel errors.
+var (
+	// ErrInvalidConfig is wrapped by every error New returns for a bad Config.
+	ErrInvalidConfig = errors.New("webhook: invalid config")
+	// ErrNotParked is returned by Resume and Skip for a partner that is not
+	// parked.
+	ErrNotParked = errors.New("webhook: partner is not parked")
+	// ErrClosed is returned by calls made after Close.
+	ErrClosed = errors.New("webhook: service closed")
+)
+
+// Config configures New. Zero fields take the defaults documented on each.
+type Config struct {
+	// Partners maps each partner (the scheduler key; 1 to 64 characters of
+	// letters, digits and ._-) to its customer endpoint URL. Required.
+	Partners map[string]string
+	// MaxBacklog bounds each partner's accepted, undelivered events; at the
+	// bound intake answers 429. Default 10,000.
+	MaxBacklog int
+	// RetryAfter is the Retry-After a 429 carries (rounded up to seconds).
+	// Default 5 s.
+	RetryAfter time.Duration
+	// Workers is the bounded pool all outbound calls run on (keysched's
+	// workers). Default 64.
+	Workers int
+	// Limits applies to every destination (an endpoint's scheme://host:port)
+	// unless PerDestination overrides it. Default Concurrency 8, Rate 200/s,
+	// Burst 50.
+	Limits         DestinationLimits
+	PerDestination map[string]DestinationLimits
+	// Breaker configures each destination's circuit breaker. Default: 5
+	// consecutive failures open it for 10 s.
+	Breaker BreakerSettings
+	// Timeout bounds every HTTP call, dial to end of body. Default 10 s.
+	Timeout time.Duration
+	// Retry is the retry policy per event; after Retry.MaxAttempts failed
+	// attempts the partner is parked. Default 8 attempts, backoff ceiling
+	// 250 ms doubling to 30 s, full jitter.
+	Retry keysched.RetryPolicy
+	// Logger receives operator actions, parks, and errors. Default
+	// slog.Default().
+	Logger *slog.Logger
+	// MeterProvider receives the service's and the scheduler's metrics.
+	// Default: none recorded.
+	MeterProvider metric.MeterProvider
+	// MetricsHandler, when set, is served at /metrics on the admin handler
+	// (see NewPrometheus).
+	MetricsHandler http.Handler
+	// Store is the database the outbox and intake records live in.
+	// Required.
+	Store *Store
+	// PollInterval is how often the relay looks for new outbox rows when
+	// it is idle (on PostgreSQL a NOTIFY wakes it sooner). Default 50 ms.
+	PollInterval time.Duration
+	// RelayName names this process's relay in the outbox's lease table.
+	// A process restarted under the same name takes its keys back at once
+	// (after a crash, another name waits for the leases to expire). Two
+	// processes sharing a PostgreSQL database need different names.
+	// Default "webhook".
+	RelayName string
+	// LeaseDuration is how long the relay's claim on a partner lasts
+	// without renewal (renewed every third of it): after a crash, the
+	// partners of the dead process are taken over after at most this long.
+	// It must be well above Timeout. Default max(30 s, 3 × Timeout).
+	LeaseDuration time.Duration
+
+	now func() time.Time // tests
+}
+
+func (c *Config) defaults() error {
+	if len(c.Partners) == 0 {
+		return fmt.Errorf("%w: no partners", ErrInvalidConfig)
+	}
+	for p := range c.Partners {
+		if !partnerRe.MatchString(p) {
+			return fmt.Errorf("%w: partner name %q: need 1 to 64 of [A-Za-z0-9._-]", ErrInvalidConfig, p)
+		}
+	}
+	if c.Store == nil {
+		return fmt.Errorf("%w: nil Store", ErrInvalidConfig)
+	}
+	if c.MaxBacklog == 0 {
+		c.MaxBacklog = 10000
+	}
+	if c.MaxBacklog < 1 {
+		return fmt.Errorf("%w: MaxBacklog %d", ErrInvalidConfig, c.MaxBacklog)
+	}
+	if c.RetryAfter == 0 {
+		c.RetryAfter = 5 * time.Second
+	}
+	if c.Workers == 0 {
+		c.Workers = 64
+	}
+	if c.Limits == (DestinationLimits{}) {
+		c.Limits = DestinationLimits{Concurrency: 8, Rate: 200, Burst: 50}
+	}
+	if c.Breaker == (BreakerSettings{}) {
+		c.Breaker = BreakerSettings{Failures: 5, OpenFor: 10 * time.Second}
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 10 * time.Second
+	}
+	if c.Retry == (keysched.RetryPolicy{}) {
+		c.Retry = keysched.RetryPolicy{MaxAttempts: 8, InitialBackoff: 250 * time.Millisecond, MaxBackoff: 30 * time.Second}
+	}
+	if c.Retry.MaxAttempts < 1 {
+		return fmt.Errorf("%w: Retry.MaxAttempts %d: need >= 1", ErrInvalidConfig, c.Retry.MaxAttempts)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = 50 * time.Millisecond
+	}
+	if c.PollInterval < 0 {
+		return fmt.Errorf("%w: PollInterval %v", ErrInvalidConfig, c.PollInterval)
+	}
+	if c.RelayName == "" {
+		c.RelayName = "webhook"
+	}
+	if c.LeaseDuration == 0 {
+		c.LeaseDuration = max(30*time.Second, 3*c.Timeout)
+	}
+	if c.LeaseDuration <= c.Timeout {
+		return fmt.Errorf("%w: LeaseDuration %v must be above Timeout %v", ErrInvalidConfig, c.LeaseDuration, c.Timeout)
+	}
+	if c.now == nil {
+		c.now = time.Now
+	}
+	return nil
+}
+
+// Service is the running webhook delivery service. Create it with New, serve
+// IntakeHandler and AdminHandler, stop it with Close.
+type Service struct {
+	cfg      Config
+	log      *slog.Logger
+	now      func() time.Time
+	partners []string
+	backlog  *backlog
+	deliver  *Deliverer
+	metrics  *metrics
+	store    *Store
+	relay    *relay
+	schedMet *otelkeysched.Metrics[string]
+	commit   *committer
+
+	closeOnce sync.Once
+	closeErr  error
+	closed    atomic.Bool
+}
+
+// New checks cfg, loads the undelivered events from the store (a restart
+// picks up where the last process stopped), and starts delivering.
+func New(ctx context.Context, cfg Config) (*Service, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	s := &Service{cfg: cfg, log: cfg.Logger, now: cfg.now, store: cfg.Store}
+	for p := range cfg.Partners {
+		s.partners = append(s.partners, p)
+	}
+	slices.Sort(s.partners)
+	s.backlog = newBacklog(cfg.MaxBacklog, s.partners)
+	d, err := NewDeliverer(DelivererConfig{
+		Endpoints: cfg.Partners, Limits: cfg.Limits, PerDestination: cfg.PerDestination,
+		Breaker: cfg.Breaker, Timeout: cfg.Timeout,
+		OnBreakerState: func(dest string, from, to gobreaker.State) {
+			s.log.Warn("circuit breaker", "destination", dest, "from", from.String(), "to", to.String())
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.deliver = d
+	if s.metrics, err = newMetrics(cfg.MeterProvider, s); err != nil {
+		return nil, fmt.Errorf("webhook: metrics: %w", err)
+	}
+	if err := s.store.loadPending(ctx, s.backlog); err != nil {
+		_ = s.metrics.close()
+		return nil, err
+	}
+	if s.relay, err = startRelay(ctx, s); err != nil {
+		_ = s.metrics.close()
+		return nil, err
+	}
+	s.commit = newCommitter(s.store, s.settleIntake)
+	if cfg.MeterProvider != nil {
+		// The relay's scheduler: pending and running deliveries, live and
+		// parked keys, outcomes, retries, oldest task's age (package
+		// otelkeysched, issue 11). Keys are never attribute values there.
+		if s.schedMet, err = otelkeysched.New[string](cfg.MeterProvider,
+			otelkeysched.WithAttributes(attribute.String("scheduler", "webhook.delivery"))); err == nil {
+			err = s.schedMet.Register(s.relay.scheduler())
+		}
+		if err != nil {
+			_ = s.Close(context.Background())
+			return nil, fmt.Errorf("webhook: scheduler metrics: %w", err)
+		}
+	}
+	return s, nil
+}
+
+func (s *Service) known(partner string) bool {
+	_, ok := slices.BinarySearch(s.partners, partner)
+	return ok
+}
+
+// IntakeHandler serves POST /events/{partner}.
+func (s *Service) IntakeHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /events/{partner}", s.handleIntake)
+	return mux
+}
+
+// AdminHandler serves the operator page (GET /), the operator actions (POST
+// /partners/{partner}/resume and /skip, each logged) and, when
+// Config.MetricsHandler is set, /metrics. Serve it on an address partners
+// cannot reach: it has no authentication of its own.
+func (s *Service) AdminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", s.handleOperatorPage)
+	mux.HandleFunc("POST /partners/{partner}/{action}", s.handleOperatorAction)
+	if s.cfg.MetricsHandler != nil {
+		mux.Handle("GET /metrics", s.cfg.MetricsHandler)
+	}
+	return mux
+}
+
+// Status returns every partner's backlog, age of its oldest undelivered
+// event, parked state and counters, sorted by backlog then age, largest
+// first. It costs a walk of the partners (in memory) and one indexed query
+// for the parked partners.
+func (s *Service) Status(ctx context.Context) ([]PartnerStatus, error) {
+	out := s.backlog.snapshot(s.now())
+	parked := map[string]bool{}
+	keys, err := s.relay.parked(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("webhook: parked partners: %w", err)
+	}
+	for _, p := range keys {
+		parked[p] = true
+	}
+	for i := range out {
+		out[i].Parked = parked[out[i].Partner]
+		out[i].Destination = s.deliver.Destination(out[i].Partner)
+		if st, ok := s.deliver.BreakerState(out[i].Destination); ok {
+			out[i].Breaker = st.String()
+		}
+	}
+	return out, nil
+}
+
+// Parked returns the parked partners, sorted: those whose head event ran out
+// of attempts (it is kept in the database, with its error, as a dead outbox
+// row), in this process or an earlier one.
+func (s *Service) Parked(ctx context.Context) ([]string, error) {
+	p, err := s.relay.parked(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("webhook: parked partners: %w", err)
+	}
+	slices.Sort(p)
+	return p, nil
+}
+
+// Resume retries a parked partner's head event with a fresh attempt budget;
+// its later events follow in order. ErrNotParked if it is not parked,
+// ErrClosed after Close. The action is logged.
+func (s *Service) Resume(ctx context.Context, partner string) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	if err := s.relay.resume(ctx, partner); err != nil {
+		return err
+	}
+	s.log.Info("operator resumed partner", "partner", partner)
+	return nil
+}
+
+// Skip gives up a parked partner's head event (it is not delivered; the
+// store keeps it marked as skipped) and lets its later events go on.
+// ErrNotParked if it is not parked, ErrClosed after Close. The action is
+// logged with the event's ID.
+func (s *Service) Skip(ctx context.Context, partner string) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	id, err := s.relay.skip(ctx, partner)
+	if err != nil {
+		return err
+	}
+	s.backlog.done(partner, id, false)
+	s.log.Warn("operator skipped an event", "partner", partner, "event", id)
+	return nil
+}
+
+// Close stops delivering: it lets the attempts in flight finish until ctx
+// ends, then cancels them; every undelivered event stays in the database
+// for the next start. It returns ctx's error if ctx ended first. Close does
+// not close the Store. Call it once the intake handler is no longer served.
+func (s *Service) Close(ctx context.Context) error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		var unreg error
+		if s.schedMet != nil {
+			unreg = s.schedMet.Unregister()
+		}
+		s.commit.close()
+		s.closeErr = errors.Join(s.relay.close(ctx), s.metrics.close(), unreg)
+		s.deliver.Close()
+	})
+	return s.closeErr
+}
+
+// settleIntake ends an admitted event's bookkeeping with its transaction's
+// outcome (the event entered the backlog before its transaction began).
+func (s *Service) settleIntake(env Envelope, err error) {
+	if err != nil {
+		s.backlog.drop(env.Partner, env.ID)
+		return
+	}
+	s.metrics.accepted(context.Background(), env.Partner)
+}
+
+// sink is the relay's publish function: one delivery attempt.
+func (s *Service) sink(ctx context.Context, partner, id string, received time.Time, body []byte) error {
+	err := s.deliver.Deliver(ctx, Delivery{Partner: partner, ID: id, Received: received, Body: body})
+	if err != nil {
+		s.backlog.failedAttempt(partner, err)
+		s.metrics.failed(ctx, partner)
+		return err
+	}
+	s.backlog.done(partner, id, true)
+	s.metrics.delivered(ctx, partner, s.now().Sub(received))
+	return nil
+}
+
+// onPark is called when a partner's head event ran out of attempts.
+func (s *Service) onPark(partner, id string, attempts int, err string) {
+	s.backlog.parked(partner)
+	s.metrics.parked(context.Background(), partner)
+	s.log.Warn("partner parked: its later events wait for an operator", "partner", partner, "event", id, "attempts", attempts, "err", err)
+}

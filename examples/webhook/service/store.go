@@ -1,0 +1,184 @@
+package service
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/keysched/keysched/db/outbox"
+	"github.com/keysched/keysched/db/sqldb"
+)
+
+// Default table names. IntakeTable holds the intake records: one row per
+// accepted event, written in the same transaction as its outbox row, and
+// kept after delivery (what was accepted, from whom, when). OutboxTable is
+// the db/outbox table (its relay's lease table is OutboxTable+"_lease").
+const (
+	IntakeTable = "webhook_intake"
+	OutboxTable = "webhook_outbox"
+)
+
+var tablePrefixRe = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,31}$`)
+
+// A StoreOption configures a Store.
+type StoreOption func(*storeConfig)
+
+type storeConfig struct{ prefix string }
+
+// WithTablePrefix names the store's tables prefix+"outbox" and
+// prefix+"intake" instead of the defaults ("webhook_"): several services, or
+// tests, can then share one database. The prefix is lower-case letters,
+// digits and underscores.
+func WithTablePrefix(prefix string) StoreOption {
+	return func(c *storeConfig) { c.prefix = prefix }
+}
+
+// Store is the service's database: the outbox (package db/outbox) and the
+// intake records. It is safe for concurrent use. One database may hold one
+// service's tables.
+type Store struct {
+	db     *sql.DB
+	ob     *outbox.Outbox
+	intake string // the intake table's name
+	ownsDB bool
+}
+
+// OpenSQLite opens (creating it if missing) a SQLite database file and its
+// tables. The driver is pure Go (modernc.org/sqlite): no cgo, no server.
+func OpenSQLite(ctx context.Context, path string, opts ...StoreOption) (*Store, error) {
+	db, err := sqldb.OpenSQLite(path)
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(1)
+	s, err := NewStore(ctx, db, opts...)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	s.ownsDB = true
+	return s, nil
+}
+
+// OpenPostgres opens a PostgreSQL database (a postgres:// URL or key=value
+// DSN) and creates the tables if missing.
+func OpenPostgres(ctx context.Context, dsn string, opts ...StoreOption) (*Store, error) {
+	db, err := sqldb.OpenPostgres(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	s, err := NewStore(ctx, db, opts...)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	s.ownsDB = true
+	return s, nil
+}
+
+// NewStore uses db (SQLite through modernc.org/sqlite or PostgreSQL through
+// pgx's stdlib driver) and creates the outbox's and the intake's tables if
+// missing (explicitly, here, at start; never during a request). Close does
+// not close a db given here.
+func NewStore(ctx context.Context, db *sql.DB, opts ...StoreOption) (*Store, error) {
+	cfg := storeConfig{prefix: "webhook_"}
+	for _, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("%w: nil StoreOption", ErrInvalidConfig)
+		}
+		o(&cfg)
+	}
+	if !tablePrefixRe.MatchString(cfg.prefix) {
+		return nil, fmt.Errorf("%w: table prefix %q: need [a-z_][a-z0-9_]{0,31}", ErrInvalidConfig, cfg.prefix)
+	}
+	intake := cfg.prefix + "intake"
+	ob, err := outbox.New(db, outbox.WithTable(cfg.prefix+"outbox"))
+	if err != nil {
+		return nil, fmt.Errorf("webhook: outbox: %w", err)
+	}
+	if err := ob.CreateSchema(ctx); err != nil {
+		return nil, fmt.Errorf("webhook: %w", err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+intake+` (
+	id          TEXT PRIMARY KEY,
+	partner     TEXT NOT NULL,
+	type        TEXT NOT NULL,
+	received_at BIGINT NOT NULL
+)`); err != nil {
+		return nil, fmt.Errorf("webhook: create %s: %w", intake, err)
+	}
+	return &Store{db: db, ob: ob, intake: intake}, nil
+}
+
+// Outbox returns the store's outbox.
+func (s *Store) Outbox() *outbox.Outbox { return s.ob }
+
+// Close closes the database if the Store opened it.
+func (s *Store) Close() error {
+	if s.ownsDB {
+		return s.db.Close()
+	}
+	return nil
+}
+
+func (s *Store) rebind(q string) string { return sqldb.Rebind(s.ob.Dialect(), q) }
+
+// acceptBatch writes each event's outbox row and intake record, all in one
+// transaction: all or none.
+func (s *Store) acceptBatch(ctx context.Context, batch []*acceptReq) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	insert := s.rebind(`INSERT INTO ` + s.intake + ` (id, partner, type, received_at) VALUES (?, ?, ?, ?)`)
+	for _, r := range batch {
+		env := r.env
+		if _, err := s.ob.Write(ctx, tx, outbox.Event{
+			ID: env.ID, Key: env.Partner, Type: env.Type, Payload: r.payload, CreatedAt: env.Received,
+		}); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, insert, env.ID, env.Partner, env.Type, env.Received.UnixMicro()); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+// loadPending fills b with the events accepted and not yet delivered (nor
+// skipped): outbox rows pending or dead, in outbox order.
+func (s *Store) loadPending(ctx context.Context, b *backlog) error {
+	rows, err := s.db.QueryContext(ctx, `SELECT i.id, i.partner, i.received_at FROM `+s.intake+` i
+JOIN `+s.ob.Table()+` o ON o.id = i.id WHERE o.state IN (0, 2) ORDER BY o.seq`)
+	if err != nil {
+		return fmt.Errorf("webhook: loading the backlog: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, partner string
+		var us int64
+		if err := rows.Scan(&id, &partner, &us); err != nil {
+			return fmt.Errorf("webhook: loading the backlog: %w", err)
+		}
+		b.load(partner, id, time.UnixMicro(us))
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("webhook: loading the backlog: %w", err)
+	}
+	return nil
+}
+
+// parkedHead returns the ID of the partner's oldest dead outbox row (the one
+// Skip gives up).
+func (s *Store) parkedHead(ctx context.Context, partner string) (string, error) {
+	var id string
+	err := s.db.QueryRowContext(ctx, s.rebind(`SELECT id FROM `+s.ob.Table()+` WHERE key = ? AND state = 2 ORDER BY seq LIMIT 1`), partner).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", ErrNotParked
+	}
+	return id, err
+}

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"time"
+
+	"github.com/keysched/keysched/examples/webhook/sim"
+)
+
+// simulate starts n partners' endpoints on loopback and fills partners.
+// Partner 1 is slow, 2 fails 30% of its calls, 3 hangs now and then, 4 is
+// down now and then (long enough to be parked), the others answer within
+// 5-20 ms; the last two share one endpoint (one destination).
+func simulate(n int, rec *sim.Recorder, partners map[string]string) ([]*sim.Endpoint, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("-partners %d: need at least 1", n)
+	}
+	var eps []*sim.Endpoint
+	for i := range n {
+		name := fmt.Sprintf("partner-%02d", i+1)
+		if i == n-1 && n >= 6 {
+			partners[name] = eps[len(eps)-1].URL // shares the previous partner's endpoint
+			continue
+		}
+		b := sim.Behavior{Delay: time.Duration(5+rand.IntN(15)) * time.Millisecond}
+		switch i {
+		case 0:
+			b = sim.Behavior{Delay: 800 * time.Millisecond}
+		case 1:
+			b.FailRate = 0.3
+		}
+		e, err := sim.NewEndpoint(rec, b)
+		if err != nil {
+			for _, e := range eps {
+				_ = e.Close()
+			}
+			return nil, err
+		}
+		eps = append(eps, e)
+		partners[name] = e.URL
+	}
+	return eps, nil
+}
+
+// chaos makes endpoint 3 hang for 20 s of every minute and endpoint 4 go down
+// for 40 s of every 90 s.
+func chaos(ctx context.Context, eps []*sim.Endpoint, log *slog.Logger) {
+	if len(eps) < 4 {
+		return
+	}
+	hang, down := eps[2], eps[3]
+	normal := sim.Behavior{Delay: 10 * time.Millisecond}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	start := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			s := int(now.Sub(start).Seconds())
+			wantHang, wantDown := s%60 >= 40, s%90 >= 20 && s%90 < 60
+			if hang.Behavior().Hang != wantHang {
+				log.Info("simulation: endpoint 3 "+map[bool]string{true: "hangs", false: "is back"}[wantHang], "url", hang.URL)
+				hang.Set(sim.Behavior{Delay: normal.Delay, Hang: wantHang})
+			}
+			if down.Behavior().Down != wantDown {
+				log.Info("simulation: endpoint 4 "+map[bool]string{true: "is down", false: "is back"}[wantDown], "url", down.URL)
+				down.Set(sim.Behavior{Delay: normal.Delay, Down: wantDown})
+			}
+		}
+	}
+}
+
+// produce posts events to random partners at about rate per second.
+func produce(ctx context.Context, intake string, partners []string, rate float64, log *slog.Logger) {
+	client := &http.Client{Timeout: 5 * time.Second}
+	tick := time.NewTicker(time.Duration(float64(time.Second) / rate))
+	defer tick.Stop()
+	var n, rejected int
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		n++
+		p := partners[rand.IntN(len(partners))]
+		body := fmt.Sprintf(`{"type":"order.updated","data":{"order":%d,"seq":%d}}`, rand.IntN(1000), n)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, intake+"/events/"+p, bytes.NewBufferString(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Warn("simulation: posting an event", "err", err)
+			}
+			continue
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode == http.StatusTooManyRequests {
+			rejected++
+			if rejected%100 == 1 {
+				log.Info("simulation: intake pushed back (429)", "partner", p, "rejected so far", rejected)
+			}
+		}
+	}
+}
