@@ -335,7 +335,7 @@ func (c *Consumer) route(fp kgo.FetchTopicPartition) {
 // dispatch submits g without waiting; false when its key or the scheduler
 // is full (or closing).
 func (c *Consumer) dispatch(g *group) bool {
-	comp, err := c.sched.TrySubmit(c.runCtx, g.key, g.run)
+	comp, err := c.sched.TrySubmit(g, g.key, runGroup)
 	if err != nil {
 		c.submitError(g, err)
 		return false

@@ -29,19 +29,21 @@ import (
 // key's next group when there is one (it cannot have started: this group
 // holds the key), else into a new group submitted behind this one.
 type group struct {
-	p       *partition
-	key     schedKey
-	null    bool   // the chain's p.last entry is p.lastNil
-	lastKey string // else p.last's key; unused under Unordered
-	poll    uint64 // the poll that made it
+	context.Context // the handlers' (Run's context's values); the task finds its group in it
+	p               *partition
+	key             schedKey
+	null            bool   // the chain's p.last entry is p.lastNil
+	lastKey         string // else p.last's key; unused under Unordered
+	poll            uint64 // the poll that made it
 
 	// items, cur and failAt belong to the task that runs the group (and,
 	// before it is submitted, to the poll loop under p.mu; a handing-on
 	// predecessor under p.mu, which can only happen before this group
 	// starts).
 	items  []*item
-	cur    int // the next record to run
-	failAt int // the record the group's failed attempts were counted for; -1 none
+	one    [1]*item // items' first backing array (most groups hold one record)
+	cur    int      // the next record to run
+	failAt int      // the record the group's failed attempts were counted for; -1 none
 
 	next     *group      // the key's next group (p.mu)
 	finished atomic.Bool // all its records finished or handed on
@@ -57,8 +59,25 @@ func (g *group) current() *item {
 	return nil
 }
 
-// run is the group's scheduler task. The scheduler's dead-letter function
-// finds a failed group through c.failing (see fail).
+type groupKey struct{}
+
+func (g *group) Value(k any) any {
+	if k == (groupKey{}) {
+		return g
+	}
+	return g.Context.Value(k)
+}
+
+// runGroup is the scheduler task of every group: the group is the context
+// it was submitted with (one function for every group, no closure each).
+// The scheduler's dead-letter function finds a failed group through
+// c.failing (see fail).
+func runGroup(ctx context.Context) error {
+	g, _ := ctx.Value(groupKey{}).(*group)
+	return g.run(ctx)
+}
+
+// run runs the group's records from g.cur on.
 func (g *group) run(ctx context.Context) error {
 	p := g.p
 	if !p.enter(false) {
@@ -177,10 +196,25 @@ func (g *group) handOn(i int) {
 
 // newGroup makes a group of items (p.mu held).
 func (c *Consumer) newGroup(p *partition, key schedKey, null bool, lastKey string, items []*item) *group {
-	g := &group{p: p, key: key, null: null, lastKey: lastKey, poll: p.polls, items: items, failAt: -1}
+	g := &group{Context: c.runCtx, p: p, key: key, null: null, lastKey: lastKey, poll: p.polls, failAt: -1}
+	if len(items) == 1 {
+		g.one[0] = items[0]
+		g.items = g.one[:1:1]
+	} else {
+		g.items = items
+	}
 	for _, it := range items {
 		it.g = g
 	}
+	return g
+}
+
+// newGroupOf makes a group of one item (p.mu held).
+func (c *Consumer) newGroupOf(p *partition, key schedKey, null bool, lastKey string, it *item) *group {
+	g := &group{Context: c.runCtx, p: p, key: key, null: null, lastKey: lastKey, poll: p.polls, failAt: -1}
+	g.one[0] = it
+	g.items = g.one[:1:1]
+	it.g = g
 	return g
 }
 
@@ -188,7 +222,7 @@ func (c *Consumer) newGroup(p *partition, key schedKey, null bool, lastKey strin
 // chain, or a new group appended to groups (p.mu held).
 func (c *Consumer) addTo(p *partition, groups []*group, it *item, r *kgo.Record) []*group {
 	if c.cfg.ordering == Unordered {
-		return append(groups, c.newGroup(p, c.keyOf(r), false, "", []*item{it}))
+		return append(groups, c.newGroupOf(p, c.keyOf(r), false, "", it))
 	}
 	null := c.cfg.ordering == PartitionOrder || r.Key == nil
 	var prev *group
@@ -212,7 +246,7 @@ func (c *Consumer) addTo(p *partition, groups []*group, it *item, r *kgo.Record)
 		}
 		k = schedKey{topic: p.topic, part: p.id, null: null, key: ks, off: -1}
 	}
-	ng := c.newGroup(p, k, null, ks, []*item{it})
+	ng := c.newGroupOf(p, k, null, ks, it)
 	if prev != nil && !prev.finished.Load() {
 		prev.next = ng
 	}
