@@ -241,7 +241,9 @@ func (c *Consumer) addTo(p *partition, groups []*group, it *item, r *kgo.Record)
 	if c.cfg.ordering == PartitionOrder {
 		k = schedKey{topic: p.topic, part: p.id, off: -1}
 	} else {
-		if !null {
+		if prev != nil {
+			ks = prev.lastKey // the same bytes: no new string
+		} else if !null {
 			ks = string(r.Key)
 		}
 		k = schedKey{topic: p.topic, part: p.id, null: null, key: ks, off: -1}
