@@ -67,6 +67,11 @@ type Consumer struct {
 	parkMu sync.Mutex
 	parked map[schedKey]*item
 
+	// perRecord: the scheduler gives each attempt a deadline
+	// (keysched.WithTaskTimeout), so every record is a task of its own (a
+	// group's records would share one attempt's deadline).
+	perRecord bool
+
 	failMu  sync.Mutex
 	failing map[schedKey]*group // see Consumer.fail
 
@@ -148,6 +153,10 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		return nil, fmt.Errorf("%w: scheduler: %w", ErrInvalidOption, err)
 	}
 	c.sched = s
+	if c.perRecord, err = hasTaskTimeout(s); err != nil {
+		_ = s.Close(context.Background())
+		return nil, fmt.Errorf("kafka: scheduler: %w", err)
+	}
 	copts := append([]kgo.Opt{}, cfg.clientOpts...)
 	copts = append(copts,
 		kgo.DisableAutoCommit(),
@@ -177,6 +186,23 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		}
 	}
 	return c, nil
+}
+
+// hasTaskTimeout runs one probe task on s and reports whether its context
+// had a deadline: whether s was made with keysched.WithTaskTimeout.
+func hasTaskTimeout(s *keysched.Scheduler[schedKey]) (bool, error) {
+	var has bool
+	comp, err := s.Submit(context.Background(), schedKey{off: -2}, func(ctx context.Context) error {
+		_, has = ctx.Deadline()
+		return nil
+	})
+	if err != nil {
+		return false, err
+	}
+	if err := comp.Wait(context.Background()); err != nil {
+		return false, err
+	}
+	return has, nil
 }
 
 func isRegex(cl *kgo.Client) bool {

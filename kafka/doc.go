@@ -56,7 +56,8 @@
 // still tracked record by record,
 // and retries stay per record (a record that fails after an earlier one of
 // its group failed is handed on, with the rest, to a task of its own). The
-// scheduler's Stats count groups.
+// scheduler's Stats count groups. With keysched.WithTaskTimeout every record
+// is a task of its own, so that each gets the whole timeout.
 //
 // # Failures
 //

@@ -395,3 +395,37 @@ func TestRetriesPerRecordInAGroup(t *testing.T) {
 		t.Errorf("dead letters (offset/attempts) %v, want 2/3 3/3 6/3", offs)
 	}
 }
+
+// With keysched.WithTaskTimeout every record is a task of its own, so each
+// gets the whole timeout: thirty records of one key, 50 ms each, under a
+// 1 s timeout all succeed (in one group they would share one attempt's
+// deadline and the later ones would fail).
+func TestTaskTimeoutPerRecord(t *testing.T) {
+	tc := newCluster(t, 1, "t")
+	var rs []*kgo.Record
+	for i := range 30 {
+		rs = append(rs, rec("t", 0, "k", fmt.Sprint(i)))
+	}
+	tc.produce(t, rs...)
+	var ok, failed atomic.Int64
+	c := startConsumer(t, func(ctx context.Context, r *kgo.Record) error {
+		tm := time.NewTimer(50 * time.Millisecond)
+		defer tm.Stop()
+		select {
+		case <-tm.C:
+			ok.Add(1)
+			return nil
+		case <-ctx.Done():
+			failed.Add(1)
+			return ctx.Err()
+		}
+	}, WithLogger(quiet), WithSchedulerOptions(keysched.WithTaskTimeout(time.Second)),
+		WithClientOptions(tc.clientOpts(groupName(t), "t")...))
+	if !c.perRecord {
+		t.Fatal("the consumer did not see the scheduler's task timeout")
+	}
+	eventually(t, "thirty records finished", func() bool { return c.Stats().Finished == 30 })
+	if ok.Load() != 30 || failed.Load() != 0 {
+		t.Errorf("%d handled, %d timed out; want 30 and 0", ok.Load(), failed.Load())
+	}
+}

@@ -231,7 +231,9 @@ func (c *Consumer) addTo(p *partition, groups []*group, it *item, r *kgo.Record)
 	} else {
 		prev = p.last[string(r.Key)] // no allocation for the look-up
 	}
-	if prev != nil && prev.poll == p.polls && !prev.finished.Load() {
+	// With a task timeout (perRecord) every record is a group of its own:
+	// a group's records would share one attempt's deadline.
+	if prev != nil && prev.poll == p.polls && !prev.finished.Load() && !c.perRecord {
 		prev.items = append(prev.items, it) // made by this poll: not submitted yet
 		it.g = prev
 		return groups
