@@ -202,6 +202,9 @@ func hasTaskTimeout(s *keysched.Scheduler[schedKey]) (bool, error) {
 		return nil
 	})
 	if err != nil {
+		if ctx.Err() != nil {
+			return true, nil // no room within 5 s
+		}
 		return false, err
 	}
 	if err := comp.Wait(ctx); err != nil {
