@@ -531,7 +531,7 @@ func (s *Scheduler[K]) abort() {
 func (s *Scheduler[K]) settle(stop <-chan struct{}) {
 	for i := 0; ; i++ {
 		for n := s.ready.pop(); n != nil; n = s.ready.pop() {
-			for n != nil && s.step(n) {
+			for n != nil && s.step(n, nil) {
 				n = s.pass(n)
 			}
 		}

@@ -14,7 +14,9 @@ import (
 // timing, task ages (the oldest unfinished task, per key and in total) and
 // the per-key inspection Keys. Nothing here adds work to the hot path unless
 // an observer or WithTaskAges is set: then a task costs one monotonic clock
-// read when it is accepted, and two per attempt with an observer.
+// read when it is accepted, and with an observer two per attempt, or one for
+// an attempt that follows its key's previous task on the same worker (see
+// Observer.AttemptStarted).
 
 // A Mono is a reading of the monotonic clock, in nanoseconds from an origin
 // fixed for the process (not a wall time, and not comparable across
@@ -56,7 +58,12 @@ type Observer[K comparable] struct {
 	// AttemptStarted is called when an attempt of a task starts running on
 	// a worker, just before the task function is called. Ended, Err and
 	// Panicked are zero. For the first attempt, Started-Accepted is the
-	// task's queue wait.
+	// task's queue wait. When a worker goes straight on from a key's task
+	// that succeeded to the key's next task, accepted before that task
+	// ended, the next task's Started is the previous one's Ended (one clock
+	// read instead of two; the hand-over between them, no user code and no
+	// waiting, counts as queue wait). Always Accepted <= Started <= Ended,
+	// and a task of a key starts no earlier than its predecessor ended.
 	AttemptStarted func(key K, a AttemptInfo)
 	// AttemptEnded is called when the task function has returned (or
 	// panicked), before the scheduler decides what follows (success,
@@ -129,20 +136,40 @@ func (s *Scheduler[K]) hookAccepted(key K, at Mono) {
 	}
 }
 
-// hookStarted reports the start of c's next attempt and returns its time.
-func (s *Scheduler[K]) hookStarted(n *node[K]) Mono {
-	now := MonoNow()
+// hookStarted reports the start of n's next attempt and returns its time:
+// clk's reading when it can stand for it (see attempt), else the clock's.
+func (s *Scheduler[K]) hookStarted(n *node[K], clk *handClock) Mono {
+	var now Mono
+	accepted := *s.stamp(n)
+	if clk != nil && clk.ok && clk.at >= accepted && n.more.Load() == nil {
+		now = clk.at
+	} else {
+		now = MonoNow()
+	}
+	if clk != nil {
+		clk.ok = false
+	}
 	if f := s.obs.AttemptStarted; f != nil {
 		defer s.hookRecover()
-		f(n.key, AttemptInfo{N: n.attempts() + 1, Accepted: *s.stamp(n), Started: now})
+		f(n.key, AttemptInfo{N: n.attempts() + 1, Accepted: accepted, Started: now})
 	}
 	return now
 }
 
-func (s *Scheduler[K]) hookEnded(n *node[K], started Mono, err error, panicked bool) {
-	if f := s.obs.AttemptEnded; f != nil {
+// hookEnded reports the end of n's attempt. After a successful attempt it
+// leaves its reading in clk for the key's next task on this runner.
+func (s *Scheduler[K]) hookEnded(n *node[K], started Mono, err error, panicked bool, clk *handClock) {
+	f := s.obs.AttemptEnded
+	if f == nil && (clk == nil || err != nil) {
+		return
+	}
+	now := MonoNow()
+	if clk != nil && err == nil {
+		clk.at, clk.ok = now, true
+	}
+	if f != nil {
 		a := AttemptInfo{N: n.attempts(), Accepted: *s.stamp(n), Started: started,
-			Ended: MonoNow(), Err: err, Panicked: panicked}
+			Ended: now, Err: err, Panicked: panicked}
 		defer s.hookRecover()
 		f(n.key, a)
 	}

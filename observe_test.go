@@ -450,3 +450,105 @@ func TestBatchWithAges(t *testing.T) {
 		require.NoError(t, s.Drain(ctx))
 	})
 }
+
+// A runner that goes straight on to its key's next task reuses the clock
+// reading its previous attempt ended with as the next one's start (one clock
+// read per task, not two), but never after a failed attempt: the failure's
+// handling (here a dead-letter function that takes 2 s) is not the next
+// task's queue wait lost, and the next task starts after it.
+func TestObserverHandOverAfterFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var rec obsRecorder
+		s := newBubbleSched[string](t, WithWorkers(1), WithObserver(rec.observer()),
+			WithDeadLetter(func(DeadLetter[string]) { time.Sleep(2 * time.Second) }))
+		ctx := context.Background()
+		gate := make(chan struct{})
+		_, err := s.Submit(ctx, "k", func(context.Context) error { <-gate; return nil })
+		require.NoError(t, err)
+		_, err = s.Submit(ctx, "k", func(context.Context) error { time.Sleep(time.Second); return nil })
+		require.NoError(t, err)
+		_, err = s.Submit(ctx, "k", func(context.Context) error { return Permanent(errFail) })
+		require.NoError(t, err)
+		_, err = s.Submit(ctx, "k", func(context.Context) error { return nil })
+		require.NoError(t, err)
+		close(gate)
+		require.NoError(t, s.Drain(ctx))
+		_, k := split(rec.of("k"))
+		require.Equal(t, []string{"started", "ended", "started", "ended", "started", "ended", "dead", "started", "ended"}, kinds(k))
+		require.Equal(t, k[1].a.Ended, k[2].a.Started, "after a success: handed over")
+		require.Equal(t, time.Second, k[3].a.Ended.Sub(k[3].a.Started))
+		require.Equal(t, 2*time.Second, k[7].a.Started.Sub(k[5].a.Ended),
+			"after a failure the next start is read anew, after its dead letter")
+	})
+}
+
+// Under real concurrency (a submitter appending to the key a runner drains,
+// so that tasks arrive while it hands the key over), every attempt's times
+// are in order: Accepted <= Started <= Ended, and each task of a key starts
+// no earlier than its predecessor ended.
+func TestObserverTimesInOrder(t *testing.T) {
+	var mu sync.Mutex
+	type times struct{ acc, start, end Mono }
+	got := map[int][]times{}
+	obs := Observer[int]{
+		AttemptEnded: func(k int, a AttemptInfo) {
+			mu.Lock()
+			got[k] = append(got[k], times{a.Accepted, a.Started, a.Ended})
+			mu.Unlock()
+		},
+	}
+	s, err := New[int](WithLogger(quiet), WithWorkers(2), WithObserver(obs))
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.Close(context.Background())) }()
+	ctx := context.Background()
+	const keys, perKey = 4, 3000
+	for i := range keys * perKey {
+		_, err := s.Submit(ctx, i%keys, func(context.Context) error { return nil })
+		require.NoError(t, err)
+	}
+	require.NoError(t, s.Drain(ctx))
+	mu.Lock()
+	defer mu.Unlock()
+	for k, ts := range got {
+		require.Len(t, ts, perKey)
+		for i, x := range ts {
+			require.LessOrEqual(t, x.acc, x.start, "key %d task %d: started before accepted", k, i)
+			require.LessOrEqual(t, x.start, x.end, "key %d task %d", k, i)
+			if i > 0 {
+				require.LessOrEqual(t, ts[i-1].end, x.start, "key %d task %d: started before its predecessor ended", k, i)
+			}
+		}
+	}
+}
+
+// A task accepted after its predecessor's attempt ended (while the runner
+// was still handing the key on) does not get that older reading as its
+// start: its start is read anew, after its acceptance.
+func TestObserverHandOverNotBeforeAccepted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var rec obsRecorder
+		first := true
+		o := rec.observer()
+		ended := o.AttemptEnded
+		o.AttemptEnded = func(k string, a AttemptInfo) {
+			ended(k, a)
+			if first {
+				first = false
+				time.Sleep(time.Second) // the hand-over is slow: B arrives meanwhile
+			}
+		}
+		s := newBubbleSched[string](t, WithWorkers(1), WithObserver(o))
+		ctx := context.Background()
+		_, err := s.Submit(ctx, "k", func(context.Context) error { return nil })
+		require.NoError(t, err)
+		time.Sleep(time.Second / 2)
+		_, err = s.Submit(ctx, "k", func(context.Context) error { return nil })
+		require.NoError(t, err)
+		require.NoError(t, s.Drain(ctx))
+		_, k := split(rec.of("k"))
+		require.Equal(t, []string{"started", "ended", "started", "ended"}, kinds(k))
+		b := k[3].a
+		require.Equal(t, time.Second/2, b.Accepted.Sub(k[1].a.Ended))
+		require.Equal(t, time.Second/2, b.Started.Sub(b.Accepted), "started when the hand-over ended, not before acceptance")
+	})
+}

@@ -14,7 +14,8 @@ import (
 
 // runLoop is the function every runner executes on a pool worker.
 func (s *Scheduler[K]) runLoop() {
-	var cur *node[K] // the task being run, for the Goexit path below
+	var cur *node[K]  // the task being run, for the Goexit path below
+	var clk handClock // an observer's clock reading handed from a task to its key's next
 	clean := false
 	defer func() {
 		if !clean {
@@ -35,9 +36,10 @@ func (s *Scheduler[K]) runLoop() {
 		}
 		// Run n and its key's successors on this worker, in a loop (never by
 		// recursion: a chain may be millions long), then yield the key.
+		clk.ok = false // a reading from another key's task is not reused
 		for budget := keyBudget; ; budget-- {
 			cur = n
-			if !s.step(n) {
+			if !s.step(n, &clk) {
 				break // waiting for a retry, or parked: the key is held
 			}
 			next := s.pass(n)
@@ -53,9 +55,17 @@ func (s *Scheduler[K]) runLoop() {
 	}
 }
 
+// A handClock carries the clock reading an observed attempt ended with to the
+// start of the next task of the same key on the same runner (see attempt).
+type handClock struct {
+	at Mono
+	ok bool
+}
+
 // step runs n if it is still to run. It reports whether n is finished, so
 // that its key moves on; false means n holds its key (retry wait or parked).
-func (s *Scheduler[K]) step(n *node[K]) bool {
+// clk is the runner's hand-over reading (nil: none).
+func (s *Scheduler[K]) step(n *node[K], clk *handClock) bool {
 	c := &n.Completion
 	for {
 		switch from := c.state.Load(); from {
@@ -80,7 +90,7 @@ func (s *Scheduler[K]) step(n *node[K]) bool {
 				s.publishRun(c)
 				return true
 			}
-			return s.attempt(n)
+			return s.attempt(n, clk)
 		case stFinishing:
 			// Cancel or Close's abort has taken it and is writing its
 			// outcome (no user code runs in that window): wait for the
@@ -95,13 +105,22 @@ func (s *Scheduler[K]) step(n *node[K]) bool {
 }
 
 // attempt runs one attempt of n, which this runner owns (stRunning).
-func (s *Scheduler[K]) attempt(n *node[K]) bool {
+//
+// With an observer, an attempt costs one clock reading, not two, when it
+// follows its key's previous task on the same runner: that task's end
+// reading (clk, set only after a successful first attempt, whose runner went
+// straight on through pass) is reused as this attempt's start, when n was
+// accepted before it. The reading is then taken at most one hand-over (pass:
+// no user code, no waiting) before the task function is called, never before
+// the predecessor's end nor before n's acceptance, so the documented order
+// Accepted <= Started <= Ended, and the key's order of attempts, hold.
+func (s *Scheduler[K]) attempt(n *node[K], clk *handClock) bool {
 	c := &n.Completion
 	var err error
 	var panicked, permanent bool
 	var started Mono
 	if s.obs != nil {
-		started = s.hookStarted(n)
+		started = s.hookStarted(n, clk)
 	}
 	if x := c.more.Load(); x == nil && s.cfg.taskTimeout == 0 {
 		// The common case: a first attempt, its context inline.
@@ -124,7 +143,7 @@ func (s *Scheduler[K]) attempt(n *node[K]) bool {
 		s.endAttempt(c, a)
 	}
 	if s.obs != nil {
-		s.hookEnded(n, started, err, panicked)
+		s.hookEnded(n, started, err, panicked, clk)
 	}
 	if err == nil {
 		s.core.decide(c, outSucceeded, nil)
