@@ -13,7 +13,7 @@ import (
 // An Observer times every task: the queue wait (acceptance to first start)
 // and each attempt's duration. Here it keeps the slowest attempt; a metrics
 // package records histograms instead (see otelkeysched).
-func ExampleWithObserver() {
+func ExampleWithObserver_slowestAttempt() {
 	ctx := context.Background()
 	var mu sync.Mutex
 	var slowest time.Duration
@@ -43,7 +43,7 @@ func ExampleWithObserver() {
 // Keys lists the keys holding the most tasks, with their depth, whether they
 // are parked, and how long their oldest task has waited (WithTaskAges):
 // per-key detail for a debug endpoint, where metrics must not carry keys.
-func ExampleScheduler_Keys() {
+func ExampleScheduler_Keys_parked() {
 	ctx := context.Background()
 	parked := make(chan string, 1)
 	s, _ := keysched.New[string](keysched.WithTaskAges(), keysched.WithFailurePolicy(keysched.Park),
