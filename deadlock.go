@@ -54,9 +54,11 @@ func waiterTask(ctx context.Context) *Completion {
 // waitAsTask is Wait for c, not done, with the context of task t.
 func (c *Completion) waitAsTask(ctx context.Context, t *Completion) error {
 	if t.state.Load() == stRunning { // t holds its key: it can deadlock
-		if c.hdr == t.hdr {
+		if c.hdr == t.hdr && c.state.Load() < stFinishing {
 			// c is t, or behind t on its key (t runs at the head; c is not
-			// done, so it is still on the chain).
+			// done, so it is still on the chain) and not taken by Cancel or
+			// Close's abort: those finish it without its key moving on (an
+			// aborted task is done once its dead letter is delivered).
 			return fmt.Errorf("%w: a task waits for itself or for a later task of its own key", ErrDeadlock)
 		}
 		rec := &waitRec{target: c}
@@ -98,8 +100,8 @@ func closesCycle(t, c *Completion) int {
 	var path []waitEdge
 	cur := c
 	for range maxWaitWalk {
-		if cur.state.Load() >= stDecided {
-			return 0 // finished: the chain moves on
+		if cur.state.Load() >= stFinishing {
+			return 0 // finished, or being finished by Cancel or the abort
 		}
 		if cur.hdr == t.hdr {
 			if validCycle(path, cur) {
@@ -131,12 +133,12 @@ func closesCycle(t, c *Completion) int {
 // waiter's own chain the walk ended at.
 func validCycle(path []waitEdge, last *Completion) bool {
 	for _, e := range path {
-		if e.from.state.Load() >= stDecided || e.head.state.Load() != stRunning {
+		if e.from.state.Load() >= stFinishing || e.head.state.Load() != stRunning {
 			return false
 		}
 		if x := e.head.more.Load(); x == nil || x.waiting.Load() != e.rec {
 			return false
 		}
 	}
-	return last.state.Load() < stDecided
+	return last.state.Load() < stFinishing
 }
