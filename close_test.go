@@ -32,6 +32,8 @@ func closeBacklog(t *testing.T, total, keys int, dl func(DeadLetter[int]), gate 
 		require.NoError(t, err)
 		cs = append(cs, c)
 	}
+	// The 32 workers are busy with blocked tasks before Close begins.
+	require.True(t, waitFor(ctx, func() bool { return s.Stats().Running == 32 }))
 	var submitters sync.WaitGroup
 	var mu sync.Mutex
 	stopSubmitters := make(chan struct{})
@@ -158,11 +160,13 @@ func TestCloseErrorShape(t *testing.T) {
 	cerr := s.Close(ended)
 	var ce *CloseError
 	require.ErrorAs(t, cerr, &ce)
-	require.Equal(t, 5, ce.NotRun)
+	// All five aborted (unless the machine starved the abort's walk for all
+	// of CloseGrace: then those it had not reached are counted so).
+	require.Equal(t, 5, ce.NotRun+ce.Unreached, "%+v", ce)
 	require.Equal(t, 1, ce.Running)
 	require.ErrorIs(t, cerr, context.Canceled)
 	require.ErrorIs(t, cerr, ErrAborted)
-	require.Contains(t, cerr.Error(), "5 accepted tasks did not run")
+	require.Contains(t, cerr.Error(), "accepted tasks did not run")
 	close(gate)
 	require.Equal(t, cerr, s.Close(ctx)) // later calls: the first one's result
 }

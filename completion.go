@@ -163,7 +163,8 @@ func (c *Completion) core() *core { return c.hdr.core }
 // Done returns a channel closed once the task has reached its terminal
 // outcome. By then Stats counts that outcome, and the task's dead letter, if
 // it has one, was delivered (see WithDeadLetter). The channel is made on the
-// first call.
+// first call. A task that receives from it to wait for another task is not
+// checked for a deadlock (see ErrDeadlock): use Wait with the task's context.
 func (c *Completion) Done() <-chan struct{} {
 	g := c.signals()
 	ch, made := g.done.get()

@@ -67,7 +67,7 @@
 // Queued behind its key. A task whose key had no chain is its key's head: it
 // goes to the ready queue at once, and a runner is started for it if fewer
 // than the worker bound are running. Any other task is a node in its key's
-// chain, about 100 bytes: no goroutine, no worker, no timer. Nobody waits
+// chain, under 100 bytes: no goroutine, no worker, no timer. Nobody waits
 // for a predecessor; whoever finishes a task hands its key on.
 //
 // Run. A runner is one function on one worker of the ants pool. It takes the
@@ -130,21 +130,27 @@
 // from it) never waits, at either bound; it fails at once with ErrKeyFull or ErrFull, since a task
 // waiting for room on its own key, or every worker waiting for room, is a
 // deadlock. [Scheduler.Drain] and Close made with a task's context return
-// [ErrInsideTask].
+// [ErrInsideTask]. [Completion.Wait] made with a task's context returns
+// [ErrDeadlock] when the wait could never end: on the task itself, on a later
+// task of its own key, or closing a cycle of such waits across keys.
 //
 // Time: [WithTaskTimeout] puts a deadline on each attempt's context; a
 // timed-out attempt that returns an error is a failed, retryable attempt.
 // RetryPolicy.MaxBackoff caps each retry delay (default the larger of
 // InitialBackoff and one minute). Close's context bounds shutdown: when it
-// ends, running tasks' contexts are cancelled and every task that has not
-// started is aborted.
+// ends, running tasks' contexts are cancelled, every task that has not
+// started is aborted and dead-lettered, and Close returns within
+// [CloseGrace] with a [*CloseError] saying what did not run and what was
+// still running or being delivered (that goes on in the background;
+// nothing is dropped).
 //
 // # What each call costs
 //
-// Submit: one allocation for the task's node, which is also its Completion
-// (and, for a key without a chain, its chain header), and one map entry;
-// about 100 bytes in two allocations (TestSubmitAllocations holds it). One
-// atomic compute on the key in the map; for a key's head, a ready-queue push
+// Submit: for a task behind others of its key, one allocation of at most 96
+// bytes, its node, which is also its Completion; for a task that starts its
+// key's chain, two: its node with the chain header, and the map's entry for
+// the key (TestSubmitAllocations holds both). One atomic compute on the key
+// in the map; for a key's head, a ready-queue push
 // and perhaps a runner started through ants. A queued task has no goroutine,
 // and Submit never waits for a worker: it waits only at a bound, and only
 // until its context ends.
@@ -185,10 +191,13 @@
 //   - chain.go: the public face. [Scheduler], [New], Submit, TrySubmit,
 //     KeyDepth, Drain, Close (and its abort), [Stats]; the task node.
 //   - batch.go: SubmitBatch and TrySubmitBatch.
-//   - tailmap.go: the concurrent map (xsync MapOf) from each live key to its
-//     chain's tail. Appending a task and removing a drained key each happen
+//   - tailmap.go: the concurrent map (xsync Map) from each live key to its
+//     chain's header, which holds the tail. Appending a task and removing a drained key each happen
 //     inside one Compute on that key; invalid keys are refused before they
 //     reach it.
+//   - close.go: what Close does once it gives up: abort what has not
+//     started, deliver those dead letters concurrently, return within
+//     CloseGrace with a [CloseError].
 //   - depth.go: the bounds. The per-key depth, the pending count (with the
 //     closed flag in the same word, so "closed?" and "take a slot" are one
 //     CompareAndSwap), and the waiting protocol that loses no wake-up.
@@ -200,10 +209,13 @@
 //     [DeadLetter], [FailurePolicy], Park, Resume and Skip.
 //   - completion.go: the [Completion] handle, the task states and their
 //     transitions, Cancel, the lazily made channels.
+//   - deadlock.go: finding waits that can never end ([ErrDeadlock]).
 //   - taskctx.go: the task's context (values kept, cancellation its own),
 //     recognising a task's context, [Attempt].
 //   - observe.go: [Observer] and WithObserver, task ages (WithTaskAges,
 //     OldestAge, KeyAge), the per-key inspection Keys.
+//   - counter.go and pad.go: striped counters and cache-line padding, so
+//     that submitters and workers on different cores do not share lines.
 //   - options.go and errors.go: options and their defaults; sentinel errors,
 //     [PanicError], [Permanent].
 //
@@ -214,8 +226,9 @@
 //
 // Your handlers are tiny and uniform and no key is ever slow: striped lanes
 // (hash the key onto one of N goroutines, each with its own queue) cost a
-// fraction of keysched's time per task (a fifth to a quarter on a
-// no-op handler, measured in the repository's docs/benchmarks.md). They pay
+// fraction of keysched's time per task (a fifth to a third on a
+// no-op handler, measured in the repository's docs/benchmarks.md and
+// docs/performance.md). They pay
 // for it with head-of-line blocking: one slow key stalls every key that
 // hashes onto its lane.
 //
@@ -227,7 +240,8 @@
 // front (Kafka, a database outbox) and acknowledge an event only when its
 // Completion reports success; the kafka module of this repository does that
 // for a franz-go group consumer, with key-level parallelism inside each
-// partition.
+// partition, and its db module gives a transactional outbox and an idempotent
+// inbox (exactly-once effects on a database, over at-least-once delivery).
 //
 // You want typed publish/subscribe with several subscribers per event, each
 // with its own order, bounds and dead letters: package

@@ -61,6 +61,8 @@ type Observer[K comparable] struct {
 	// AttemptEnded is called when the task function has returned (or
 	// panicked), before the scheduler decides what follows (success,
 	// retry, dead letter, park). Ended-Started is the attempt's duration.
+	// (A task that calls runtime.Goexit ends its attempt unreported; it is
+	// counted as panicked, and dead-lettered, as ever.)
 	AttemptEnded func(key K, a AttemptInfo)
 	// DeadLettered is called once per dead letter (see WithDeadLetter),
 	// before it is delivered, with its error (ErrAborted for a task Close

@@ -13,7 +13,7 @@ import (
 // An Observer times every task: the queue wait (acceptance to first start)
 // and each attempt's duration. Here it keeps the slowest attempt; a metrics
 // package records histograms instead (see otelkeysched).
-func ExampleWithObserver_slowestAttempt() {
+func ExampleObserver() {
 	ctx := context.Background()
 	var mu sync.Mutex
 	var slowest time.Duration
@@ -58,7 +58,8 @@ func ExampleScheduler_Keys_parked() {
 	for _, k := range s.Keys(10) {
 		fmt.Printf("%s depth=%d parked=%t waited=%t\n", k.Key, k.Depth, k.Parked, k.HeadAge > 0)
 	}
-	fmt.Println(s.OldestAge() >= s.KeyAge("acct-poison"))
+	poisonAge := s.KeyAge("acct-poison") // read first: ages grow while we read
+	fmt.Println(s.OldestAge() >= poisonAge)
 	close(release)
 	s.Skip("acct-poison")
 	s.Close(ctx)

@@ -24,7 +24,9 @@ func TestCloseReturnsWithDeadLettersUndelivered(t *testing.T) {
 	released, release := gate(t)
 	dlGate, dlRelease := gate(t)
 	var letters atomic.Int64
+	started := make(chan struct{}, 4)
 	sub, err := Subscribe(b, "s", func(ctx context.Context, env Envelope[int], ev tick) error {
+		started <- struct{}{}
 		<-released // ignores its context
 		return nil
 	}, MaxPending(20_000), DeadLetters(func(DeadLetter[int]) { <-dlGate; letters.Add(1) }))
@@ -32,6 +34,9 @@ func TestCloseReturnsWithDeadLettersUndelivered(t *testing.T) {
 	const events = 10_000
 	for i := range events {
 		require.NoError(t, b.Publish(ctx, i%100, tick{i}))
+	}
+	for range 4 { // every worker is busy before Close begins
+		recv(t, started, "a handler")
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
 	defer cancel()

@@ -140,7 +140,9 @@
 // [Bus.Close] refuses new publishes with [ErrClosed], drains every
 // subscriber, and releases the bus's own pool (not one given with WithPool).
 // If its context ends first, events that did not run are dead-lettered with
-// keysched.ErrAborted and Close's error says how many, per subscriber.
+// keysched.ErrAborted, and Close returns within keysched.CloseGrace with an
+// error that says how many, per subscriber (each one's *keysched.CloseError);
+// dead letters not yet delivered then are delivered in the background.
 // [Subscription.Unsubscribe] does the same for one subscriber.
 //
 // # What it costs
@@ -161,9 +163,13 @@
 // [Bus.Stats] counts published and unmatched events; [Subscription.Stats]
 // gives a subscriber's [SubStats]: its scheduler's counters (accepted,
 // succeeded, failed, dead-lettered, pending, parked keys) plus the bus's own
-// (delivered, dropped, skipped, ejected). The otelkeysched module of this
-// repository exports both as OpenTelemetry metrics (RegisterBus,
-// RegisterSubscription), read at collection time.
+// (delivered, dropped, skipped, ejected). With [TaskAges],
+// [Subscription.OldestAge] and [Subscription.Keys] tell how long the oldest
+// unhandled events have waited and which keys hold the most; [Observe] puts
+// a keysched.Observer on the subscriber's scheduler, for latency
+// histograms. The otelkeysched module of this repository exports all of it
+// as OpenTelemetry metrics (RegisterBus, RegisterSubscription), read at
+// collection time.
 //
 // # Where each mechanism lives
 //
@@ -181,6 +187,7 @@
 //   - eject.go: counting timed-out attempts, ejection, releasing an ejected
 //     subscriber's parked keys.
 //   - stats.go: SubStats.
+//   - observe.go: Observe, TaskAges, OldestAge and Keys per subscriber.
 //   - dedup.go: Dedup, an idempotent-consumer wrapper.
 //
 // # When to use something else

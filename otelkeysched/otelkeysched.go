@@ -218,7 +218,10 @@ func withKV(base []attribute.KeyValue, kv ...attribute.KeyValue) attribute.Set {
 //
 // Use: New, then keysched.New with keysched.WithObserver(m.Observer()), then
 // Register with the scheduler; Unregister when done. A scheduler made without
-// the observer still reports everything but the two histograms.
+// the observer still reports everything but the two histograms (and an
+// oldest age of 0, unless made with keysched.WithTaskAges). For a bus
+// subscriber: New with ForSubscription(name), bus.Subscribe with
+// bus.Observe(m.Observer()), then RegisterSubscription.
 //
 // No key is ever an attribute value (unbounded cardinality, personal data):
 // per-key detail is keysched.Scheduler.Keys's job. All methods are safe for

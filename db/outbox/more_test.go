@@ -191,3 +191,152 @@ func TestLateCommittedRowOnBusyKey(t *testing.T) {
 		}
 	}
 }
+
+// A relay restarted under the same owner name takes its dead predecessor's
+// leases back at once (the lease here lasts an hour), and republishes what
+// was not marked.
+func TestRestartWithSameOwner(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ob := newOutbox(t, db)
+		const keys, perKey = 5, 4
+		writeEvents(t, ob, keys, perKey, 50)
+		opts := []outbox.RelayOption{outbox.WithLogger(quiet), outbox.WithPollInterval(10 * time.Millisecond),
+			outbox.WithLeaseDuration(time.Hour), outbox.WithOwner("orders-relay-1")}
+		first := newRecorder(keys * perKey)
+		a, err := ob.NewRelay(first.sink, opts...)
+		require.NoError(t, err)
+		outbox.NoMark(a)
+		outbox.Crash(a)
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() { errc <- a.Run(ctx) }()
+		first.wait(t, 30*time.Second)
+		cancel()
+		require.ErrorIs(t, <-errc, context.Canceled)
+
+		// Another name would wait an hour for those leases.
+		other := newRecorder(1)
+		c, err := ob.NewRelay(other.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
+		require.NoError(t, err)
+		stopC := runRelay(t, c)
+		second := newRecorder(keys * perKey)
+		b, err := ob.NewRelay(second.sink, opts...)
+		require.NoError(t, err)
+		stop := runRelay(t, b)
+		second.wait(t, 30*time.Second)
+		stop()
+		stopC()
+		require.Zero(t, second.check(t, keys, perKey))
+		require.Zero(t, other.total, "a relay of another name got none of the leased keys")
+		require.Empty(t, counts(t, ob))
+	})
+}
+
+// A sink call that overruns WithSinkTimeout is a failed attempt; once the
+// attempts are spent the row is dead with the deadline error.
+func TestSinkTimeout(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.SQLite(t)
+	ob := newOutbox(t, db)
+	writeEvents(t, ob, 1, 1, 1)
+	dead := make(chan outbox.DeadEvent, 1)
+	r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+		<-ctx.Done() // a hung endpoint
+		return ctx.Err()
+	}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond), outbox.WithSinkTimeout(20*time.Millisecond),
+		outbox.WithRetry(keysched.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond}),
+		outbox.WithOnDead(func(d outbox.DeadEvent) { dead <- d }))
+	require.NoError(t, err)
+	runRelay(t, r)
+	d := <-dead
+	require.Equal(t, 2, d.Attempts)
+	require.Contains(t, d.Err, context.DeadlineExceeded.Error())
+	rows, err := ob.Dead(ctx, 1)
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+}
+
+// Close whose context ends while sink calls hang cancels them and gives
+// their rows (and the rows queued behind them) back: they stay pending,
+// nothing is marked dead, and the next relay publishes them.
+func TestCloseGivesRowsBack(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ob := newOutbox(t, db)
+		const keys, perKey = 3, 3
+		writeEvents(t, ob, keys, perKey, 20)
+		started := make(chan struct{}, keys*perKey)
+		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+			started <- struct{}{}
+			<-ctx.Done()
+			return ctx.Err()
+		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
+		require.NoError(t, err)
+		errc := make(chan error, 1)
+		go func() { errc <- r.Run(context.Background()) }()
+		for range keys {
+			<-started // one call per key hangs; the keys' later rows queue
+		}
+		cctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		require.ErrorIs(t, r.Close(cctx), context.DeadlineExceeded)
+		require.NoError(t, <-errc)
+		st := r.Stats()
+		require.EqualValues(t, keys*perKey, st.Abandoned)
+		require.Zero(t, st.Dead)
+		require.Equal(t, map[outbox.State]int64{outbox.Pending: keys * perKey}, counts(t, ob))
+
+		rec := newRecorder(keys * perKey)
+		b, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
+		require.NoError(t, err)
+		stop := runRelay(t, b)
+		rec.wait(t, 30*time.Second) // Close released the leases: no wait
+		stop()
+		require.Zero(t, rec.check(t, keys, perKey))
+	})
+}
+
+// Two relays with short leases hand keys back and forth while they publish
+// (a key held longer than a lease drains and is claimed again, by either):
+// every key's events still arrive in order, complete, never published by
+// both relays at once.
+func TestKeyHandoffBetweenRelays(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ob := newOutbox(t, db)
+		const keys, perKey = 30, 30
+		rec := newRecorder(keys * perKey)
+		var published [2]int
+		by := map[string]map[int]bool{} // key -> relays that published it
+		var mu sync.Mutex
+		mk := func(i int) *outbox.Relay {
+			r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+				mu.Lock()
+				published[i]++
+				if by[e.Key] == nil {
+					by[e.Key] = map[int]bool{}
+				}
+				by[e.Key][i] = true
+				mu.Unlock()
+				return rec.sink(ctx, e)
+			}, outbox.WithLogger(quiet), outbox.WithPollInterval(5*time.Millisecond),
+				outbox.WithLeaseDuration(150*time.Millisecond), outbox.WithBatchSize(50), outbox.WithKeyBatch(3))
+			require.NoError(t, err)
+			return r
+		}
+		a, b := mk(0), mk(1)
+		stopA, stopB := runRelay(t, a), runRelay(t, b)
+		writeEvents(t, ob, keys, perKey, 20)
+		rec.wait(t, 60*time.Second)
+		stopA()
+		stopB()
+		dups := rec.check(t, keys, perKey)
+		both := 0
+		for _, rs := range by {
+			if len(rs) == 2 {
+				both++
+			}
+		}
+		t.Logf("%s: relay a published %d, b %d; %d keys published by both; duplicates %d, leases lost %d+%d", dbtest.Name(db),
+			published[0], published[1], both, dups, a.Stats().LeasesLost, b.Stats().LeasesLost)
+		require.Empty(t, counts(t, ob))
+	})
+}

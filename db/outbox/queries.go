@@ -102,17 +102,17 @@ func newQueries(d Dialect, t string) queries {
 	q.moveDead = r(`UPDATE ` + t + ` SET state = ? WHERE seq = (SELECT MIN(seq) FROM ` + t + ` WHERE key = ? AND state = 2) AND key = ? AND state = 2`)
 	q.countStates = `SELECT state, COUNT(*) FROM ` + t + ` GROUP BY state`
 
-	notLeased := `NOT EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.expires_at > ?)`
+	notLeased := `NOT EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.expires_at > ? AND l.owner <> ?)`
 	notDead := ` AND NOT EXISTS (SELECT 1 FROM ` + t + ` x WHERE x.key = o.key AND x.state = 2)`
 	if d == Postgres {
-		notLeased = `NOT EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.expires_at > now())`
+		notLeased = `NOT EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.expires_at > now() AND l.owner <> ?)`
 		q.renew = `UPDATE ` + l + ` SET expires_at = now() + $2::bigint * interval '1 microsecond' WHERE owner = $1 RETURNING key`
 		q.release = `DELETE FROM ` + l + ` WHERE owner = $1 AND key = ANY($2)`
 		q.acquireInsert = `INSERT INTO ` + l + ` (key, owner, expires_at)
 	SELECT k, $2, now() + $3::bigint * interval '1 microsecond' FROM unnest($1::text[]) AS k ORDER BY k
 	ON CONFLICT (key) DO NOTHING RETURNING key`
 		q.acquireTakeover = `UPDATE ` + l + ` AS l SET owner = $2, expires_at = now() + $3::bigint * interval '1 microsecond'
-	FROM (SELECT key FROM ` + l + ` WHERE key = ANY($1) AND expires_at <= now() ORDER BY key FOR UPDATE SKIP LOCKED) AS c
+	FROM (SELECT key FROM ` + l + ` WHERE key = ANY($1) AND (expires_at <= now() OR owner = $2) ORDER BY key FOR UPDATE SKIP LOCKED) AS c
 	WHERE l.key = c.key RETURNING l.key`
 		q.fetch = `SELECT o.seq, o.id, o.key, o.type, o.payload, o.headers, o.created_at, o.attempts
 	FROM unnest($1::text[], $2::bigint[]) AS c(key, after)
@@ -128,7 +128,7 @@ func newQueries(d Dialect, t string) queries {
 		q.release = `DELETE FROM ` + l + ` WHERE owner = ? AND key IN `
 		q.acquireUpsert = `INSERT INTO ` + l + ` (key, owner, expires_at) VALUES %s
 	ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at
-	WHERE ` + l + `.expires_at <= ? RETURNING key`
+	WHERE ` + l + `.expires_at <= ? OR ` + l + `.owner = excluded.owner RETURNING key`
 		q.fetch = `SELECT ` + rowCols + ` FROM ` + t + ` WHERE key = ? AND state = 0 AND seq > ? ORDER BY seq LIMIT ?`
 		q.markSentDelete = `DELETE FROM ` + t + ` WHERE state = 0 AND seq IN `
 		q.markSentUpdate = `UPDATE ` + t + ` SET state = 1, done_at = ? WHERE state = 0 AND seq IN `

@@ -767,6 +767,7 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 	if r.o.dialect == SQLite {
 		args = append(args, time.Now().UnixMicro())
 	}
+	args = append(args, r.cfg.owner) // a lease of ours with no tenure (a restart under the same name) is free to us
 	rows, err := r.o.db.QueryContext(ctx, q, args...)
 	if err != nil {
 		r.dbError("find keys", err)
@@ -801,7 +802,8 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 	var cands []string
 	seen := map[string]bool{}
 	r.mu.Lock()
-	limit := r.cfg.maxKeys - len(r.keys)
+	// A key claimed without a slot to fill would only be released again.
+	limit := min(r.cfg.maxKeys-len(r.keys), room)
 	for _, k := range found {
 		if !seen[k] && r.keys[k] == nil && len(cands) < limit {
 			seen[k] = true

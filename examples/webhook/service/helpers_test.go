@@ -52,7 +52,7 @@ func quickConfig() Config {
 		Workers:    16,
 		Limits:     DestinationLimits{Concurrency: 4, Rate: 10000, Burst: 1000},
 		Breaker:    BreakerSettings{Failures: 5, OpenFor: 30 * time.Millisecond},
-		Timeout:    300 * time.Millisecond,
+		Timeout:    time.Second,
 		Retry:      keysched.RetryPolicy{MaxAttempts: 1000, InitialBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond},
 		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
