@@ -181,11 +181,102 @@ func stressLoad(t *testing.T, s *Scheduler[int], rec *stressRec, keys, subs, rou
 	return all
 }
 
+// obsCheck is an Observer that checks each task's events are consistent:
+// attempts numbered from 1 without gaps, each ended after it started, and
+// never two attempts of one key at once.
+type obsCheck struct {
+	mu      sync.Mutex
+	open    map[int]int // key -> attempts started and not ended
+	errs    []string
+	events  atomic.Int64
+	panicky bool
+}
+
+func (o *obsCheck) observer() Observer[int] {
+	return Observer[int]{
+		Accepted: func(key int, at Mono) {
+			o.events.Add(1)
+			if o.panicky && key == 0 {
+				panic("observer panics")
+			}
+		},
+		AttemptStarted: func(key int, a AttemptInfo) {
+			o.mu.Lock()
+			defer o.mu.Unlock()
+			o.open[key]++
+			if o.open[key] != 1 {
+				o.errs = append(o.errs, fmt.Sprintf("key %d: %d attempts at once", key, o.open[key]))
+			}
+			if a.N < 1 || a.Started < a.Accepted {
+				o.errs = append(o.errs, fmt.Sprintf("key %d: bad start %+v", key, a))
+			}
+		},
+		AttemptEnded: func(key int, a AttemptInfo) {
+			o.mu.Lock()
+			defer o.mu.Unlock()
+			o.open[key]--
+			if a.Ended < a.Started {
+				o.errs = append(o.errs, fmt.Sprintf("key %d: ended before started %+v", key, a))
+			}
+		},
+		DeadLettered: func(key int, at Mono, err error) {
+			if err == nil {
+				o.mu.Lock()
+				o.errs = append(o.errs, fmt.Sprintf("key %d: dead letter without error", key))
+				o.mu.Unlock()
+			}
+		},
+	}
+}
+
 func TestBreakStressMixed(t *testing.T) {
-	for _, park := range []bool{false, true} {
-		t.Run(fmt.Sprintf("park=%v", park), func(t *testing.T) {
+	type variant struct {
+		name string
+		park bool
+		opts func(o *obsCheck) []Option
+	}
+	variants := []variant{
+		{"continue", false, nil},
+		{"park", true, nil},
+		{"park+observer+timeout", true, func(o *obsCheck) []Option {
+			return []Option{WithObserver(o.observer()), WithTaskTimeout(time.Second)}
+		}},
+		{"continue+panicky observer", false, func(o *obsCheck) []Option {
+			o.panicky = true
+			return []Option{WithObserver(o.observer())}
+		}},
+	}
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
 			const keys = 5
-			s, letters := stressSched(t, park)
+			park := v.park
+			o := &obsCheck{open: map[int]int{}}
+			var extra []Option
+			if v.opts != nil {
+				extra = v.opts(o)
+			}
+			s, letters := stressSched(t, park, extra...)
+			stopInspect := make(chan struct{})
+			inspected := make(chan struct{})
+			go func() { // inspection calls while everything moves
+				defer close(inspected)
+				for {
+					select {
+					case <-stopInspect:
+						return
+					default:
+					}
+					for _, k := range s.Keys(3) {
+						if k.Depth <= 0 || k.HeadAge < 0 {
+							t.Errorf("bad KeyInfo %+v", k)
+						}
+					}
+					_ = s.OldestAge()
+					_ = s.KeyAge(1)
+					_ = s.KeyDepth(2)
+					time.Sleep(200 * time.Microsecond) // polling pace
+				}
+			}()
 			rec := &stressRec{lastSeq: map[[2]int]int{}, running: make([]atomic.Int32, keys)}
 			all := stressLoad(t, s, rec, keys, 4, 300, nil)
 			require.Empty(t, rec.orderErr)
@@ -210,10 +301,17 @@ func TestBreakStressMixed(t *testing.T) {
 			for i, c := range all {
 				require.Equal(t, errs[i], c.Err(), "completion %d changed", i)
 			}
+			close(stopInspect)
+			<-inspected
 			require.NoError(t, s.Close(watchdog(t)))
 			st = s.Stats()
 			assertAccounting(t, st)
 			require.Zero(t, st.Keys)
+			require.Empty(t, s.Keys(0))
+			require.Zero(t, s.OldestAge())
+			o.mu.Lock()
+			require.Empty(t, o.errs)
+			o.mu.Unlock()
 		})
 	}
 }

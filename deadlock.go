@@ -53,7 +53,9 @@ func waiterTask(ctx context.Context) *Completion {
 
 // waitAsTask is Wait for c, not done, with the context of task t.
 func (c *Completion) waitAsTask(ctx context.Context, t *Completion) error {
-	if t.state.Load() == stRunning { // t holds its key: it can deadlock
+	// t holds its key, so it can deadlock (c.hdr is nil only for a
+	// Completion no scheduler returned: no chain to walk).
+	if t.state.Load() == stRunning && c.hdr != nil {
 		if c.hdr == t.hdr && c.state.Load() < stFinishing {
 			// c is t, or behind t on its key (t runs at the head; c is not
 			// done, so it is still on the chain) and not taken by Cancel or
