@@ -112,3 +112,52 @@ func TestBreakGoroutineWaitIsNoCycle(t *testing.T) {
 		time.Sleep(100 * time.Microsecond) // polling pace
 	}
 }
+
+// A cycle closed through a dead-letter function's wait (with
+// DeadLetter.Context): task A (key 1) fails, its dead-letter function waits
+// for b2 (queued behind B on key 2) while B waits for a2 (queued behind A).
+// Neither wait can end: at least one must fail with ErrDeadlock, none hang.
+func TestBreakCycleThroughDeadLetter(t *testing.T) {
+	for range 20 {
+		var b2, a2 *Completion
+		ready := make(chan struct{})
+		dlErr := make(chan error, 1)
+		s := newSched[int](t, WithWorkers(3), WithDeadLetter(func(dl DeadLetter[int]) {
+			if dl.Key == 1 {
+				<-ready
+				dlErr <- b2.Wait(dl.Context)
+			}
+		}))
+		ctx := watchdog(t)
+		bStarted := make(chan struct{})
+		a, err := s.Submit(ctx, 1, func(context.Context) error { <-bStarted; return errors.New("fail") })
+		require.NoError(t, err)
+		a2, err = s.Submit(ctx, 1, func(context.Context) error { return nil })
+		require.NoError(t, err)
+		bErr := make(chan error, 1)
+		b, err := s.Submit(ctx, 2, func(tctx context.Context) error {
+			close(bStarted)
+			<-ready
+			bErr <- a2.Wait(tctx)
+			return nil
+		})
+		require.NoError(t, err)
+		b2, err = s.Submit(ctx, 2, func(context.Context) error { return nil })
+		require.NoError(t, err)
+		close(ready)
+		var errs []error
+		for range 2 {
+			select {
+			case e := <-dlErr:
+				errs = append(errs, e)
+			case e := <-bErr:
+				errs = append(errs, e)
+			case <-ctx.Done():
+				t.Fatal("a cycle through a dead-letter function's wait hangs")
+			}
+		}
+		require.True(t, errors.Is(errs[0], ErrDeadlock) || errors.Is(errs[1], ErrDeadlock), "%v", errs)
+		_ = a.Wait(ctx)
+		require.NoError(t, b.Wait(ctx))
+	}
+}
