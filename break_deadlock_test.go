@@ -16,17 +16,13 @@ func waitingRec(c *Completion) bool {
 }
 
 // A task that Close left running waits (with its context made
-// uncancellable) for a later task of its own key, which Close aborted and
-// whose dead letter is still being delivered. That wait ends (ErrAborted)
-// as soon as the dead letter is delivered, whatever the running task does:
-// it is not a deadlock.
-func TestBreakWaitOnAbortedLaterTaskIsNoDeadlock(t *testing.T) {
-	dlGate := make(chan struct{})
-	s, err := New[int](WithLogger(quiet), WithWorkers(2),
-		WithDeadLetter(func(dl DeadLetter[int]) { <-dlGate }))
+// uncancellable) for a later task of its own key, which Close aborted: that
+// task is done only once its key has passed it (after the waiter), so the
+// wait is refused with ErrDeadlock, never hangs.
+func TestBreakWaitOnAbortedLaterTaskIsDeadlock(t *testing.T) {
+	s, err := New[int](WithLogger(quiet), WithWorkers(2), WithDeadLetter(func(DeadLetter[int]) {}))
 	require.NoError(t, err)
 	ctx := watchdog(t)
-
 	started, goWait := make(chan struct{}), make(chan struct{})
 	result := make(chan error, 1)
 	var later *Completion
@@ -40,28 +36,69 @@ func TestBreakWaitOnAbortedLaterTaskIsNoDeadlock(t *testing.T) {
 	later, err = s.Submit(ctx, 1, func(context.Context) error { return nil })
 	require.NoError(t, err)
 	<-started
-
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
 	var ce *CloseError
 	require.ErrorAs(t, s.Close(cctx), &ce)
-	require.Equal(t, uint32(stDecided), later.state.Load(), "aborted, its dead letter held")
-
 	close(goWait)
-	for waited := false; ; {
-		select {
-		case err := <-result:
-			require.ErrorIs(t, err, ErrAborted, "the wait could end: its dead letter is being delivered")
-			require.NoError(t, head.Wait(ctx))
-			return
-		default:
-		}
-		if !waited && waitingRec(head) {
-			waited = true
-			close(dlGate)
-		}
+	select {
+	case err := <-result:
+		require.ErrorIs(t, err, ErrDeadlock)
+	case <-time.After(10 * time.Second): // a watchdog: the wait hangs
+		t.Fatal("the wait for an aborted later task of its own key hangs")
+	}
+	require.NoError(t, head.Wait(ctx))
+	require.ErrorIs(t, later.Wait(ctx), ErrAborted)
+}
+
+// A cycle through tasks Close aborted: T (key 1) and H (key 2) run on after
+// Close gave up (uncancellable waits); H waits for a2, queued behind T, and
+// T then waits for b2, queued behind H. Both a2 and b2 are aborted but done
+// only once their keys pass them: the cycle is real and must be reported.
+func TestBreakCycleThroughAbortedTasks(t *testing.T) {
+	s, err := New[int](WithLogger(quiet), WithWorkers(3), WithDeadLetter(func(DeadLetter[int]) {}))
+	require.NoError(t, err)
+	ctx := watchdog(t)
+	var a2, b2 *Completion
+	tStarted, tGo := make(chan struct{}), make(chan struct{})
+	hGo := make(chan struct{})
+	tRes, hRes := make(chan error, 1), make(chan error, 1)
+	tc, err := s.Submit(ctx, 1, func(tctx context.Context) error {
+		close(tStarted)
+		<-tGo
+		tRes <- b2.Wait(context.WithoutCancel(tctx))
+		return nil
+	})
+	require.NoError(t, err)
+	a2, err = s.Submit(ctx, 1, func(context.Context) error { return nil })
+	require.NoError(t, err)
+	hc, err := s.Submit(ctx, 2, func(hctx context.Context) error {
+		<-hGo
+		hRes <- a2.Wait(context.WithoutCancel(hctx))
+		return nil
+	})
+	require.NoError(t, err)
+	b2, err = s.Submit(ctx, 2, func(context.Context) error { return nil })
+	require.NoError(t, err)
+	<-tStarted
+	close(hGo)
+	for !waitingRec(hc) {
 		time.Sleep(100 * time.Microsecond) // polling pace
 	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, s.Close(cctx), ErrAborted)
+	close(tGo)
+	select {
+	case err := <-tRes:
+		require.ErrorIs(t, err, ErrDeadlock)
+	case <-time.After(10 * time.Second): // a watchdog: the cycle hangs
+		t.Fatal("a cycle through aborted tasks hangs")
+	}
+	require.ErrorIs(t, <-hRes, ErrAborted) // T returned: key 1 passed a2
+	require.NoError(t, tc.Wait(ctx))
+	require.NoError(t, hc.Wait(ctx))
+	require.ErrorIs(t, b2.Wait(ctx), ErrAborted)
 }
 
 // A task (key 2) whose own goroutine waits, with the task's context, for a

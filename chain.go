@@ -167,6 +167,23 @@ func (k *core) publish(c *Completion) {
 	}
 }
 
+// holdPassage makes c, which Close's abort takes while it is still on its
+// key's chain, wait to be done until its key has passed it (passedOn), as
+// well as for its dead letter: once its Completion is done, Stats no longer
+// counts it or, if it was the last, its key.
+func (k *core) holdPassage(c *Completion) { c.ctxBits.Add(dlUnit | ctxPassHold) }
+
+// passedOn is called by the runner that passed c, decided and not yet done:
+// it drops c's passage hold, if it has one, else publishes c.
+func (k *core) passedOn(c *Completion) {
+	if c.ctxBits.Load()&ctxPassHold == 0 {
+		k.publish(c)
+		return
+	}
+	c.ctxBits.And(^ctxPassHold) // only the runner that passed c clears it
+	k.endLetter(c)
+}
+
 // endLetter records that a dead letter of c (counted by Scheduler.letter) was
 // delivered, and publishes c if it was decided meanwhile.
 func (k *core) endLetter(c *Completion) {
@@ -600,6 +617,7 @@ func (s *Scheduler[K]) takeAborted(n *node[K]) (DeadLetter[K], bool) {
 			// is done once its dead letter was delivered.
 			dl := s.letter(n, ErrAborted)
 			s.holdLetter()
+			s.core.holdPassage(c)
 			s.core.decide(c, outAborted, ErrAborted)
 			s.core.notRun.Add(1)
 			if st != stQueued {

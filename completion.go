@@ -72,6 +72,7 @@ const (
 	ctxCancelReq                    // Completion only: Cancel was called
 	ctxStarted                      // Completion only: the first attempt started
 	ctxPubReq                       // Completion only: decided while a dead letter was being delivered
+	ctxPassHold                     // Completion only: aborted in its chain; done once passed (see core.passedOn)
 )
 
 // dlUnit counts, in a Completion's ctxBits above the flags, the dead letters

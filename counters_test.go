@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -257,4 +258,41 @@ func TestCancelAndAbortOfParkedDoneOnlyAfterDeadLetter(t *testing.T) {
 		require.ErrorIs(t, c.Wait(watchdog(t)), ErrAborted)
 		require.ErrorIs(t, <-closed, ErrAborted)
 	})
+}
+
+// A task Close's abort takes while it waits in its key's chain (here: keys
+// whose heads wait for the one busy worker) is done only once its key has
+// moved past it, as well as after its dead letter: a watcher that sees its
+// Completion done finds the key no longer holding it, while Close still runs.
+func TestAbortedTaskDoneOnlyOnceItsKeyMovedOn(t *testing.T) {
+	const keys = 20_000
+	s, err := New[int](WithLogger(quiet), WithWorkers(1), WithMaxPending(keys+1), WithDeadLetter(func(DeadLetter[int]) {}))
+	require.NoError(t, err)
+	ctx := watchdog(t)
+	gate, started := make(chan struct{}), make(chan struct{})
+	_, err = s.Submit(ctx, -1, func(context.Context) error { close(started); <-gate; return nil })
+	require.NoError(t, err)
+	<-started
+	cs := make([]*Completion, keys)
+	for k := range keys {
+		cs[k], err = s.Submit(ctx, k, func(context.Context) error { return nil })
+		require.NoError(t, err)
+	}
+	var bad atomic.Int64
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for k, c := range cs {
+			<-c.Done()
+			if s.KeyDepth(k) != 0 {
+				bad.Add(1)
+			}
+		}
+	}()
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, s.Close(ended), ErrAborted)
+	<-watched
+	close(gate)
+	require.Zero(t, bad.Load(), "aborted tasks done while their keys still held them")
 }

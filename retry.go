@@ -261,6 +261,7 @@ func (s *Scheduler[K]) Resume(key K) error {
 		}
 		dl := s.letter(n, ErrAborted)
 		s.holdLetter() // before n can be passed: Drain and Close count it
+		s.core.holdPassage(c)
 		s.core.decide(c, out, ErrAborted)
 		s.core.notRun.Add(1)
 		s.requeue(n)

@@ -447,9 +447,13 @@ func (s *Scheduler[K]) pass(n *node[K]) *node[K] {
 	s.core.passing.Add(1)
 	next := s.advance(n)
 	for next != nil && next.state.Load() >= stDecided {
+		t := &next.Completion
 		next = s.advance(next)
+		if t.state.Load() == stDecided {
+			s.core.passedOn(t)
+		}
 	}
-	s.core.publish(c)
+	s.core.passedOn(c)
 	s.core.passing.Add(-1)
 	return next
 }

@@ -59,6 +59,8 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 				}
 			}
 		}()
+		r.st.listening.Store(true)
+		defer r.st.listening.Store(false)
 		r.signal() // rows committed before the LISTEN took effect
 		for {
 			if _, err := pc.WaitForNotification(ctx); err != nil {

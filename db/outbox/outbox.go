@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -95,29 +94,6 @@ type Outbox struct {
 	dialect Dialect
 	table   string
 	q       queries
-
-	// SQLite: the insert, prepared once (database/sql re-prepares it on
-	// each connection once); pgx caches its statements by itself.
-	prepMu sync.Mutex
-	insert *sql.Stmt
-}
-
-// insertStmt returns the prepared insert, preparing it on first use; nil
-// (plain Exec) on PostgreSQL or when preparing fails.
-func (o *Outbox) insertStmt(ctx context.Context) *sql.Stmt {
-	if o.dialect != SQLite {
-		return nil
-	}
-	o.prepMu.Lock()
-	defer o.prepMu.Unlock()
-	if o.insert == nil {
-		st, err := o.db.PrepareContext(ctx, o.q.insert)
-		if err != nil {
-			return nil
-		}
-		o.insert = st
-	}
-	return o.insert
 }
 
 // An Option configures New.
@@ -255,13 +231,10 @@ func (o *Outbox) Write(ctx context.Context, tx *sql.Tx, e Event) (id string, err
 	if payload == nil {
 		payload = []byte{}
 	}
-	args := []any{e.ID, e.Key, e.Type, payload, headers, o.q.timeArg(e.CreatedAt)}
-	if st := o.insertStmt(ctx); st != nil {
-		_, err = tx.StmtContext(ctx, st).ExecContext(ctx, args...)
-	} else {
-		_, err = tx.ExecContext(ctx, o.q.insert, args...)
-	}
-	if err != nil {
+	// A plain Exec on the caller's transaction: preparing a statement on
+	// the *sql.DB would need a second connection, which a pool of one
+	// (common with SQLite) held by tx would never give.
+	if _, err = tx.ExecContext(ctx, o.q.insert, e.ID, e.Key, e.Type, payload, headers, o.q.timeArg(e.CreatedAt)); err != nil {
 		if sqldb.IsUniqueViolation(err) {
 			return "", fmt.Errorf("%w: %q: %w", ErrDuplicateID, e.ID, err)
 		}

@@ -292,6 +292,7 @@ type Relay struct {
 		published, sinkErrors, marked, dead, abandoned, leasesLost atomic.Uint64
 		polls, notifications, dbErrors                             atomic.Uint64
 		keysHeld                                                   atomic.Int64
+		listening                                                  atomic.Bool
 	}
 }
 
@@ -407,6 +408,10 @@ type RelayStats struct {
 	DBErrors      uint64 // failed database calls (logged; the relay retries)
 	KeysHeld      int    // keys leased now
 	InFlight      int    // rows fetched and not yet settled
+	// Listening is true while a PostgreSQL LISTEN for this outbox is
+	// active (false on SQLite, with WithListen(false), and while the
+	// listening connection is being re-established).
+	Listening bool
 }
 
 // Stats returns a snapshot of the relay's counters.
@@ -420,6 +425,7 @@ func (r *Relay) Stats() RelayStats {
 		LeasesLost: r.st.leasesLost.Load(), Polls: r.st.polls.Load(),
 		Notifications: r.st.notifications.Load(), DBErrors: r.st.dbErrors.Load(),
 		KeysHeld: int(r.st.keysHeld.Load()), InFlight: inflight,
+		Listening: r.st.listening.Load(),
 	}
 }
 
