@@ -1,8 +1,11 @@
 package keysched
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -169,4 +172,47 @@ func TestCloseErrorShape(t *testing.T) {
 	require.Contains(t, cerr.Error(), "accepted tasks did not run")
 	close(gate)
 	require.Equal(t, cerr, s.Close(ctx)) // later calls: the first one's result
+}
+
+// Tasks Close gave up on before they ran are counted in its *CloseError and
+// logged at Debug, not one Warn line each: a process shutting down with a
+// backlog must not flood its log. A task that ran and failed is still a Warn.
+func TestAbortedTasksAreNotLoggedAsFailures(t *testing.T) {
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	s, err := New[int](WithWorkers(1), WithLogger(logger))
+	require.NoError(t, err)
+	ctx := watchdog(t)
+	started := make(chan struct{})
+	head, err := s.Submit(ctx, 0, func(ctx context.Context) error {
+		close(started)
+		<-ctx.Done() // cancelled when Close gives up
+		return ctx.Err()
+	})
+	require.NoError(t, err)
+	<-started
+	const queued = 200
+	cs := make([]*Completion, 0, queued)
+	for k := 1; k <= queued; k++ {
+		c, err := s.Submit(ctx, k, func(context.Context) error { return nil })
+		require.NoError(t, err)
+		cs = append(cs, c)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	cerr := s.Close(cctx)
+	var ce *CloseError
+	require.ErrorAs(t, cerr, &ce)
+	require.Error(t, head.Wait(ctx))
+	for _, c := range cs { // done only once its dead letter (here: the log line) was delivered
+		require.ErrorIs(t, c.Wait(ctx), ErrAborted)
+	}
+	mu.Lock()
+	out := buf.String()
+	mu.Unlock()
+	require.Equal(t, 1, strings.Count(out, "level=WARN msg=\"keysched: task failed\""), out)
+	require.Contains(t, out, "key=0 ")
+	require.Equal(t, queued, strings.Count(out, "level=DEBUG msg=\"keysched: task aborted by Close before it ran\""))
+	require.GreaterOrEqual(t, s.Stats().Aborted, uint64(queued))
 }

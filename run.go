@@ -2,6 +2,7 @@ package keysched
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"runtime/debug"
 	"sync/atomic"
@@ -388,7 +389,14 @@ func (s *Scheduler[K]) sendLetter(dl DeadLetter[K]) {
 			close(done)
 		}()
 		if s.dlq == nil {
-			s.cfg.logger.Warn("keysched: task failed", "key", dl.Key, "attempts", dl.Attempts, "err", dl.Err)
+			if dl.Attempts == 0 && errors.Is(dl.Err, ErrAborted) {
+				// Never ran: Close gave up on it. Close's *CloseError counts
+				// these (NotRun), so one line each would only flood the log
+				// of a process shutting down with a backlog.
+				s.cfg.logger.Debug("keysched: task aborted by Close before it ran", "key", dl.Key)
+			} else {
+				s.cfg.logger.Warn("keysched: task failed", "key", dl.Key, "attempts", dl.Attempts, "err", dl.Err)
+			}
 		} else {
 			s.dlq(dl)
 		}

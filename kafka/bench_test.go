@@ -26,8 +26,7 @@ func BenchmarkDispatch(b *testing.B) {
 			c.sched = s
 			total := b.N
 			c.h = func(ctx context.Context, r *kgo.Record) error { return nil }
-			p := &partition{c: c, topic: "t", hwm: -1, committed: -1}
-			p.ctx, p.cancel = context.WithCancel(context.Background())
+			p := newPartition(c, "t", 0, 1)
 			c.parts[tp{"t", 0}] = p
 			keyNames := make([][]byte, keys)
 			for i := range keyNames {

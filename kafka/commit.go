@@ -18,17 +18,24 @@ import (
 const metaPrefix = "ks1:"
 
 // encodeFinished encodes the finished offsets in (base, highest] given the
-// unfinished ones (ascending, the first being base). It returns "" when there
-// is nothing to say, and fits=false when the encoding would exceed limit
-// bytes (then nothing is encoded).
-func encodeFinished(base int64, unfinished []int64, highest int64, limit int) (meta string, fits bool) {
+// unfinished ones (ascending, the first being base; complete says whether the
+// list holds every unfinished offset up to highest, or was cut short). Runs
+// are written nearest the frontier first, and as many as fit in limit bytes:
+// when they do not all fit (or the list was cut short), the encoding is the
+// longest prefix that fits and truncated is true; "" when even the first run
+// does not fit, or there is nothing to say. Offsets past the last listed
+// unfinished one are claimed only when the list is complete (a list cut
+// short is not "truncated": only the limit in bytes makes that).
+func encodeFinished(base int64, unfinished []int64, complete bool, highest int64, limit int) (meta string, truncated bool) {
 	if len(unfinished) == 0 {
-		return "", true // all finished: the frontier says it all
+		return "", false // all finished: the frontier says it all
 	}
 	var b []byte
 	prev := base // the last offset not covered by a run
-	add := func(from, to int64) {
-		if len(b) == 0 {
+	// add appends the run [from, to] if it fits; false when it does not.
+	add := func(from, to int64) bool {
+		n := len(b)
+		if n == 0 {
 			b = append(b, metaPrefix...)
 			b = strconv.AppendInt(b, base, 36)
 			b = append(b, ':')
@@ -38,25 +45,27 @@ func encodeFinished(base int64, unfinished []int64, highest int64, limit int) (m
 		b = strconv.AppendInt(b, from-prev, 36)
 		b = append(b, '.')
 		b = strconv.AppendInt(b, to-from+1, 36)
+		if len(b) > limit {
+			b = b[:n]
+			return false
+		}
 		prev = to
+		return true
 	}
 	last := base
 	for _, u := range unfinished[1:] {
-		if u > last+1 {
-			add(last+1, u-1)
+		if u > last+1 && !add(last+1, u-1) {
+			return string(b), true
 		}
 		last = u
-		if len(b) > limit {
-			return "", false
-		}
 	}
-	if highest > last {
-		add(last+1, highest)
+	if !complete {
+		return string(b), false
 	}
-	if len(b) > limit {
-		return "", false
+	if highest > last && !add(last+1, highest) {
+		return string(b), true
 	}
-	return string(b), true
+	return string(b), false
 }
 
 // decodeFinished parses commit metadata written by encodeFinished for the
@@ -161,12 +170,14 @@ func (c *Consumer) commitLocked(ctx context.Context, ps []*partition, reason str
 		}
 		meta := ""
 		if lim > 0 {
-			var fits bool
-			meta, fits = encodeFinished(off, p.unfinished(lim), p.highest, lim)
-			if !fits && !p.metaWarned {
+			unfinished := p.unfinished(lim)
+			complete := len(unfinished) <= lim // else cut short: more unfinished ones follow
+			var truncated bool
+			meta, truncated = encodeFinished(off, unfinished, complete, p.highest, lim)
+			if truncated && !p.metaWarned {
 				p.metaWarned = true
-				c.log.Info("kafka: finished offsets above the frontier do not fit the commit metadata; committing the frontier alone (a new owner may handle them again)",
-					"topic", p.topic, "partition", p.id, "frontier", off, "limit_bytes", lim)
+				c.log.Info("kafka: finished offsets above the frontier do not fit the commit metadata; committing those nearest the frontier that fit (a new owner may handle the others again)",
+					"topic", p.topic, "partition", p.id, "frontier", off, "limit_bytes", lim, "metadata_bytes", len(meta))
 			}
 		}
 		if off < p.committed || (off == p.committed && meta == p.committedMeta) {
@@ -272,8 +283,8 @@ func (c *Consumer) send(ctx context.Context, list []pendingCommit, reason string
 // (p.mu held).
 func (p *partition) frontierEpoch(off int64) (int64, int32, bool) {
 	p.trim()
-	if p.head < len(p.queue) && p.queue[p.head].rec.Offset == off {
-		return off, p.queue[p.head].rec.LeaderEpoch, true
+	if p.head < len(p.queue) && p.queue[p.head].off == off {
+		return off, p.queue[p.head].epoch, true
 	}
 	if p.fetched && off == p.highest+1 {
 		return off, p.highestEpoch, true

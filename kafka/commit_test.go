@@ -114,8 +114,8 @@ func TestTrackerFrontier(t *testing.T) {
 	}
 	var items []*item
 	for _, off := range []int64{3, 4, 7, 20, 21} {
-		it := &item{p: p, rec: &kgo.Record{Offset: off, LeaderEpoch: 1}}
-		p.seen(it.rec)
+		it := newItem(p, &kgo.Record{Offset: off, LeaderEpoch: 1})
+		p.seen(it.record())
 		p.add(it)
 		items = append(items, it)
 	}
@@ -132,12 +132,12 @@ func TestTrackerFrontier(t *testing.T) {
 	check(4)
 	items[1].finish() // 4: 7 done too, the hole 8-19 never arrives
 	check(20)
-	if meta, _ := encodeFinished(20, p.unfinished(100), p.highest, 100); meta != "" {
+	if meta, _ := encodeFinished(20, p.unfinished(100), true, p.highest, 100); meta != "" {
 		t.Fatalf("metadata %q with nothing finished above the frontier", meta)
 	}
 	items[4].finish() // 21
-	meta, fits := encodeFinished(20, p.unfinished(100), p.highest, 100)
-	if !fits || fmt.Sprint(decodeFinished(meta, 20)) != "[{21 21}]" {
+	meta, truncated := encodeFinished(20, p.unfinished(100), true, p.highest, 100)
+	if truncated || fmt.Sprint(decodeFinished(meta, 20)) != "[{21 21}]" {
 		t.Fatalf("metadata %q decodes to %v", meta, decodeFinished(meta, 20))
 	}
 	items[3].finish()
@@ -151,8 +151,8 @@ func TestTrackerFrontier(t *testing.T) {
 func TestTrackerCompacts(t *testing.T) {
 	p := &partition{c: &Consumer{}, committed: -1, hwm: -1}
 	for off := range int64(100000) {
-		it := &item{p: p, rec: &kgo.Record{Offset: off}}
-		p.seen(it.rec)
+		it := newItem(p, &kgo.Record{Offset: off})
+		p.seen(it.record())
 		p.add(it)
 		if off > 0 {
 			it.finish()
@@ -164,8 +164,8 @@ func TestTrackerCompacts(t *testing.T) {
 	if f, _, _ := p.frontier(); f != 0 {
 		t.Fatalf("frontier %d", f)
 	}
-	meta, fits := encodeFinished(0, p.unfinished(4096), p.highest, 4096)
-	if !fits || fmt.Sprint(decodeFinished(meta, 0)) != "[{1 99999}]" {
+	meta, truncated := encodeFinished(0, p.unfinished(4096), true, p.highest, 4096)
+	if truncated || fmt.Sprint(decodeFinished(meta, 0)) != "[{1 99999}]" {
 		t.Fatalf("metadata %q", meta)
 	}
 }

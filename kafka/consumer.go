@@ -67,6 +67,14 @@ type Consumer struct {
 	parkMu sync.Mutex
 	parked map[schedKey]*item
 
+	// perRecord: the scheduler gives each attempt a deadline
+	// (keysched.WithTaskTimeout), so every record is a task of its own (a
+	// group's records would share one attempt's deadline).
+	perRecord bool
+
+	failMu  sync.Mutex
+	failing map[schedKey]*group // see Consumer.fail
+
 	heldParts  atomic.Int64 // partitions paused by this consumer
 	holding    atomic.Int64 // partitions with held records
 	wakeReq    atomic.Bool
@@ -118,6 +126,7 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		log:        cfg.logger,
 		parts:      make(map[tp]*partition),
 		parked:     make(map[schedKey]*item),
+		failing:    make(map[schedKey]*group),
 		revokeWake: make(chan struct{}, 1),
 		runCtx:     context.Background(),
 		runDone:    make(chan struct{}),
@@ -144,6 +153,10 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		return nil, fmt.Errorf("%w: scheduler: %w", ErrInvalidOption, err)
 	}
 	c.sched = s
+	if c.perRecord, err = hasTaskTimeout(s); err != nil {
+		_ = s.Close(context.Background())
+		return nil, fmt.Errorf("kafka: scheduler: %w", err)
+	}
 	copts := append([]kgo.Opt{}, cfg.clientOpts...)
 	copts = append(copts,
 		kgo.DisableAutoCommit(),
@@ -156,7 +169,10 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 	cl, err := kgo.NewClient(copts...)
 	if err != nil {
 		_ = s.Close(context.Background())
-		return nil, fmt.Errorf("%w: franz-go client: %w", ErrInvalidOption, err)
+		// franz-go's own words for a missing group ("invalid autocommit
+		// options specified when a group was not specified") do not say
+		// what the adapter needs: say it too.
+		return nil, fmt.Errorf("%w: franz-go client: %w (the adapter needs kgo.ConsumerGroup and kgo.ConsumeTopics or kgo.ConsumeRegex in WithClientOptions)", ErrInvalidOption, err)
 	}
 	group, _ := cl.OptValue(kgo.ConsumerGroup).(string)
 	if group == "" || len(cl.GetConsumeTopics()) == 0 && !isRegex(cl) {
@@ -173,6 +189,32 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		}
 	}
 	return c, nil
+}
+
+// hasTaskTimeout runs one probe task on s and reports whether its context
+// had a deadline: whether s was made with keysched.WithTaskTimeout. When the
+// probe does not run within 5 s (a shared pool kept busy), it says yes:
+// one task per record is right either way, only slower.
+func hasTaskTimeout(s *keysched.Scheduler[schedKey]) (bool, error) {
+	var has atomic.Bool
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	comp, err := s.Submit(ctx, schedKey{off: -2}, func(ctx context.Context) error {
+		_, ok := ctx.Deadline()
+		has.Store(ok)
+		return nil
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return true, nil // no room within 5 s
+		}
+		return false, err
+	}
+	if err := comp.Wait(ctx); err != nil {
+		comp.Cancel()
+		return true, nil
+	}
+	return has.Load(), nil
 }
 
 func isRegex(cl *kgo.Client) bool {
@@ -282,7 +324,9 @@ func (c *Consumer) keyOf(r *kgo.Record) schedKey {
 	return schedKey{topic: r.Topic, part: r.Partition, null: r.Key == nil, key: string(r.Key), off: -1}
 }
 
-// route takes one partition's records from a poll.
+// route takes one partition's records from a poll: each record is tracked,
+// and put into its chain's group for this poll; the groups are submitted, or
+// held when the scheduler has no room.
 func (c *Consumer) route(fp kgo.FetchTopicPartition) {
 	p := c.lookup(fp.Topic, fp.Partition)
 	if p == nil || !p.active() {
@@ -294,6 +338,8 @@ func (c *Consumer) route(fp kgo.FetchTopicPartition) {
 		return
 	}
 	p.hwm = fp.HighWatermark
+	p.polls++
+	groups := p.scratch[:0]
 	consumed := 0
 	if c.metrics != nil {
 		defer func() { c.metrics.consumedN(fp.Topic, fp.Partition, consumed) }()
@@ -309,32 +355,42 @@ func (c *Consumer) route(fp kgo.FetchTopicPartition) {
 		}
 		p.seen(r)
 		consumed++
-		it := &item{Context: c.runCtx, p: p, rec: r}
+		it := newItem(p, r)
 		p.add(it)
-		if len(p.held) > 0 || !c.dispatch(it) {
-			p.held = append(p.held, it)
+		groups = c.addTo(p, groups, it, r)
+	}
+	for _, g := range groups {
+		if len(p.held) > 0 || !c.dispatch(g) {
+			p.held = append(p.held, g)
 		}
 	}
+	clear(groups)
+	p.scratch = groups[:0]
+	p.sweepLast()
 	c.adjustPause(p)
 }
 
-// dispatch submits it without waiting; false when its key or the scheduler
+// dispatch submits g without waiting; false when its key or the scheduler
 // is full (or closing).
-func (c *Consumer) dispatch(it *item) bool {
-	comp, err := c.sched.TrySubmit(it, c.keyOf(it.rec), runItem)
+func (c *Consumer) dispatch(g *group) bool {
+	comp, err := c.sched.TrySubmit(g, g.key, runGroup)
 	if err != nil {
-		if !errors.Is(err, keysched.ErrKeyFull) && !errors.Is(err, keysched.ErrFull) && !errors.Is(err, keysched.ErrClosed) {
-			c.log.Error("kafka: cannot submit record", "topic", it.rec.Topic, "partition", it.rec.Partition, "offset", it.rec.Offset, "err", err)
-		}
+		c.submitError(g, err)
 		return false
 	}
-	it.comp.Store(comp)
+	g.comp.Store(comp)
 	return true
 }
 
-// dispatchHeld retries the held records of every owned partition, in
-// offset order per key: a key whose record stays held keeps its later
-// records held too; other keys go on.
+func (c *Consumer) submitError(g *group, err error) {
+	if !errors.Is(err, keysched.ErrKeyFull) && !errors.Is(err, keysched.ErrFull) && !errors.Is(err, keysched.ErrClosed) {
+		c.log.Error("kafka: cannot submit records", "topic", g.p.topic, "partition", g.p.id, "records", len(g.items), "err", err)
+	}
+}
+
+// dispatchHeld retries the held groups of every owned partition, in order
+// per key: a key whose group stays held keeps its later groups held too;
+// other keys go on.
 func (c *Consumer) dispatchHeld() {
 	for _, p := range c.owned() {
 		if !p.paused.Load() {
@@ -345,23 +401,22 @@ func (c *Consumer) dispatchHeld() {
 			var blocked map[schedKey]struct{}
 			kept := p.held[:0]
 			full := false
-			for _, it := range p.held {
-				k := c.keyOf(it.rec)
+			for _, g := range p.held {
 				if !full {
-					if _, b := blocked[k]; !b {
-						if c.dispatch(it) {
+					if _, b := blocked[g.key]; !b {
+						if c.dispatch(g) {
 							continue
 						}
-						if c.sched.KeyDepth(k) == 0 {
+						if c.sched.KeyDepth(g.key) == 0 {
 							full = true // the scheduler, not the key, is full
 						}
 						if blocked == nil {
 							blocked = make(map[schedKey]struct{})
 						}
-						blocked[k] = struct{}{}
+						blocked[g.key] = struct{}{}
 					}
 				}
-				kept = append(kept, it)
+				kept = append(kept, g)
 			}
 			clear(p.held[len(kept):])
 			p.held = kept
@@ -371,9 +426,16 @@ func (c *Consumer) dispatchHeld() {
 	}
 }
 
+// resumeAt is the in-flight count at which a paused partition resumes: an
+// eighth of the bound free (at least one record). Not half: a stuck key
+// holding more than the resume point would keep its partition paused while
+// other keys could go on; with an eighth, only a key holding nearly the
+// whole bound does.
+func resumeAt(bound int) int64 { return int64(bound - max(1, bound/8)) }
+
 // adjustPause pauses p at its in-flight bound or with held records, and
-// resumes it once it has drained to half the bound with nothing held
-// (p.mu held).
+// resumes it once an eighth of the bound is free with nothing held (p.mu
+// held).
 func (c *Consumer) adjustPause(p *partition) {
 	if h := len(p.held) > 0; h != p.holding {
 		p.holding = h
@@ -393,33 +455,11 @@ func (c *Consumer) adjustPause(p *partition) {
 		p.paused.Store(true)
 		c.heldParts.Add(1)
 		c.cl.PauseFetchPartitions(map[string][]int32{p.topic: {p.id}})
-	case p.paused.Load() && len(p.held) == 0 && n <= max/2:
+	case p.paused.Load() && len(p.held) == 0 && n <= resumeAt(c.cfg.maxInFlight):
 		p.paused.Store(false)
 		c.heldParts.Add(-1)
 		c.cl.ResumeFetchPartitions(map[string][]int32{p.topic: {p.id}})
 	}
-}
-
-// runItem is the scheduler task of every record: the record is the value
-// of the context it was submitted with (one function, no closure per record).
-func runItem(ctx context.Context) error {
-	it := itemFrom(ctx)
-	p := it.p
-	if !p.enter(false) {
-		return nil // the partition was revoked: dropped, not finished
-	}
-	defer p.leave()
-	it.attempts.Add(1)
-	err := p.c.h(ctx, it.rec)
-	if err == nil {
-		it.finish()
-		return nil
-	}
-	if errors.Is(ctx.Err(), context.Canceled) {
-		// Interrupted (revoke timeout, Close gave up): not a failure.
-		it.interrupted.Store(true)
-	}
-	return err
 }
 
 // onAssigned starts a new assignment (a new epoch) for each partition.
@@ -433,9 +473,7 @@ func (c *Consumer) onAssigned(_ context.Context, _ *kgo.Client, m map[string][]i
 				old.state.Store(stGone)
 				old.cancel()
 			}
-			p := &partition{c: c, topic: t, id: id, epoch: c.epoch.Add(1), hwm: -1, committed: -1}
-			p.ctx, p.cancel = context.WithCancel(context.Background())
-			c.parts[k] = p
+			c.parts[k] = newPartition(c, t, id, c.epoch.Add(1))
 		}
 	}
 }
@@ -532,9 +570,11 @@ func (c *Consumer) interrupt(ps []*partition) {
 		p.mu.Lock()
 		p.state.Store(stGone)
 		p.cancel()
+		var last *group
 		for _, it := range p.queue[p.head:] {
-			if !it.done.Load() {
-				if comp := it.comp.Load(); comp != nil {
+			if !it.done.Load() && it.g != nil && it.g != last {
+				last = it.g
+				if comp := last.comp.Load(); comp != nil {
 					comp.Cancel()
 				}
 			}
@@ -569,6 +609,13 @@ func (c *Consumer) forget(ps []*partition) {
 		}
 	}
 	c.parkMu.Unlock()
+	c.failMu.Lock()
+	for k, g := range c.failing {
+		if g.p.state.Load() == stGone {
+			delete(c.failing, k)
+		}
+	}
+	c.failMu.Unlock()
 }
 
 // committer commits the owned partitions' frontiers every commit interval

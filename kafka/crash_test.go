@@ -179,13 +179,13 @@ func TestCrashLosesNothing(t *testing.T) {
 		t.Fatalf("the child handled all %d records before the kill: not mid-stream", atKill)
 	}
 
-	firstOff := map[int32]int64{}
+	firstOff := map[int32]int64{} // the lowest offset the next owner handled, per partition
 	var handledByB int
 	b := runMember(t, func(ctx context.Context, r *kgo.Record) error {
 		mu.Lock()
 		defer mu.Unlock()
-		if _, ok := firstOff[r.Partition]; !ok {
-			firstOff[r.Partition] = r.Offset
+		if f, ok := firstOff[r.Partition]; !ok || r.Offset < f {
+			firstOff[r.Partition] = r.Offset // the lowest it handled
 		}
 		first(r.Partition, r.Offset)
 		finished[[2]int64{int64(r.Partition), r.Offset}] = true
@@ -213,7 +213,7 @@ func TestCrashLosesNothing(t *testing.T) {
 			}
 		}
 		if f, ok := firstOff[p]; !ok || f != last {
-			t.Errorf("partition %d: the next owner started at %d (handled: %v), want the dead member's last commit %d", p, f, ok, last)
+			t.Errorf("partition %d: the lowest offset the next owner handled is %d (handled: %v), want the dead member's last commit %d", p, f, ok, last)
 		}
 	}
 	t.Logf("child handled %d records before SIGKILL; the next owner handled %d (%d again)",

@@ -34,8 +34,15 @@ const (
 // interrupted by a revoke or Close, and those of partitions no longer owned,
 // are neither dead-lettered nor finished.
 func (c *Consumer) deadLetter(dl keysched.DeadLetter[schedKey]) {
-	it := itemFrom(dl.Context)
-	if it == nil || it.interrupted.Load() || errors.Is(dl.Err, keysched.ErrAborted) {
+	if errors.Is(dl.Err, keysched.ErrAborted) {
+		return // Close gave up before it ran
+	}
+	g := c.failed(dl.Key, nil)
+	if g == nil {
+		return // not a failure of a running group (a revoke cancelled it while queued)
+	}
+	it := g.current() // the record the failed attempts were counted for (see group)
+	if it == nil || it.interrupted.Load() {
 		return
 	}
 	p := it.p
@@ -54,13 +61,17 @@ func (c *Consumer) deadLetter(dl keysched.DeadLetter[schedKey]) {
 		return // not finished: the next owner handles it
 	}
 	it.finish()
+	g.handOn(g.cur + 1) // the group's later records, before the key moves on
 }
 
 // produceDeadLetter writes it's dead letter and waits for the broker's
 // acknowledgement; with retry, a failure is retried (100 ms doubling to 10 s)
 // until ctx ends. Without a dead-letter topic it logs the record.
 func (c *Consumer) produceDeadLetter(ctx context.Context, it *item, cause error, retry bool) error {
-	r := it.rec
+	r := it.record()
+	if r == nil {
+		return nil // finished meanwhile (a record is finished once)
+	}
 	if !c.dlqSet {
 		c.log.Error("kafka: record failed for good (no dead-letter topic: logged and counted finished)",
 			"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "attempts", it.attempts.Load(), "err", cause)
@@ -143,7 +154,10 @@ func (c *Consumer) Parked() []ParkedKey {
 		if it.p.state.Load() == stGone {
 			continue
 		}
-		r := it.rec
+		r := it.record()
+		if r == nil {
+			continue // finished meanwhile
+		}
 		var err error
 		if e := it.lastErr.Load(); e != nil {
 			err = *e
@@ -218,6 +232,10 @@ func (c *Consumer) Skip(k ParkedKey) error {
 	}
 	it.finish()
 	p.leave()
+	p.mu.Lock()
+	g := it.g
+	p.mu.Unlock()
+	g.handOn(g.cur + 1) // the group's later records, before the key moves on
 	if err := c.sched.Skip(sk); err != nil && !errors.Is(err, keysched.ErrNotParked) {
 		return err
 	}

@@ -34,16 +34,30 @@
 //   - Fewer duplicates than the frontier alone: the offsets finished above the
 //     frontier travel in the commit's metadata (runs, at most
 //     WithCommitMetadataLimit bytes, default 4 KiB); a new owner skips them.
-//     When the list does not fit, or the broker refuses it
-//     (OFFSET_METADATA_TOO_LARGE), the frontier is committed alone and the
-//     log says so.
+//     When the list does not fit, the longest prefix that fits is written
+//     (the runs nearest the frontier); when the broker refuses it
+//     (OFFSET_METADATA_TOO_LARGE), the frontier is committed alone. The log
+//     says so in both cases.
 //   - Backpressure in bounded memory: the poll loop never blocks on a key. A
 //     record that finds its key or the scheduler full is held back, and a
 //     partition with WithMaxInFlight records unfinished (held ones included)
 //     or with held records is paused (fetching stops for it alone) and
-//     resumed once it has drained to half the bound. Heartbeats and
+//     resumed once an eighth of the bound is free. Heartbeats and
 //     rebalances go on while a key is stuck; memory is bounded by partitions
-//     x WithMaxInFlight plus one poll (WithMaxPollRecords).
+//     x WithMaxInFlight plus one poll (WithMaxPollRecords). Records that stay
+//     unfinished long are copied out of their fetch's buffer, so that a
+//     stuck key does not keep whole fetch responses reachable.
+//
+// # Groups
+//
+// The records of one key (of one partition under PartitionOrder) that
+// arrive in one poll form one scheduler task, handled one after another in
+// offset order. This keeps the adapter's cost per record low; offsets are
+// still tracked record by record,
+// and retries stay per record (a record that fails after an earlier one of
+// its group failed is handed on, with the rest, to a task of its own). The
+// scheduler's Stats count groups. With keysched.WithTaskTimeout every record
+// is a task of its own, so that each gets the whole timeout.
 //
 // # Failures
 //

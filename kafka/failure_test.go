@@ -318,3 +318,114 @@ func TestLostPartitionIsNotCommitted(t *testing.T) {
 		t.Errorf("commits %+v after a loss with a one-hour interval", cs)
 	}
 }
+
+// Retries stay per record when one key's records share a task (a group):
+// offset 0 fails once, 1 always, 2 twice, 3 panics always, 4 succeeds; with
+// three attempts, 1 and 3 get three each and are dead-lettered, 2 gets three
+// and succeeds, 0 two; none borrows another's attempts. Keys interleave
+// (k and j) so that the groups are not runs of consecutive offsets.
+func TestRetriesPerRecordInAGroup(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	var rs []*kgo.Record
+	for i := range 10 {
+		key := "k"
+		if i%2 == 1 {
+			key = "j"
+		}
+		rs = append(rs, rec("t", 0, key, fmt.Sprint(i)))
+	}
+	tc.produce(t, rs...) // before the consumer starts: one fetch, one poll, one group per key
+	fails := map[int64]int{0: 1, 2: 100, 4: 2, 6: 100, 1: 2, 3: 100}
+	var mu sync.Mutex
+	attempts := map[int64]int{}
+	var order []int64
+	h := func(ctx context.Context, r *kgo.Record) error {
+		mu.Lock()
+		attempts[r.Offset]++
+		n := attempts[r.Offset]
+		order = append(order, r.Offset)
+		mu.Unlock()
+		if n <= fails[r.Offset] {
+			if r.Offset == 6 {
+				panic("six")
+			}
+			return fmt.Errorf("fail %d", r.Offset)
+		}
+		return nil
+	}
+	commits := tc.watchCommits(t)
+	startConsumer(t, h, WithLogger(quiet), WithDeadLetterTopic("dlq"), WithCommitInterval(5*time.Millisecond),
+		WithSchedulerOptions(keysched.WithRetry(keysched.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond})),
+		WithClientOptions(tc.clientOpts(groupName(t), "t")...))
+	eventually(t, "final commit of 10", func() bool {
+		cs := commits.of("t", 0)
+		return len(cs) > 0 && cs[len(cs)-1].Offset == 10
+	})
+	mu.Lock()
+	want := map[int64]int{0: 2, 1: 3, 2: 3, 3: 3, 4: 3, 5: 1, 6: 3, 7: 1, 8: 1, 9: 1}
+	for off, n := range want {
+		if attempts[off] != n {
+			t.Errorf("offset %d: %d attempts, want %d", off, attempts[off], n)
+		}
+	}
+	// Per key, a record's first attempt comes after every attempt of the
+	// key's earlier records.
+	lastSeen := map[int64]int{}
+	for i, off := range order {
+		lastSeen[off] = i
+	}
+	firstSeen := map[int64]int{}
+	for i := len(order) - 1; i >= 0; i-- {
+		firstSeen[order[i]] = i
+	}
+	for off := int64(2); off < 10; off++ {
+		if firstSeen[off] < lastSeen[off-2] {
+			t.Errorf("offset %d started before offset %d's last attempt", off, off-2)
+		}
+	}
+	mu.Unlock()
+	var offs []string
+	for _, d := range tc.readAll(t, "dlq", 3) {
+		off, _ := header(d, HeaderOffset)
+		n, _ := header(d, HeaderAttempts)
+		offs = append(offs, off+"/"+n)
+	}
+	slices.Sort(offs)
+	if fmt.Sprint(offs) != "[2/3 3/3 6/3]" {
+		t.Errorf("dead letters (offset/attempts) %v, want 2/3 3/3 6/3", offs)
+	}
+}
+
+// With keysched.WithTaskTimeout every record is a task of its own, so each
+// gets the whole timeout: thirty records of one key, 50 ms each, under a
+// 1 s timeout all succeed (in one group they would share one attempt's
+// deadline and the later ones would fail).
+func TestTaskTimeoutPerRecord(t *testing.T) {
+	tc := newCluster(t, 1, "t")
+	var rs []*kgo.Record
+	for i := range 30 {
+		rs = append(rs, rec("t", 0, "k", fmt.Sprint(i)))
+	}
+	tc.produce(t, rs...)
+	var ok, failed atomic.Int64
+	c := startConsumer(t, func(ctx context.Context, r *kgo.Record) error {
+		tm := time.NewTimer(50 * time.Millisecond)
+		defer tm.Stop()
+		select {
+		case <-tm.C:
+			ok.Add(1)
+			return nil
+		case <-ctx.Done():
+			failed.Add(1)
+			return ctx.Err()
+		}
+	}, WithLogger(quiet), WithSchedulerOptions(keysched.WithTaskTimeout(time.Second)),
+		WithClientOptions(tc.clientOpts(groupName(t), "t")...))
+	if !c.perRecord {
+		t.Fatal("the consumer did not see the scheduler's task timeout")
+	}
+	eventually(t, "thirty records finished", func() bool { return c.Stats().Finished == 30 })
+	if ok.Load() != 30 || failed.Load() != 0 {
+		t.Errorf("%d handled, %d timed out; want 30 and 0", ok.Load(), failed.Load())
+	}
+}

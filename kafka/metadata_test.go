@@ -129,8 +129,9 @@ func TestMetadataTooLargeFallsBack(t *testing.T) {
 	mu.Unlock()
 }
 
-// When the finished offsets do not fit the limit, the frontier is committed
-// alone, and the log says so.
+// When the finished offsets do not fit the limit, the longest prefix of
+// their encoding that fits is committed (those nearest the frontier), and
+// the log says so.
 func TestMetadataDoesNotFit(t *testing.T) {
 	tc := newCluster(t, 1, "t")
 	commits := tc.watchCommits(t)
@@ -156,17 +157,27 @@ func TestMetadataDoesNotFit(t *testing.T) {
 		return c.Stats().Finished == 20 && strings.Contains(logs.String(), "do not fit the commit metadata") &&
 			len(commits.of("t", 0)) > 0
 	})
+	eventually(t, "a commit listing the finished offsets nearest the frontier", func() bool {
+		cs := commits.of("t", 0)
+		return len(decodeFinished(cs[len(cs)-1].Metadata, 0)) > 0
+	})
 	for _, cm := range commits.of("t", 0) {
 		if len(cm.Metadata) > 32 || cm.Offset != 0 {
 			t.Errorf("commit %+v: over the limit or past the frontier", cm)
+		}
+		// The prefix that fits: runs 1, 3, 5, ... in order, nothing else.
+		for i, s := range decodeFinished(cm.Metadata, 0) {
+			if s.from != int64(2*i+1) || s.to != s.from {
+				t.Errorf("commit %+v: run %d is %v, want {%d %d}", cm, i, s, 2*i+1, 2*i+1)
+			}
 		}
 	}
 }
 
 func TestMetadataEncoding(t *testing.T) {
-	meta, fits := encodeFinished(100, []int64{100, 105, 106, 200}, 1000, 4096)
-	if !fits {
-		t.Fatal("does not fit")
+	meta, truncated := encodeFinished(100, []int64{100, 105, 106, 200}, true, 1000, 4096)
+	if truncated {
+		t.Fatal("truncated")
 	}
 	want := []span{{101, 104}, {107, 199}, {201, 1000}}
 	if got := decodeFinished(meta, 100); fmt.Sprint(got) != fmt.Sprint(want) {
@@ -180,7 +191,18 @@ func TestMetadataEncoding(t *testing.T) {
 			t.Errorf("%q decodes to %v", bad, got)
 		}
 	}
-	if _, fits := encodeFinished(0, []int64{0, 2, 4, 6, 8, 10}, 12, 10); fits {
-		t.Error("fits in 10 bytes")
+	// Too long: the longest prefix that fits, nearest the frontier first.
+	meta, truncated = encodeFinished(0, []int64{0, 2, 4, 6, 8, 10}, true, 12, 17)
+	if !truncated || len(meta) > 17 || fmt.Sprint(decodeFinished(meta, 0)) != "[{1 1} {3 3} {5 5}]" {
+		t.Errorf("%q (truncated %v) decodes to %v, want the first three runs", meta, truncated, decodeFinished(meta, 0))
+	}
+	if meta, truncated := encodeFinished(0, []int64{0, 2}, true, 12, 5); meta != "" || !truncated {
+		t.Errorf("not even one run fits: %q, %v", meta, truncated)
+	}
+	// A list of unfinished offsets cut short: nothing past its end is
+	// claimed finished (5-7 may be unfinished too).
+	meta, _ = encodeFinished(0, []int64{0, 1, 2, 4}, false, 12, 4096)
+	if fmt.Sprint(decodeFinished(meta, 0)) != "[{3 3}]" {
+		t.Errorf("cut-short list: %q decodes to %v, want only 3", meta, decodeFinished(meta, 0))
 	}
 }

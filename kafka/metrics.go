@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -125,12 +126,8 @@ func (c *Consumer) newMetrics() (keysched.Option, error) {
 			}
 		},
 		AttemptEnded: func(k schedKey, a keysched.AttemptInfo) {
-			s := m.setsOf(k.topic, k.part)
-			set := s.ok
-			if a.Err != nil {
-				set = s.failed
-			}
-			m.process.RecordSet(context.Background(), a.Ended.Sub(a.Started).Seconds(), set)
+			// A scheduler task is a group of records (group.go): the
+			// process duration is recorded per handler run, by processed.
 			if o := m.sched.Load(); o != nil {
 				o.AttemptEnded(k, a)
 			}
@@ -205,6 +202,16 @@ func (m *consumerMetrics) setsOf(topic string, part int32) *tpSets {
 	}
 	v, _ := m.sets.LoadOrStore(k, s)
 	return v.(*tpSets)
+}
+
+// processed records one handler run of a record of (topic, part).
+func (m *consumerMetrics) processed(topic string, part int32, d time.Duration, failed bool) {
+	s := m.setsOf(topic, part)
+	set := s.ok
+	if failed {
+		set = s.failed
+	}
+	m.process.RecordSet(context.Background(), d.Seconds(), set)
 }
 
 // consumedN counts n records of one partition handed to the scheduler.

@@ -140,8 +140,10 @@ func TestConsumerMetrics(t *testing.T) {
 		}
 	}
 	g := "messaging.consumer.group.name=" + group
-	if v := vals["keysched.tasks.finished{"+g+",outcome=succeeded,service=billing}"]; v != 4 {
-		t.Errorf("scheduler's succeeded tasks: %d, want 4", v)
+	// The scheduler's tasks are groups (the records of one key from one
+	// poll): key a's two records make one when they arrive in one poll.
+	if v := vals["keysched.tasks.finished{"+g+",outcome=succeeded,service=billing}"]; v != 3 && v != 4 {
+		t.Errorf("scheduler's succeeded tasks: %d, want 3 or 4", v)
 	}
 	if v := vals["keysched.tasks.finished{"+g+",outcome=failed,service=billing}"]; v != 1 {
 		t.Errorf("scheduler's failed tasks: %d, want 1", v)

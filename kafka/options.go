@@ -172,8 +172,9 @@ func WithOrdering(o Ordering) Option {
 
 // WithMaxInFlight bounds, per partition, the records fetched and not
 // finished (default DefaultMaxInFlight). A partition at the bound is paused:
-// fetching stops for it alone, and resumes once half of them have finished.
-// n >= 1.
+// fetching stops for it alone, and resumes once an eighth of the bound is
+// free (a key whose unfinished records fill more than seven eighths of it,
+// a stuck one, keeps its partition paused). n >= 1.
 func WithMaxInFlight(n int) Option {
 	return func(c *config) error {
 		if n < 1 {
@@ -243,8 +244,9 @@ func WithLogger(l *slog.Logger) Option {
 // WithCommitMetadataLimit bounds, in bytes, the commit metadata that lists
 // the offsets finished above a partition's frontier (default
 // DefaultMetadataMaxBytes, the broker's default offset.metadata.max.bytes).
-// When the list does not fit, the frontier is committed alone (and the log
-// says so). 0 never writes metadata. n >= 0.
+// When the list does not fit, the longest prefix that fits is written, the
+// runs nearest the frontier first (and the log says so). 0 never writes
+// metadata. n >= 0.
 func WithCommitMetadataLimit(n int) Option {
 	return func(c *config) error {
 		if n < 0 {

@@ -1,11 +1,12 @@
 package kafka
 
 import (
+	"bytes"
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 
-	"github.com/keysched/keysched"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -34,18 +35,54 @@ type partition struct {
 	paused   atomic.Bool  // fetching paused by this consumer
 
 	mu            sync.Mutex
-	queue         []*item // records fetched, in offset order, from the oldest possibly unfinished
-	head          int     // queue[:head] are finished and let go
-	fetched       bool    // a record was seen in this assignment
-	highest       int64   // offset of the highest record seen
-	highestEpoch  int32   // its leader epoch
-	hwm           int64   // high watermark of the last fetch, -1 unknown
-	committed     int64   // last committed offset, -1 none
-	committedMeta string  // and its metadata
-	held          []*item // records waiting for room in the scheduler, in offset order
-	holding       bool    // len(held) > 0, as counted in Consumer.holding
-	skip          []span  // offsets finished by an earlier owner (commit metadata)
+	queue         []*item           // records fetched, in offset order, from the oldest possibly unfinished
+	head          int               // queue[:head] are finished and let go
+	fetched       bool              // a record was seen in this assignment
+	highest       int64             // offset of the highest record seen
+	highestEpoch  int32             // its leader epoch
+	hwm           int64             // high watermark of the last fetch, -1 unknown
+	committed     int64             // last committed offset, -1 none
+	committedMeta string            // and its metadata
+	held          []*group          // groups waiting for room in the scheduler, in offset order per key
+	polls         uint64            // polls routed
+	last          map[string]*group // the last group of each key (KeyOrder; finished ones swept now and then)
+	lastNil       *group            // the last group of the nil key (of the partition, under PartitionOrder)
+	lastSweep     int               // sweep p.last when it grows past this
+	scratch       []*group          // route's
+	holding       bool              // len(held) > 0, as counted in Consumer.holding
+	skip          []span            // offsets finished by an earlier owner (commit metadata)
 	metaWarned    bool
+}
+
+func newPartition(c *Consumer, topic string, id int32, epoch uint64) *partition {
+	p := &partition{c: c, topic: topic, id: id, epoch: epoch, hwm: -1, committed: -1, last: map[string]*group{}, lastSweep: 1024}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	return p
+}
+
+// lastOf returns the last group of a chain (p.mu held).
+func (p *partition) lastOf(null bool, k string) *group {
+	if null {
+		return p.lastNil
+	}
+	return p.last[k]
+}
+
+func (p *partition) setLast(null bool, k string, g *group) {
+	if null {
+		p.lastNil = g
+	} else {
+		p.last[k] = g
+	}
+}
+
+// heldRecords counts the records of held groups (p.mu held).
+func (p *partition) heldRecords() int {
+	n := 0
+	for _, g := range p.held {
+		n += len(g.items)
+	}
+	return n
 }
 
 // span is an inclusive range of offsets.
@@ -90,6 +127,7 @@ func (p *partition) compact() {
 	q := p.queue[:0]
 	for _, it := range p.queue[p.head:] {
 		if !it.done.Load() {
+			it.detach()
 			q = append(q, it)
 		}
 	}
@@ -103,8 +141,8 @@ func (p *partition) compact() {
 func (p *partition) frontier() (off int64, epoch int32, ok bool) {
 	p.trim()
 	if p.head < len(p.queue) {
-		r := p.queue[p.head].rec
-		return r.Offset, r.LeaderEpoch, true
+		it := p.queue[p.head]
+		return it.off, it.epoch, true
 	}
 	if p.fetched {
 		return p.highest + 1, p.highestEpoch, true
@@ -118,7 +156,7 @@ func (p *partition) unfinished(limit int) []int64 {
 	var out []int64
 	for _, it := range p.queue[p.head:] {
 		if !it.done.Load() {
-			out = append(out, it.rec.Offset)
+			out = append(out, it.off)
 			if len(out) > limit {
 				break
 			}
@@ -157,35 +195,56 @@ func (p *partition) leave() {
 	}
 }
 
-// item is one fetched record on its way through the scheduler. It is also
-// the context the record is submitted with, so that the dead-letter
-// function finds it (DeadLetter.Context carries its values).
+// item is one fetched record on its way through the scheduler, in a group.
 type item struct {
-	context.Context // values for the handler's context; never cancelled
-	p               *partition
-	rec             *kgo.Record
-	done            atomic.Bool // finished: handled, or dead-lettered
-	interrupted     atomic.Bool // an attempt was cancelled (revoke timeout, Close gave up)
-	attempts        atomic.Int32
-	lastErr         atomic.Pointer[error] // parked: the last attempt's error
-	comp            atomic.Pointer[keysched.Completion]
+	p           *partition
+	g           *group                     // its group (p.mu; it changes when a group hands it on)
+	rec         atomic.Pointer[kgo.Record] // see detach
+	off         int64                      // the record's offset
+	epoch       int32                      // and leader epoch
+	detached    bool                       // rec is a copy of its own (p.mu)
+	done        atomic.Bool                // finished: handled, or dead-lettered
+	interrupted atomic.Bool                // an attempt was cancelled (revoke timeout, Close gave up)
+	attempts    atomic.Int32
+	stash       error                 // a failed attempt made in an earlier group (see group)
+	lastErr     atomic.Pointer[error] // parked: the last attempt's error
 }
 
-type itemKey struct{}
-
-func (it *item) Value(k any) any {
-	if k == (itemKey{}) {
-		return it
-	}
-	return it.Context.Value(k)
-}
-
-func itemFrom(ctx context.Context) *item {
-	if ctx == nil {
-		return nil
-	}
-	it, _ := ctx.Value(itemKey{}).(*item)
+func newItem(p *partition, r *kgo.Record) *item {
+	it := &item{p: p, off: r.Offset, epoch: r.LeaderEpoch}
+	it.rec.Store(r)
 	return it
+}
+
+// record returns the record (the original, or the copy detach made); nil
+// once the record is finished.
+func (it *item) record() *kgo.Record { return it.rec.Load() }
+
+// detach replaces the record with a copy whose key, value and headers are
+// allocations of their own (p.mu held). A fetched record's bytes point into
+// its fetch's buffer, so one record kept unfinished for long (a stuck key's)
+// would keep a whole fetch response reachable; compaction detaches the
+// records that outlive it. A handler already running keeps the original.
+func (it *item) detach() {
+	if it.detached {
+		return
+	}
+	it.detached = true
+	orig := it.rec.Load()
+	if orig == nil {
+		return // finished meanwhile
+	}
+	r := *orig
+	r.Key = bytes.Clone(r.Key)
+	r.Value = bytes.Clone(r.Value)
+	if len(r.Headers) > 0 {
+		hs := make([]kgo.RecordHeader, len(r.Headers))
+		for i, h := range r.Headers {
+			hs[i] = kgo.RecordHeader{Key: strings.Clone(h.Key), Value: bytes.Clone(h.Value)}
+		}
+		r.Headers = hs
+	}
+	it.rec.Store(&r)
 }
 
 // finish marks the record finished: it now counts toward the frontier.
@@ -193,6 +252,7 @@ func (it *item) finish() {
 	if !it.done.CompareAndSwap(false, true) {
 		return
 	}
+	it.rec.Store(nil) // its bytes (and its fetch's buffer) need not wait for the tracker
 	p := it.p
 	n := p.inflight.Add(-1)
 	c := p.c
@@ -200,7 +260,7 @@ func (it *item) finish() {
 	// Wake the poll loop when it has something to do: held records to
 	// retry (room may have appeared anywhere), or this paused partition
 	// drained to its resume point.
-	if c.holding.Load() > 0 || (p.paused.Load() && n <= int64(c.cfg.maxInFlight)/2) {
+	if c.holding.Load() > 0 || (p.paused.Load() && n <= resumeAt(c.cfg.maxInFlight)) {
 		c.wake()
 	}
 }

@@ -257,7 +257,7 @@ func TestBackpressureStuckKey(t *testing.T) {
 	eventually(t, "partition 1 handled while partition 0's key is stuck", func() bool { return count(1) == 300 })
 	eventually(t, "partition 0 paused at its bound", func() bool {
 		ps, _ := a.c.partStats("t", 0)
-		return ps.Paused && ps.InFlight > bound/2 // resumes at half the bound
+		return ps.Paused && ps.InFlight > int(resumeAt(bound))
 	})
 	ps, _ := a.c.partStats("t", 0)
 	if ps.InFlight > bound+poll || ps.HighestFetched > 3*(bound+poll) || ps.Frontier != 0 {

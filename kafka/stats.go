@@ -53,7 +53,9 @@ type Stats struct {
 	// Commits counts partition offsets committed, CommitErrors commits
 	// (or partitions of one) that failed.
 	Commits, CommitErrors uint64
-	// Scheduler is the scheduler's own snapshot.
+	// Scheduler is the scheduler's own snapshot. Its tasks are groups
+	// (the records of one key, or of one partition under PartitionOrder,
+	// from one poll), not records: count records with Finished.
 	Scheduler keysched.Stats
 }
 
@@ -74,7 +76,7 @@ func (c *Consumer) Stats() Stats {
 		ps := PartitionStats{
 			Topic: p.topic, Partition: p.id, Epoch: p.epoch,
 			Committed: p.committed, HighestFetched: -1, HighWatermark: p.hwm,
-			InFlight: int(p.inflight.Load()), Held: len(p.held), Paused: p.paused.Load(),
+			InFlight: int(p.inflight.Load()), Held: p.heldRecords(), Paused: p.paused.Load(),
 		}
 		if p.fetched {
 			ps.HighestFetched = p.highest

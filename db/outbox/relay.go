@@ -62,6 +62,7 @@ type relayConfig struct {
 	logger      *slog.Logger
 	owner       string
 	onDead      func(DeadEvent)
+	schedOpts   []keysched.Option
 }
 
 func badOption(format string, args ...any) error {
@@ -244,6 +245,44 @@ func WithOnDead(fn func(DeadEvent)) RelayOption {
 	}
 }
 
+// WithSchedulerOptions passes options to the relay's keysched scheduler: an
+// observer (keysched.WithObserver, e.g. otelkeysched's Metrics.Observer, for
+// the queue wait and attempt duration histograms), keysched.WithTaskAges
+// (for Scheduler().OldestAge), keysched.WithMaxConcurrency, and so on.
+// Several WithSchedulerOptions add up; a nil keysched.Option is an error.
+//
+// They are applied after the settings that the relay's own options make
+// (WithWorkers, WithRetry, WithSinkTimeout, WithLogger), so the same setting
+// given here overrides those: keysched.WithWorkers(8) here means 8 workers.
+// keysched.WithPool cannot be combined with the relay's worker count: New
+// fails (use it with care: a pool shared with other work delays the sink
+// calls, and so the leases' use).
+//
+// The settings the relay's correctness rests on are applied after these and
+// always win; giving them here has no effect:
+//   - keysched.WithDeadLetter: the relay's dead letter marks the row dead in
+//     the database (and calls WithOnDead); another function would leave it
+//     unmarked, to be published again by the next tenure.
+//   - keysched.WithFailurePolicy: always Continue in the scheduler; the relay
+//     parks keys in the database (see the relay's WithFailurePolicy), where
+//     every relay sees the park and it outlives a restart.
+//   - keysched.WithMaxPending and keysched.WithMaxKeyDepth: the relay's batch
+//     size (WithBatchSize) bounds what it submits, so its poll loop never
+//     waits for room in its own scheduler while holding leases.
+//   - keysched.WithRetryPanics: a panicking sink is retried like a failing
+//     one, as the Sink contract says.
+func WithSchedulerOptions(opts ...keysched.Option) RelayOption {
+	return func(c *relayConfig) error {
+		for i, o := range opts {
+			if o == nil {
+				return badOption("WithSchedulerOptions: option %d is nil", i)
+			}
+		}
+		c.schedOpts = append(c.schedOpts, opts...)
+		return nil
+	}
+}
+
 // A Relay publishes an outbox's pending rows through a Sink: in order per
 // key, keys in parallel, on a keysched.Scheduler[string] whose key is the
 // row's key. Make one with Outbox.NewRelay, start it with Run, stop it with
@@ -369,16 +408,22 @@ func (o *Outbox) NewRelay(sink Sink, opts ...RelayOption) (*Relay, error) {
 	r.idle = sync.NewCond(&r.mu)
 	sopts := []keysched.Option{
 		keysched.WithWorkers(cfg.workers),
-		keysched.WithMaxPending(cfg.batch),
-		keysched.WithMaxKeyDepth(cfg.batch),
 		keysched.WithRetry(cfg.retry),
-		keysched.WithRetryPanics(),
-		keysched.WithDeadLetter(r.onDeadLetter),
 		keysched.WithLogger(cfg.logger),
 	}
 	if cfg.taskTimeout > 0 {
 		sopts = append(sopts, keysched.WithTaskTimeout(cfg.taskTimeout))
 	}
+	// The caller's scheduler options, then the settings the relay's
+	// correctness rests on, which win (see WithSchedulerOptions).
+	sopts = append(sopts, cfg.schedOpts...)
+	sopts = append(sopts,
+		keysched.WithMaxPending(cfg.batch),
+		keysched.WithMaxKeyDepth(cfg.batch),
+		keysched.WithRetryPanics(),
+		keysched.WithFailurePolicy(keysched.Continue),
+		keysched.WithDeadLetter(r.onDeadLetter),
+	)
 	s, err := keysched.New[string](sopts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
@@ -388,7 +433,9 @@ func (o *Outbox) NewRelay(sink Sink, opts ...RelayOption) (*Relay, error) {
 }
 
 // Scheduler returns the relay's scheduler (keys are the rows' keys), for
-// metrics and inspection. Do not submit to it, Close it, or Resume/Skip its
+// metrics and inspection (e.g. otelkeysched's Metrics.Register, with its
+// Observer given through WithSchedulerOptions; OldestAge and Keys report
+// ages only with keysched.WithTaskAges or an observer). Do not submit to it, Close it, or Resume/Skip its
 // keys: the relay owns it (use Relay.Resume and Relay.Skip).
 func (r *Relay) Scheduler() *keysched.Scheduler[string] { return r.sched }
 

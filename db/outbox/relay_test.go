@@ -104,25 +104,36 @@ func TestCrashBetweenPublishAndMarkGivesDuplicates(t *testing.T) {
 	})
 }
 
-// 10,000 events on 500 keys, written while two relays run; one relay is
-// killed mid-run (its leases abandoned, as a crash leaves them). Every event
-// arrives, in order per key; duplicates are counted; no key is ever
-// published by both relays at once.
+// twoRelaysKeys is the number of keys of TestTwoRelaysOneKilled: 500 (10,000
+// events), 100 under the race detector (2,000 events; the SQLite run alone
+// took 12-30 s at 500 keys under -race on two shared cores). The smaller
+// size proves the same: the batch, so the keys one relay may hold, and the
+// kill point scale with it (each relay holds at most 2/5 of the keys, so
+// both publish at once; the kill comes after 15% of the events, with writes
+// still going on and leases held), and each key keeps its 20 events.
+var twoRelaysKeys = map[bool]int{false: 500, true: 100}[raceEnabled]
+
+// 10,000 events on 500 keys (2,000 on 100 under -race), written while two
+// relays run; one relay is killed mid-run (its leases abandoned, as a crash
+// leaves them). Every event arrives, in order per key; duplicates are
+// counted; no key is ever published by both relays at once.
 func TestTwoRelaysOneKilled(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
 		ob := newOutbox(t, db)
-		const keys, perKey = 500, 20
+		keys, perKey := twoRelaysKeys, 20
+		batch := keys * 2 / 5                      // the keys one relay may hold: 200 of 500
+		killAt := uint64(keys * perKey * 15 / 100) // 1,500 of 10,000
 		rec := newRecorder(keys * perKey)
 		opts := []outbox.RelayOption{
 			outbox.WithLogger(quiet), outbox.WithPollInterval(20 * time.Millisecond),
-			outbox.WithLeaseDuration(time.Second), outbox.WithBatchSize(200), outbox.WithKeyBatch(5),
+			outbox.WithLeaseDuration(time.Second), outbox.WithBatchSize(batch), outbox.WithKeyBatch(5),
 		}
 		var killedOnce sync.Once
 		killed := make(chan struct{})
 		var a *outbox.Relay
 		var err error
 		a, err = ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
-			if a.Stats().Published >= 1500 {
+			if a.Stats().Published >= killAt {
 				killedOnce.Do(func() { close(killed) })
 			}
 			return rec.sink(ctx, e)

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keysched/keysched/db/sqldb"
+	"github.com/keysched/keysched/examples/webhook/service"
 	"github.com/keysched/keysched/examples/webhook/sim"
 	"github.com/stretchr/testify/require"
 )
@@ -88,8 +91,11 @@ func (p *process) kill(t *testing.T) {
 }
 
 // The service is killed (SIGKILL) while it delivers, and restarted on the
-// same database file: every accepted event arrives at least once, in order
-// per partner.
+// same database file under the same -relay-name, with the default lease
+// (30 s): every accepted event arrives at least once, in order per partner,
+// and all of them before the dead process's leases would have expired (the
+// restarted relay takes its own leases back at once; a relay that waited
+// for them to expire would fail that check).
 func TestCrashDuringDeliveryLosesNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the service binary")
@@ -112,7 +118,7 @@ func TestCrashDuringDeliveryLosesNothing(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "webhook.db")
 	args := []string{"-db", db, "-intake", "127.0.0.1:0", "-admin", "127.0.0.1:0",
 		"-endpoints", strings.Join(eps, ","), "-sim-rate", "0",
-		"-timeout", "500ms", "-lease", "2s", "-breaker-open", "100ms", "-attempts", "1000", "-backoff", "5ms", "-log", "warn"}
+		"-timeout", "500ms", "-relay-name", "webhook-1", "-breaker-open", "100ms", "-attempts", "1000", "-backoff", "5ms", "-log", "warn"}
 
 	p := startService(t, bin, args...)
 	t0 := time.Now()
@@ -162,13 +168,18 @@ func TestCrashDuringDeliveryLosesNothing(t *testing.T) {
 	atKill := firstArrivals()
 	t.Logf("killed with %d of %d events delivered", atKill, total)
 	require.Less(t, atKill, total, "the kill came after every delivery: the test proved nothing")
+	expiry := leaseExpiry(t, db, "webhook-1")
 
 	p = startService(t, bin, args...)
 	defer p.kill(t)
 	t1 := time.Now()
 	require.Eventually(t, func() bool { return firstArrivals() == total }, 60*time.Second, 5*time.Millisecond,
 		"stderr of the restarted service: %s", p.stderr)
-	t.Logf("restarted and delivered the rest in %v", time.Since(t1))
+	done := time.Now()
+	t.Logf("restarted and delivered the rest in %v; the dead process's first lease would have expired %v later",
+		done.Sub(t1), expiry.Sub(done))
+	require.True(t, done.Before(expiry),
+		"the rest was delivered only after the dead process's leases expired (%v): the restarted relay did not take them back", expiry)
 	dups := 0
 	for partner := range behaviors {
 		d, err := sim.CheckOrder(accepted[partner], rec.IDs(partner))
@@ -176,6 +187,23 @@ func TestCrashDuringDeliveryLosesNothing(t *testing.T) {
 		dups += d
 	}
 	t.Logf("all %d events delivered in order per partner after the crash; %d duplicates", total, dups)
+}
+
+// leaseExpiry returns the earliest expiry of the partner leases owner holds
+// in the service's SQLite file (the killed process's, read before the
+// restart). No lease at all fails the test: the kill came when the relay
+// held nothing, and the restart proved nothing about leases.
+func leaseExpiry(t *testing.T, path, owner string) time.Time {
+	t.Helper()
+	db, err := sqldb.OpenSQLite(path)
+	require.NoError(t, err)
+	defer db.Close()
+	var n int
+	var micros sql.NullInt64
+	require.NoError(t, db.QueryRow(`SELECT COUNT(*), MIN(expires_at) FROM `+service.OutboxTable+`_lease WHERE owner = ?`, owner).Scan(&n, &micros))
+	require.Positive(t, n, "the killed relay held no lease")
+	t.Logf("the killed relay held %d partner leases", n)
+	return time.UnixMicro(micros.Int64)
 }
 
 type syncBuffer struct {

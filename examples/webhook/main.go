@@ -57,6 +57,7 @@ type options struct {
 	rate          float64
 	logLevel      string
 	lease         time.Duration
+	relayName     string
 	brkFailures   uint
 	brkOpen       time.Duration
 }
@@ -81,6 +82,7 @@ func parseFlags() (options, error) {
 	fs.StringVar(&o.logLevel, "log", "info", "log level: debug, info, warn, error")
 	fs.UintVar(&o.brkFailures, "breaker-failures", 5, "consecutive failed calls that open a destination's circuit breaker")
 	fs.DurationVar(&o.brkOpen, "breaker-open", 10*time.Second, "how long an open breaker refuses calls before trying one")
+	fs.StringVar(&o.relayName, "relay-name", "webhook", "this instance's name in the relay's lease table: the same across restarts (a restart takes its partners back at once), distinct per instance sharing a -postgres database")
 	fs.DurationVar(&o.lease, "lease", 30*time.Second, "relay lease per partner: after a crash, how long before a new process takes a partner over; well above -timeout")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return o, err
@@ -166,6 +168,7 @@ func run() error {
 		Limits:         service.DestinationLimits{Concurrency: o.concurrency, Rate: o.rate, Burst: max(1, int(o.rate/4))},
 		Timeout:        o.timeout,
 		LeaseDuration:  o.lease,
+		RelayName:      o.relayName,
 		Breaker:        service.BreakerSettings{Failures: uint32(min(o.brkFailures, 1<<31)), OpenFor: o.brkOpen},
 		Retry:          keysched.RetryPolicy{MaxAttempts: o.attempts, InitialBackoff: o.backoff, MaxBackoff: 30 * time.Second},
 		Logger:         log,

@@ -22,7 +22,8 @@ type relay struct {
 	skipMu sync.Mutex // one Skip at a time: it reads the head, then moves it
 }
 
-func startRelay(ctx context.Context, s *Service) (*relay, error) {
+// schedOpts go to the relay's scheduler (the metrics' observer).
+func startRelay(ctx context.Context, s *Service, schedOpts ...keysched.Option) (*relay, error) {
 	r, err := s.store.ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
 		return s.sink(ctx, e.Key, e.ID, e.CreatedAt, e.Payload)
 	},
@@ -39,6 +40,7 @@ func startRelay(ctx context.Context, s *Service) (*relay, error) {
 		outbox.WithOnDead(func(d outbox.DeadEvent) {
 			s.onPark(d.Key, d.ID, d.Attempts, d.Err)
 		}),
+		outbox.WithSchedulerOptions(schedOpts...),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("webhook: relay: %w", err)

@@ -226,20 +226,31 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		_ = s.metrics.close()
 		return nil, err
 	}
-	if s.relay, err = startRelay(ctx, s); err != nil {
+	var observe []keysched.Option
+	if cfg.MeterProvider != nil {
+		// The relay's scheduler (package otelkeysched, issue 11): pending
+		// and running deliveries, live and parked keys, outcomes, retries,
+		// and, through its Observer given to the relay's scheduler, the
+		// queue wait and attempt duration histograms and the oldest task's
+		// age (the Observer implies keysched.WithTaskAges). Keys are never
+		// attribute values there.
+		if s.schedMet, err = otelkeysched.New[string](cfg.MeterProvider,
+			otelkeysched.WithAttributes(attribute.String("scheduler", "webhook.delivery"))); err != nil {
+			_ = s.metrics.close()
+			return nil, fmt.Errorf("webhook: scheduler metrics: %w", err)
+		}
+		observe = append(observe, keysched.WithObserver(s.schedMet.Observer()))
+	}
+	if s.relay, err = startRelay(ctx, s, observe...); err != nil {
 		_ = s.metrics.close()
+		if s.schedMet != nil {
+			_ = s.schedMet.Unregister()
+		}
 		return nil, err
 	}
 	s.commit = newCommitter(s.store, s.settleIntake)
-	if cfg.MeterProvider != nil {
-		// The relay's scheduler: pending and running deliveries, live and
-		// parked keys, outcomes, retries, oldest task's age (package
-		// otelkeysched, issue 11). Keys are never attribute values there.
-		if s.schedMet, err = otelkeysched.New[string](cfg.MeterProvider,
-			otelkeysched.WithAttributes(attribute.String("scheduler", "webhook.delivery"))); err == nil {
-			err = s.schedMet.Register(s.relay.scheduler())
-		}
-		if err != nil {
+	if s.schedMet != nil {
+		if err := s.schedMet.Register(s.relay.scheduler()); err != nil {
 			_ = s.Close(context.Background())
 			return nil, fmt.Errorf("webhook: scheduler metrics: %w", err)
 		}
