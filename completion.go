@@ -222,8 +222,12 @@ func (c *Completion) Wait(ctx context.Context) error {
 // its key goes on with the next task when its turn comes. A task waiting out a
 // retry backoff or parked is withdrawn the same way. A running task has its
 // context cancelled; its outcome is what it then returns, and it is not
-// retried. Cancel on a done task does nothing.
+// retried. Cancel on a done task does nothing, nor on a Completion no
+// scheduler returned (the zero value).
 func (c *Completion) Cancel() {
+	if c.hdr == nil {
+		return // not a task: nothing to withdraw (and no scheduler to tell)
+	}
 	c.ctxBits.Or(ctxCancelReq)
 	for {
 		switch s := c.state.Load(); s {

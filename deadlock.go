@@ -53,10 +53,13 @@ func waiterTask(ctx context.Context) *Completion {
 
 // waitAsTask is Wait for c, not done, with the context of task t.
 func (c *Completion) waitAsTask(ctx context.Context, t *Completion) error {
-	if t.state.Load() == stRunning { // t holds its key: it can deadlock
-		if c.hdr == t.hdr {
+	// t holds its key, so it can deadlock (c.hdr is nil only for a
+	// Completion no scheduler returned: no chain to walk).
+	if t.state.Load() == stRunning && c.hdr != nil {
+		if c.hdr == t.hdr && !doneOffChain(c) {
 			// c is t, or behind t on its key (t runs at the head; c is not
-			// done, so it is still on the chain).
+			// done, so it is still on the chain), and it is done only once
+			// its key has passed it.
 			return fmt.Errorf("%w: a task waits for itself or for a later task of its own key", ErrDeadlock)
 		}
 		rec := &waitRec{target: c}
@@ -98,8 +101,8 @@ func closesCycle(t, c *Completion) int {
 	var path []waitEdge
 	cur := c
 	for range maxWaitWalk {
-		if cur.state.Load() >= stDecided {
-			return 0 // finished: the chain moves on
+		if doneOffChain(cur) {
+			return 0 // finished, or finishing without its key moving on
 		}
 		if cur.hdr == t.hdr {
 			if validCycle(path, cur) {
@@ -131,12 +134,28 @@ func closesCycle(t, c *Completion) int {
 // waiter's own chain the walk ended at.
 func validCycle(path []waitEdge, last *Completion) bool {
 	for _, e := range path {
-		if e.from.state.Load() >= stDecided || e.head.state.Load() != stRunning {
+		if doneOffChain(e.from) || e.head.state.Load() != stRunning {
 			return false
 		}
 		if x := e.head.more.Load(); x == nil || x.waiting.Load() != e.rec {
 			return false
 		}
 	}
-	return last.state.Load() < stDecided
+	return !doneOffChain(last)
+}
+
+// doneOffChain reports whether c is done, or will be without its key moving
+// on: taken by Cancel (done at once) or decided by its runner. A task that
+// Close's abort took while it was still on its chain is decided but held
+// until its key passes it (ctxPassHold): it waits for its key's head like a
+// queued task. (In the instant between the abort's CompareAndSwap and its
+// hold, a task counts as done off its chain.)
+func doneOffChain(c *Completion) bool {
+	switch c.state.Load() {
+	case stDone:
+		return true
+	case stFinishing, stDecided:
+		return c.ctxBits.Load()&ctxPassHold == 0
+	}
+	return false
 }

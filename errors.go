@@ -56,7 +56,10 @@ var (
 	// context (context.Background()), by receiving from Completion.Done, or
 	// with goroutines of its own is invisible, as are deadlocks through
 	// anything other than Completion.Wait (a channel, a mutex, a pool with
-	// every worker waiting). When two waits close one cycle at the same
+	// every worker waiting). A wait made with the task's context by a
+	// goroutine the task started counts as the task's own: a cycle through
+	// it is reported even while the task itself is not blocked (a false
+	// positive). When two waits close one cycle at the same
 	// instant, both may fail (each saw the other's wait); a cycle is reported
 	// only if every wait in it was seen in progress at one instant, so a
 	// chain of waits that moves on while it is walked is never reported.

@@ -169,7 +169,10 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 	cl, err := kgo.NewClient(copts...)
 	if err != nil {
 		_ = s.Close(context.Background())
-		return nil, fmt.Errorf("%w: franz-go client: %w", ErrInvalidOption, err)
+		// franz-go's own words for a missing group ("invalid autocommit
+		// options specified when a group was not specified") do not say
+		// what the adapter needs: say it too.
+		return nil, fmt.Errorf("%w: franz-go client: %w (the adapter needs kgo.ConsumerGroup and kgo.ConsumeTopics or kgo.ConsumeRegex in WithClientOptions)", ErrInvalidOption, err)
 	}
 	group, _ := cl.OptValue(kgo.ConsumerGroup).(string)
 	if group == "" || len(cl.GetConsumeTopics()) == 0 && !isRegex(cl) {

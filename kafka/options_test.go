@@ -3,6 +3,7 @@ package kafka
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/keysched/keysched"
@@ -39,6 +40,9 @@ func TestBadOptions(t *testing.T) {
 		}
 		if c != nil {
 			t.Errorf("%s: a consumer came back with the error", name)
+		}
+		if (name == "no group" || name == "no topics") && (err == nil || !strings.Contains(err.Error(), "kgo.ConsumerGroup")) {
+			t.Errorf("%s: %v, want an error that names what the adapter needs", name, err)
 		}
 	}
 	if _, err := NewConsumer(h, ok, WithSchedulerOptions(keysched.WithWorkers(0))); !errors.Is(err, keysched.ErrInvalidOption) {
