@@ -181,6 +181,9 @@ func (g *group) handOn(i int) {
 	if n := g.next; n != nil {
 		items := make([]*item, 0, len(rest)+len(n.items))
 		n.items = append(append(items, rest...), n.items...)
+		for _, it := range rest {
+			it.g = n // Skip and interrupt find a record's group through it
+		}
 		return
 	}
 	ng := c.newGroup(p, g.key, g.null, g.lastKey, rest)

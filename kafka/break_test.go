@@ -1,0 +1,84 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/keysched/keysched"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// A record handed on into the key's next group (one of a later poll) and
+// parked there can be skipped: Skip finds the group the record is in now,
+// not the one it was fetched into. Poll 1 makes group [a0 a1], poll 2 (while
+// a0 runs) group [a2]; a0 fails once, then a1 fails after a0's success, so
+// a1 is handed on to the front of [a2]; there a1 fails again and parks.
+// Skip must dead-letter a1 and move on to a2 (it panicked: it handed on from
+// the first group, whose records were gone).
+func TestSkipRecordHandedOnToNextGroup(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	tc.produce(t, rec("t", 0, "a", "a0"), rec("t", 0, "a", "a1"))
+	release := make(chan struct{})
+	var a0Tries atomic.Int32
+	var mu sync.Mutex
+	var seen []string
+	h := func(ctx context.Context, r *kgo.Record) error {
+		v := string(r.Value)
+		switch v {
+		case "a0":
+			if a0Tries.Add(1) == 1 {
+				<-release
+				return errors.New("a0 fails once")
+			}
+		case "a1":
+			return errors.New("a1 always fails")
+		}
+		mu.Lock()
+		seen = append(seen, v)
+		mu.Unlock()
+		return nil
+	}
+	commits := tc.watchCommits(t)
+	c := startConsumer(t, h, WithLogger(quiet), WithDeadLetterTopic("dlq"), WithCommitInterval(5*time.Millisecond),
+		WithSchedulerOptions(keysched.WithFailurePolicy(keysched.Park),
+			keysched.WithRetry(keysched.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond})),
+		WithClientOptions(tc.clientOpts(groupName(t), "t")...))
+	eventually(t, "a0 running", func() bool { return a0Tries.Load() == 1 })
+	tc.produce(t, rec("t", 0, "a", "a2"))
+	eventually(t, "a2 fetched while a0 runs", func() bool {
+		ps, _ := c.partStats("t", 0)
+		return ps.HighestFetched == 2
+	})
+	close(release)
+	eventually(t, "a1 parked", func() bool { ks := c.Parked(); return len(ks) == 1 && ks[0].Offset == 1 })
+	k := c.Parked()[0]
+	if k.Attempts != 2 {
+		t.Errorf("a1 parked after %d attempts, want 2", k.Attempts)
+	}
+	func() {
+		defer func() {
+			if v := recover(); v != nil {
+				t.Fatalf("Skip panicked: %v", v)
+			}
+		}()
+		if err := c.Skip(k); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	eventually(t, "a2 handled and commit of 3", func() bool {
+		mu.Lock()
+		ok := fmt.Sprint(seen) == "[a0 a2]"
+		mu.Unlock()
+		cs := commits.of("t", 0)
+		return ok && len(cs) > 0 && cs[len(cs)-1].Offset == 3
+	})
+	d := tc.readAll(t, "dlq", 1)[0]
+	if off, _ := header(d, HeaderOffset); off != "1" {
+		t.Errorf("dead letter of offset %s, want 1", off)
+	}
+}
