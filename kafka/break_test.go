@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -80,5 +81,40 @@ func TestSkipRecordHandedOnToNextGroup(t *testing.T) {
 	d := tc.readAll(t, "dlq", 1)[0]
 	if off, _ := header(d, HeaderOffset); off != "1" {
 		t.Errorf("dead letter of offset %s, want 1", off)
+	}
+}
+
+// A handler that calls runtime.Goexit (t.FailNow in a test's handler) fails
+// its attempt like a panic: the record is retried, then dead-lettered, and
+// the rest of its group goes on. (The scheduler finished the task as a
+// panic, but the dead-letter function did not find the group: the record
+// stayed unfinished, the frontier stuck on it, and the group's later record
+// was never handled.)
+func TestHandlerGoexitIsAFailure(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	tc.produce(t, rec("t", 0, "a", "a0"), rec("t", 0, "a", "a1"))
+	var tries atomic.Int32
+	var a1 atomic.Bool
+	h := func(ctx context.Context, r *kgo.Record) error {
+		if string(r.Value) == "a0" {
+			tries.Add(1)
+			runtime.Goexit()
+		}
+		a1.Store(true)
+		return nil
+	}
+	commits := tc.watchCommits(t)
+	c := startConsumer(t, h, WithLogger(quiet), WithDeadLetterTopic("dlq"), WithCommitInterval(5*time.Millisecond),
+		WithSchedulerOptions(keysched.WithRetry(keysched.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond})),
+		WithClientOptions(tc.clientOpts(groupName(t), "t")...))
+	eventually(t, "a1 handled and commit of 2", func() bool {
+		cs := commits.of("t", 0)
+		return a1.Load() && len(cs) > 0 && cs[len(cs)-1].Offset == 2
+	})
+	if n := tries.Load(); n != 2 {
+		t.Errorf("a0 tried %d times, want 2", n)
+	}
+	if n := c.Stats().DeadLettered; n != 1 {
+		t.Errorf("%d dead letters, want 1", n)
 	}
 }

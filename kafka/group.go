@@ -84,6 +84,15 @@ func (g *group) run(ctx context.Context) error {
 		return nil // the partition was revoked: dropped, not finished
 	}
 	defer p.leave()
+	returned := false
+	defer func() {
+		if !returned {
+			// The handler called runtime.Goexit: the scheduler counts the
+			// attempt as a panic, so it is this record's failed attempt.
+			g.failAt = g.cur
+			p.c.fail(g)
+		}
+	}()
 	h := p.c.h
 	for g.cur < len(g.items) {
 		it := g.items[g.cur]
@@ -109,17 +118,21 @@ func (g *group) run(ctx context.Context) error {
 			// Interrupted (revoke timeout, Close gave up): not a failure.
 			it.interrupted.Store(true)
 			p.c.fail(g)
+			returned = true
 			return err
 		}
 		if g.failAt < 0 || g.failAt == g.cur {
 			g.failAt = g.cur // the scheduler's attempts are this record's
 			p.c.fail(g)
+			returned = true
 			return err
 		}
 		it.stash = err
+		returned = true
 		g.handOn(g.cur)
 		return nil
 	}
+	returned = true
 	g.items = nil // let go of the records (a finished group may stay in p.last a while)
 	g.finished.Store(true)
 	if g.failAt >= 0 {
