@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/keysched/keysched"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // A record handed on into the key's next group (one of a later poll) and
@@ -116,5 +118,48 @@ func TestHandlerGoexitIsAFailure(t *testing.T) {
 	}
 	if n := c.Stats().DeadLettered; n != 1 {
 		t.Errorf("%d dead letters, want 1", n)
+	}
+}
+
+// A revoke (here a loss) stops a group between records: no handler of a
+// partition being revoked starts, so the rest of the group is left to the
+// next assignment (it ran on, after the revoke began, for records a new
+// owner may be handling at the same time). a0 of group [a0 a1 a2] returns
+// only once the loss has begun; a1 and a2 must then be handled by the next
+// assignment alone.
+func TestRevokeStopsGroupBetweenRecords(t *testing.T) {
+	tc := newCluster(t, 1, "t")
+	tc.produce(t, rec("t", 0, "a", "a0"), rec("t", 0, "a", "a1"), rec("t", 0, "a", "a2"))
+	var first atomic.Pointer[partition]
+	var stale atomic.Int32
+	var lateDone atomic.Bool
+	h := func(ctx context.Context, r *kgo.Record) error {
+		g, _ := ctx.Value(groupKey{}).(*group)
+		if p1 := first.Load(); p1 != nil && g.p == p1 && r.Offset > 0 {
+			stale.Add(1)
+		}
+		if r.Offset == 0 && first.CompareAndSwap(nil, g.p) {
+			eventually(t, "the loss begun", func() bool { return !g.p.active() })
+			return nil
+		}
+		if r.Offset == 2 && g.p != first.Load() {
+			lateDone.Store(true)
+		}
+		return nil
+	}
+	c := startConsumer(t, h, WithLogger(quiet), WithCommitInterval(time.Hour), WithRevokeTimeout(10*time.Second),
+		WithClientOptions(tc.clientOpts(groupName(t), "t")...))
+	eventually(t, "a0 running", func() bool { return first.Load() != nil })
+	tc.ControlKey(int16(kmsg.Heartbeat), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		resp := req.ResponseKind().(*kmsg.HeartbeatResponse)
+		resp.ErrorCode = kerr.UnknownMemberID.Code
+		return resp, nil, true
+	})
+	eventually(t, "a2 handled by the next assignment", func() bool {
+		ps, ok := c.partStats("t", 0)
+		return ok && ps.Epoch == 2 && lateDone.Load()
+	})
+	if n := stale.Load(); n != 0 {
+		t.Errorf("%d handlers of the lost assignment started after the loss began", n)
 	}
 }

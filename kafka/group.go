@@ -95,6 +95,16 @@ func (g *group) run(ctx context.Context) error {
 	}()
 	h := p.c.h
 	for g.cur < len(g.items) {
+		if !p.active() {
+			// Revoked (or lost) meanwhile: no handler of the partition
+			// starts any more; the rest is dropped, not finished, for the
+			// next owner, like the records of groups not yet started.
+			returned = true
+			if g.failAt >= 0 {
+				p.c.failed(g.key, g)
+			}
+			return nil
+		}
 		it := g.items[g.cur]
 		var err error
 		if it.stash != nil {
