@@ -163,3 +163,46 @@ func TestRevokeStopsGroupBetweenRecords(t *testing.T) {
 		t.Errorf("%d handlers of the lost assignment started after the loss began", n)
 	}
 }
+
+// commitLocked takes the frontier, then lists the unfinished offsets in a
+// second pass; records finish without the partition's lock, so the frontier
+// record may finish in between and the list then starts above the frontier.
+// The encoding must not claim the list's first offset finished (it claimed
+// (base, second unfinished) finished, the first unfinished one included, and
+// a new owner skipped that record: never handled nor dead-lettered).
+func TestMetadataFrontierFinishedMeanwhile(t *testing.T) {
+	// Frontier 10 taken; 10 finished; then 12 and 15 listed unfinished.
+	meta, _ := encodeFinished(10, []int64{12, 15}, true, 20, 4096)
+	spans := decodeFinished(meta, 10)
+	for _, s := range spans {
+		for _, u := range []int64{12, 15} {
+			if s.from <= u && u <= s.to {
+				t.Errorf("%q claims unfinished offset %d finished (spans %v)", meta, u, spans)
+			}
+		}
+	}
+	if fmt.Sprint(spans) != "[{11 11} {13 14} {16 20}]" {
+		t.Errorf("%q decodes to %v, want [{11 11} {13 14} {16 20}]", meta, spans)
+	}
+	// The same through the partition: frontier, the head finishes, list.
+	c := &Consumer{}
+	c.cfg.maxInFlight = 100
+	p := newPartition(c, "t", 0, 1)
+	defer p.cancel()
+	for off := int64(10); off <= 20; off++ {
+		it := newItem(p, &kgo.Record{Offset: off})
+		p.add(it)
+		p.seen(&kgo.Record{Offset: off})
+		if off != 12 && off != 15 && off != 10 {
+			it.finish()
+		}
+	}
+	off, _, _ := p.frontier()
+	p.queue[p.head].finish() // offset 10, by its handler, without p.mu
+	meta, _ = encodeFinished(off, p.unfinished(4096), true, p.highest, 4096)
+	for _, s := range decodeFinished(meta, off) {
+		if s.from <= 12 && 12 <= s.to {
+			t.Errorf("frontier %d, metadata %q claims unfinished offset 12 finished", off, meta)
+		}
+	}
+}
