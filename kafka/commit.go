@@ -18,8 +18,11 @@ import (
 const metaPrefix = "ks1:"
 
 // encodeFinished encodes the finished offsets in (base, highest] given the
-// unfinished ones (ascending, the first being base; complete says whether the
-// list holds every unfinished offset up to highest, or was cut short). Runs
+// unfinished ones, ascending (usually starting with base, but the list may
+// start above it: records finish without p.mu, so base may have finished
+// since the frontier was taken; every listed offset above base counts as
+// unfinished). complete says whether the list holds every unfinished offset
+// up to highest, or was cut short. Runs
 // are written nearest the frontier first, and as many as fit in limit bytes:
 // when they do not all fit (or the list was cut short), the encoding is the
 // longest prefix that fits and truncated is true; "" when even the first run
@@ -53,7 +56,10 @@ func encodeFinished(base int64, unfinished []int64, complete bool, highest int64
 		return true
 	}
 	last := base
-	for _, u := range unfinished[1:] {
+	for _, u := range unfinished {
+		if u <= base {
+			continue // base itself (the list may start above it: see commitLocked)
+		}
 		if u > last+1 && !add(last+1, u-1) {
 			return string(b), true
 		}

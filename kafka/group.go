@@ -84,8 +84,27 @@ func (g *group) run(ctx context.Context) error {
 		return nil // the partition was revoked: dropped, not finished
 	}
 	defer p.leave()
+	returned := false
+	defer func() {
+		if !returned {
+			// The handler called runtime.Goexit: the scheduler counts the
+			// attempt as a panic, so it is this record's failed attempt.
+			g.failAt = g.cur
+			p.c.fail(g)
+		}
+	}()
 	h := p.c.h
 	for g.cur < len(g.items) {
+		if !p.active() {
+			// Revoked (or lost) meanwhile: no handler of the partition
+			// starts any more; the rest is dropped, not finished, for the
+			// next owner, like the records of groups not yet started.
+			returned = true
+			if g.failAt >= 0 {
+				p.c.failed(g.key, g)
+			}
+			return nil
+		}
 		it := g.items[g.cur]
 		var err error
 		if it.stash != nil {
@@ -109,17 +128,21 @@ func (g *group) run(ctx context.Context) error {
 			// Interrupted (revoke timeout, Close gave up): not a failure.
 			it.interrupted.Store(true)
 			p.c.fail(g)
+			returned = true
 			return err
 		}
 		if g.failAt < 0 || g.failAt == g.cur {
 			g.failAt = g.cur // the scheduler's attempts are this record's
 			p.c.fail(g)
+			returned = true
 			return err
 		}
 		it.stash = err
+		returned = true
 		g.handOn(g.cur)
 		return nil
 	}
+	returned = true
 	g.items = nil // let go of the records (a finished group may stay in p.last a while)
 	g.finished.Store(true)
 	if g.failAt >= 0 {
@@ -181,6 +204,9 @@ func (g *group) handOn(i int) {
 	if n := g.next; n != nil {
 		items := make([]*item, 0, len(rest)+len(n.items))
 		n.items = append(append(items, rest...), n.items...)
+		for _, it := range rest {
+			it.g = n // Skip and interrupt find a record's group through it
+		}
 		return
 	}
 	ng := c.newGroup(p, g.key, g.null, g.lastKey, rest)
