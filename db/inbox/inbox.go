@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/db/sqldb"
 )
 
@@ -53,6 +54,9 @@ var (
 	ErrNilFunc = errors.New("inbox: nil effect function")
 	// ErrNilTx is returned by Record and Gate for a nil transaction.
 	ErrNilTx = errors.New("inbox: nil transaction")
+	// ErrNilContext is returned by every method given a nil context (it
+	// is keysched.ErrNilContext).
+	ErrNilContext = keysched.ErrNilContext
 )
 
 // An Option configures New and NewVersions.
@@ -178,6 +182,9 @@ func (in *Inbox) Schema() []string {
 // CreateSchema runs Schema's statements in one transaction. Run it once at
 // start-up or from a migration.
 func (in *Inbox) CreateSchema(ctx context.Context) error {
+	if ctx == nil {
+		return ErrNilContext
+	}
 	return createSchema(ctx, in.db, in.Schema())
 }
 
@@ -225,6 +232,9 @@ func timeArg(d Dialect, t time.Time) any {
 // way are not undone with it) and must not commit or roll it back. A panic in
 // fn rolls the transaction back and is re-raised.
 func (in *Inbox) Apply(ctx context.Context, eventID string, fn func(tx *sql.Tx) error) (applied bool, err error) {
+	if ctx == nil {
+		return false, ErrNilContext
+	}
 	if fn == nil {
 		return false, ErrNilFunc
 	}
@@ -268,6 +278,9 @@ func runTx(ctx context.Context, db *sql.DB, body func(tx *sql.Tx) (bool, error))
 // roll tx back (or go on without the effect). Use it when you manage the
 // transaction yourself; Apply is Record plus the transaction.
 func (in *Inbox) Record(ctx context.Context, tx *sql.Tx, eventID string) (first bool, err error) {
+	if ctx == nil {
+		return false, ErrNilContext
+	}
 	if tx == nil {
 		return false, ErrNilTx
 	}
@@ -287,6 +300,9 @@ func (in *Inbox) Record(ctx context.Context, tx *sql.Tx, eventID string) (first 
 
 // Seen reports whether eventID is recorded (committed).
 func (in *Inbox) Seen(ctx context.Context, eventID string) (bool, error) {
+	if ctx == nil {
+		return false, ErrNilContext
+	}
 	var one int
 	err := in.db.QueryRowContext(ctx, in.check, eventID).Scan(&one)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -302,6 +318,9 @@ func (in *Inbox) Seen(ctx context.Context, eventID string) (bool, error) {
 // (WithRetention) and returns how many it deleted; without a retention it
 // deletes nothing. Call it periodically. See WithRetention for the risk.
 func (in *Inbox) Cleanup(ctx context.Context) (int64, error) {
+	if ctx == nil {
+		return 0, ErrNilContext
+	}
 	if in.o.retention <= 0 {
 		return 0, nil
 	}
