@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"database/sql"
+	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -450,4 +451,21 @@ func TestNilContext(t *testing.T) {
 		require.NotPanics(t, func() { err = call() }, name)
 		require.ErrorIs(t, err, keysched.ErrNilContext, name)
 	}
+}
+
+// A lease so long that the relay's deadline (monotonic nanoseconds plus the
+// lease) overflowed made every row's lease look ended: the relay gave every
+// row back, published nothing and reported no error. It is now refused, and
+// the longest lease allowed publishes.
+func TestLeaseDurationBounds(t *testing.T) {
+	db := dbtest.SQLite(t)
+	ob := newOutbox(t, db)
+	_, err := ob.NewRelay(func(context.Context, outbox.Event) error { return nil }, outbox.WithLeaseDuration(time.Duration(math.MaxInt64)))
+	require.ErrorIs(t, err, outbox.ErrInvalidOption)
+	writeEvents(t, ob, 2, 3, 10)
+	rec := newRecorder(6)
+	r, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithLeaseDuration(outbox.MaxLeaseDuration))
+	require.NoError(t, err)
+	runRelay(t, r)
+	rec.wait(t, 30*time.Second)
 }
