@@ -21,7 +21,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/db/sqldb"
@@ -48,7 +50,7 @@ var (
 	// ErrInvalidOption is wrapped by New's and NewVersions' errors.
 	ErrInvalidOption = errors.New("inbox: invalid option")
 	// ErrInvalidID is returned for an empty event ID or entity, or one
-	// longer than 1024 bytes.
+	// longer than 1024 bytes, or with a NUL byte or invalid UTF-8.
 	ErrInvalidID = errors.New("inbox: invalid event ID or entity")
 	// ErrNilFunc is returned by Apply for a nil effect function.
 	ErrNilFunc = errors.New("inbox: nil effect function")
@@ -136,6 +138,11 @@ func build(db *sql.DB, def string, opts []Option) (options, error) {
 func validID(id string) error {
 	if id == "" || len(id) > 1024 {
 		return fmt.Errorf("%w: %d bytes", ErrInvalidID, len(id))
+	}
+	// PostgreSQL's TEXT refuses both (a database error on every
+	// redelivery); SQLite would store them: refuse them on both.
+	if strings.ContainsRune(id, 0) || !utf8.ValidString(id) {
+		return fmt.Errorf("%w: NUL byte or invalid UTF-8", ErrInvalidID)
 	}
 	return nil
 }

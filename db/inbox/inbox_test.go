@@ -390,3 +390,23 @@ func TestNilContext(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, applied)
 }
+
+// An ID with a NUL byte or invalid UTF-8 is ErrInvalidID on both databases:
+// before, SQLite stored it and PostgreSQL failed every delivery with a
+// database error (a poison message).
+func TestInvalidIDBytes(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ctx := context.Background()
+		in, _ := setup(t, db)
+		v, err := inbox.NewVersions(db, inbox.WithTable(dbtest.Table(t, db, "ver")))
+		require.NoError(t, err)
+		require.NoError(t, v.CreateSchema(ctx))
+		fn := func(*sql.Tx) error { return nil }
+		for _, id := range []string{"a\x00b", "a\xffb"} {
+			_, err := in.Apply(ctx, id, fn)
+			require.ErrorIs(t, err, inbox.ErrInvalidID, "%q", id)
+			_, err = v.Apply(ctx, id, 1, fn)
+			require.ErrorIs(t, err, inbox.ErrInvalidID, "%q", id)
+		}
+	})
+}

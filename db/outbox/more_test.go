@@ -469,3 +469,20 @@ func TestLeaseDurationBounds(t *testing.T) {
 	runRelay(t, r)
 	rec.wait(t, 30*time.Second)
 }
+
+// Invalid UTF-8 in an event's key, ID or type is ErrInvalidEvent on both
+// databases: before, SQLite stored it and PostgreSQL failed the Write (and
+// aborted the caller's transaction) with a database error.
+func TestWriteInvalidUTF8(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ctx := context.Background()
+		ob := newOutbox(t, db)
+		for _, e := range []outbox.Event{{Key: "k\xff"}, {Key: "k", ID: "id\xfe"}, {Key: "k", Type: "t\xc3"}} {
+			tx, err := db.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			_, err = ob.Write(ctx, tx, e)
+			require.ErrorIs(t, err, outbox.ErrInvalidEvent, "%+v", e)
+			require.NoError(t, tx.Rollback())
+		}
+	})
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -262,6 +263,9 @@ func validate(e *Event) error {
 		return fmt.Errorf("%w: ID of %d bytes (at most 256)", ErrInvalidEvent, len(e.ID))
 	case strings.ContainsRune(e.Key, 0) || strings.ContainsRune(e.ID, 0) || strings.ContainsRune(e.Type, 0):
 		return fmt.Errorf("%w: NUL byte in ID, key or type", ErrInvalidEvent)
+	case !utf8.ValidString(e.Key) || !utf8.ValidString(e.ID) || !utf8.ValidString(e.Type):
+		// PostgreSQL's TEXT refuses it; SQLite would store it.
+		return fmt.Errorf("%w: invalid UTF-8 in ID, key or type", ErrInvalidEvent)
 	}
 	return nil
 }
