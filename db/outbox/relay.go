@@ -535,6 +535,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer close(r.done)
 	select {
 	case <-r.closing:
+		// Close came after Run started but before this: Close leaves the
+		// scheduler to Run, which has submitted nothing yet.
+		_ = r.sched.Close(r.closeCtx)
 		return ErrClosed
 	default:
 	}
