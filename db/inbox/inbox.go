@@ -21,8 +21,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
+	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/db/sqldb"
 )
 
@@ -47,12 +50,15 @@ var (
 	// ErrInvalidOption is wrapped by New's and NewVersions' errors.
 	ErrInvalidOption = errors.New("inbox: invalid option")
 	// ErrInvalidID is returned for an empty event ID or entity, or one
-	// longer than 1024 bytes.
+	// longer than 1024 bytes, or with a NUL byte or invalid UTF-8.
 	ErrInvalidID = errors.New("inbox: invalid event ID or entity")
 	// ErrNilFunc is returned by Apply for a nil effect function.
 	ErrNilFunc = errors.New("inbox: nil effect function")
 	// ErrNilTx is returned by Record and Gate for a nil transaction.
 	ErrNilTx = errors.New("inbox: nil transaction")
+	// ErrNilContext is returned by every method given a nil context (it
+	// is keysched.ErrNilContext).
+	ErrNilContext = keysched.ErrNilContext
 )
 
 // An Option configures New and NewVersions.
@@ -133,6 +139,11 @@ func validID(id string) error {
 	if id == "" || len(id) > 1024 {
 		return fmt.Errorf("%w: %d bytes", ErrInvalidID, len(id))
 	}
+	// PostgreSQL's TEXT refuses both (a database error on every
+	// redelivery); SQLite would store them: refuse them on both.
+	if strings.ContainsRune(id, 0) || !utf8.ValidString(id) {
+		return fmt.Errorf("%w: NUL byte or invalid UTF-8", ErrInvalidID)
+	}
 	return nil
 }
 
@@ -178,6 +189,9 @@ func (in *Inbox) Schema() []string {
 // CreateSchema runs Schema's statements in one transaction. Run it once at
 // start-up or from a migration.
 func (in *Inbox) CreateSchema(ctx context.Context) error {
+	if ctx == nil {
+		return ErrNilContext
+	}
 	return createSchema(ctx, in.db, in.Schema())
 }
 
@@ -225,6 +239,9 @@ func timeArg(d Dialect, t time.Time) any {
 // way are not undone with it) and must not commit or roll it back. A panic in
 // fn rolls the transaction back and is re-raised.
 func (in *Inbox) Apply(ctx context.Context, eventID string, fn func(tx *sql.Tx) error) (applied bool, err error) {
+	if ctx == nil {
+		return false, ErrNilContext
+	}
 	if fn == nil {
 		return false, ErrNilFunc
 	}
@@ -268,6 +285,9 @@ func runTx(ctx context.Context, db *sql.DB, body func(tx *sql.Tx) (bool, error))
 // roll tx back (or go on without the effect). Use it when you manage the
 // transaction yourself; Apply is Record plus the transaction.
 func (in *Inbox) Record(ctx context.Context, tx *sql.Tx, eventID string) (first bool, err error) {
+	if ctx == nil {
+		return false, ErrNilContext
+	}
 	if tx == nil {
 		return false, ErrNilTx
 	}
@@ -287,6 +307,9 @@ func (in *Inbox) Record(ctx context.Context, tx *sql.Tx, eventID string) (first 
 
 // Seen reports whether eventID is recorded (committed).
 func (in *Inbox) Seen(ctx context.Context, eventID string) (bool, error) {
+	if ctx == nil {
+		return false, ErrNilContext
+	}
 	var one int
 	err := in.db.QueryRowContext(ctx, in.check, eventID).Scan(&one)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -302,6 +325,9 @@ func (in *Inbox) Seen(ctx context.Context, eventID string) (bool, error) {
 // (WithRetention) and returns how many it deleted; without a retention it
 // deletes nothing. Call it periodically. See WithRetention for the risk.
 func (in *Inbox) Cleanup(ctx context.Context) (int64, error) {
+	if ctx == nil {
+		return 0, ErrNilContext
+	}
 	if in.o.retention <= 0 {
 		return 0, nil
 	}

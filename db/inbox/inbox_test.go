@@ -349,3 +349,64 @@ func TestErrors(t *testing.T) {
 	_, err = v.Apply(ctx, "", 1, func(*sql.Tx) error { return nil })
 	require.ErrorIs(t, err, inbox.ErrInvalidID)
 }
+
+// A nil context is an error, not a panic that leaves the transaction (and,
+// on a pool of one SQLite connection, the whole database) held: before the
+// check, Apply(nil, ...) panicked inside database/sql with its transaction
+// open, and the next call on the pool blocked for ever.
+func TestNilContext(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.SQLite(t)
+	in, err := inbox.New(db)
+	require.NoError(t, err)
+	require.NoError(t, in.CreateSchema(ctx))
+	v, err := inbox.NewVersions(db)
+	require.NoError(t, err)
+	require.NoError(t, v.CreateSchema(ctx))
+	var nilCtx context.Context
+	fn := func(*sql.Tx) error { return nil }
+	calls := map[string]func() error{
+		"Inbox.CreateSchema":    func() error { return in.CreateSchema(nilCtx) },
+		"Inbox.Apply":           func() error { _, err := in.Apply(nilCtx, "e", fn); return err },
+		"Inbox.Seen":            func() error { _, err := in.Seen(nilCtx, "e"); return err },
+		"Inbox.Cleanup":         func() error { _, err := in.Cleanup(nilCtx); return err },
+		"Versions.CreateSchema": func() error { return v.CreateSchema(nilCtx) },
+		"Versions.Apply":        func() error { _, err := v.Apply(nilCtx, "e", 1, fn); return err },
+		"Versions.Current":      func() error { _, _, err := v.Current(nilCtx, "e"); return err },
+	}
+	for name, call := range calls {
+		var err error
+		require.NotPanics(t, func() { err = call() }, name)
+		require.ErrorIs(t, err, inbox.ErrNilContext, name)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	_, err = in.Record(nilCtx, tx, "e")
+	require.ErrorIs(t, err, inbox.ErrNilContext)
+	_, err = v.Gate(nilCtx, tx, "e", 1)
+	require.ErrorIs(t, err, inbox.ErrNilContext)
+	require.NoError(t, tx.Rollback())
+	applied, err := in.Apply(ctx, "e", fn)
+	require.NoError(t, err)
+	require.True(t, applied)
+}
+
+// An ID with a NUL byte or invalid UTF-8 is ErrInvalidID on both databases:
+// before, SQLite stored it and PostgreSQL failed every delivery with a
+// database error (a poison message).
+func TestInvalidIDBytes(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ctx := context.Background()
+		in, _ := setup(t, db)
+		v, err := inbox.NewVersions(db, inbox.WithTable(dbtest.Table(t, db, "ver")))
+		require.NoError(t, err)
+		require.NoError(t, v.CreateSchema(ctx))
+		fn := func(*sql.Tx) error { return nil }
+		for _, id := range []string{"a\x00b", "a\xffb"} {
+			_, err := in.Apply(ctx, id, fn)
+			require.ErrorIs(t, err, inbox.ErrInvalidID, "%q", id)
+			_, err = v.Apply(ctx, id, 1, fn)
+			require.ErrorIs(t, err, inbox.ErrInvalidID, "%q", id)
+		}
+	})
+}

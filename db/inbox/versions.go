@@ -51,6 +51,9 @@ func (v *Versions) Schema() []string {
 
 // CreateSchema runs Schema's statements in one transaction.
 func (v *Versions) CreateSchema(ctx context.Context) error {
+	if ctx == nil {
+		return ErrNilContext
+	}
 	return createSchema(ctx, v.db, v.Schema())
 }
 
@@ -67,6 +70,9 @@ func (v *Versions) CreateSchema(ctx context.Context) error {
 // wins, whatever the arrival order, and each version's fn runs at most once.
 // A panic in fn rolls back and is re-raised.
 func (v *Versions) Apply(ctx context.Context, entity string, version int64, fn func(tx *sql.Tx) error) (applied bool, err error) {
+	if ctx == nil {
+		return false, ErrNilContext
+	}
 	if fn == nil {
 		return false, ErrNilFunc
 	}
@@ -87,6 +93,9 @@ func (v *Versions) Apply(ctx context.Context, entity string, version int64, fn f
 // the write (or roll back). On PostgreSQL it locks the entity's row until tx
 // ends.
 func (v *Versions) Gate(ctx context.Context, tx *sql.Tx, entity string, version int64) (newer bool, err error) {
+	if ctx == nil {
+		return false, ErrNilContext
+	}
 	if tx == nil {
 		return false, ErrNilTx
 	}
@@ -106,6 +115,9 @@ func (v *Versions) Gate(ctx context.Context, tx *sql.Tx, entity string, version 
 
 // Current returns the version stored for entity; ok is false when none is.
 func (v *Versions) Current(ctx context.Context, entity string) (version int64, ok bool, err error) {
+	if ctx == nil {
+		return 0, false, ErrNilContext
+	}
 	err = v.db.QueryRowContext(ctx, v.read, entity).Scan(&version)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, false, nil

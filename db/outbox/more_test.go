@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"database/sql"
+	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -424,4 +425,64 @@ func TestSchedulerOptionsErrors(t *testing.T) {
 	_, err = ob.NewRelay(sink, outbox.WithSchedulerOptions(keysched.WithMaxConcurrency(0)))
 	require.ErrorIs(t, err, outbox.ErrInvalidOption)
 	require.ErrorIs(t, err, keysched.ErrInvalidOption)
+}
+
+// A nil context is keysched.ErrNilContext, not a panic inside database/sql
+// (Write's panic left the caller's transaction open).
+func TestNilContext(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.SQLite(t)
+	ob := newOutbox(t, db)
+	var nilCtx context.Context
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer tx.Rollback()
+	calls := map[string]func() error{
+		"CreateSchema": func() error { return ob.CreateSchema(nilCtx) },
+		"Write":        func() error { _, err := ob.Write(nilCtx, tx, outbox.Event{Key: "k"}); return err },
+		"Dead":         func() error { _, err := ob.Dead(nilCtx, 1); return err },
+		"Parked":       func() error { _, err := ob.Parked(nilCtx); return err },
+		"Resume":       func() error { return ob.Resume(nilCtx, "k") },
+		"Skip":         func() error { return ob.Skip(nilCtx, "k") },
+		"Count":        func() error { _, err := ob.Count(nilCtx); return err },
+	}
+	for name, call := range calls {
+		var err error
+		require.NotPanics(t, func() { err = call() }, name)
+		require.ErrorIs(t, err, keysched.ErrNilContext, name)
+	}
+}
+
+// A lease so long that the relay's deadline (monotonic nanoseconds plus the
+// lease) overflowed made every row's lease look ended: the relay gave every
+// row back, published nothing and reported no error. It is now refused, and
+// the longest lease allowed publishes.
+func TestLeaseDurationBounds(t *testing.T) {
+	db := dbtest.SQLite(t)
+	ob := newOutbox(t, db)
+	_, err := ob.NewRelay(func(context.Context, outbox.Event) error { return nil }, outbox.WithLeaseDuration(time.Duration(math.MaxInt64)))
+	require.ErrorIs(t, err, outbox.ErrInvalidOption)
+	writeEvents(t, ob, 2, 3, 10)
+	rec := newRecorder(6)
+	r, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithLeaseDuration(outbox.MaxLeaseDuration))
+	require.NoError(t, err)
+	runRelay(t, r)
+	rec.wait(t, 30*time.Second)
+}
+
+// Invalid UTF-8 in an event's key, ID or type is ErrInvalidEvent on both
+// databases: before, SQLite stored it and PostgreSQL failed the Write (and
+// aborted the caller's transaction) with a database error.
+func TestWriteInvalidUTF8(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ctx := context.Background()
+		ob := newOutbox(t, db)
+		for _, e := range []outbox.Event{{Key: "k\xff"}, {Key: "k", ID: "id\xfe"}, {Key: "k", Type: "t\xc3"}} {
+			tx, err := db.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			_, err = ob.Write(ctx, tx, e)
+			require.ErrorIs(t, err, outbox.ErrInvalidEvent, "%+v", e)
+			require.NoError(t, tx.Rollback())
+		}
+	})
 }

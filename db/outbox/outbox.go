@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
+	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/db/sqldb"
 )
 
@@ -170,6 +172,9 @@ func (o *Outbox) Schema() []string { return schema(o.dialect, o.table) }
 // first runs can fail on the catalog's unique indexes; run it once at start-up
 // or from a migration.
 func (o *Outbox) CreateSchema(ctx context.Context) error {
+	if ctx == nil {
+		return keysched.ErrNilContext
+	}
 	tx, err := o.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("outbox: create schema: %w", err)
@@ -203,6 +208,9 @@ func (o *Outbox) CreateSchema(ctx context.Context) error {
 // Errors: ErrNilTx, ErrInvalidEvent, ErrDuplicateID (wrapped), ctx's error,
 // or the database's. On PostgreSQL any error aborts tx.
 func (o *Outbox) Write(ctx context.Context, tx *sql.Tx, e Event) (id string, err error) {
+	if ctx == nil {
+		return "", keysched.ErrNilContext
+	}
 	if tx == nil {
 		return "", ErrNilTx
 	}
@@ -255,6 +263,9 @@ func validate(e *Event) error {
 		return fmt.Errorf("%w: ID of %d bytes (at most 256)", ErrInvalidEvent, len(e.ID))
 	case strings.ContainsRune(e.Key, 0) || strings.ContainsRune(e.ID, 0) || strings.ContainsRune(e.Type, 0):
 		return fmt.Errorf("%w: NUL byte in ID, key or type", ErrInvalidEvent)
+	case !utf8.ValidString(e.Key) || !utf8.ValidString(e.ID) || !utf8.ValidString(e.Type):
+		// PostgreSQL's TEXT refuses it; SQLite would store it.
+		return fmt.Errorf("%w: invalid UTF-8 in ID, key or type", ErrInvalidEvent)
 	}
 	return nil
 }
@@ -303,6 +314,9 @@ type DeadEvent struct {
 // that failed for good and have been neither resumed nor skipped. Under the
 // Park policy each such row stops its key.
 func (o *Outbox) Dead(ctx context.Context, limit int) ([]DeadEvent, error) {
+	if ctx == nil {
+		return nil, keysched.ErrNilContext
+	}
 	if limit < 1 {
 		return nil, fmt.Errorf("outbox: Dead: limit %d < 1", limit)
 	}
@@ -336,6 +350,9 @@ func (o *Outbox) Dead(ctx context.Context, limit int) ([]DeadEvent, error) {
 // Parked returns the keys that have a dead row, sorted. Under the Park
 // policy these keys are stopped until Resume or Skip.
 func (o *Outbox) Parked(ctx context.Context) ([]string, error) {
+	if ctx == nil {
+		return nil, keysched.ErrNilContext
+	}
 	rows, err := o.db.QueryContext(ctx, o.q.parkedKeys)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: parked keys: %w", err)
@@ -372,6 +389,9 @@ func (o *Outbox) Skip(ctx context.Context, key string) error {
 }
 
 func (o *Outbox) moveDead(ctx context.Context, key string, to State) error {
+	if ctx == nil {
+		return keysched.ErrNilContext
+	}
 	res, err := o.db.ExecContext(ctx, o.q.moveDead, int(to), key, key)
 	if err != nil {
 		return fmt.Errorf("outbox: %v key %q: %w", to, key, err)
@@ -389,6 +409,9 @@ func (o *Outbox) moveDead(ctx context.Context, key string, to State) error {
 // Count returns how many rows are in each state (rows deleted when sent are
 // not counted).
 func (o *Outbox) Count(ctx context.Context) (map[State]int64, error) {
+	if ctx == nil {
+		return nil, keysched.ErrNilContext
+	}
 	rows, err := o.db.QueryContext(ctx, o.q.countStates)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: count: %w", err)

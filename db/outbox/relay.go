@@ -38,6 +38,10 @@ const (
 	DefaultPollInterval  = 200 * time.Millisecond
 	DefaultLeaseDuration = 30 * time.Second
 	DefaultWorkers       = 64
+	// MaxLeaseDuration bounds WithLeaseDuration: the relay's deadlines are
+	// nanoseconds on its monotonic clock plus the lease, which must not
+	// overflow.
+	MaxLeaseDuration = 24 * time.Hour
 )
 
 // DefaultRetry is the relay's retry policy unless WithRetry says otherwise:
@@ -173,14 +177,15 @@ func WithPollInterval(d time.Duration) RelayOption {
 }
 
 // WithLeaseDuration sets how long a relay's claim on a key lasts without
-// renewal (default DefaultLeaseDuration; at least 30 ms). The relay renews its
+// renewal (default DefaultLeaseDuration; at least 30 ms, at most
+// MaxLeaseDuration). The relay renews its
 // leases every third of it. When a relay dies, its keys are taken over by
 // another relay after at most this long. Choose it well above your sink's
 // longest call and your database's longest stall.
 func WithLeaseDuration(d time.Duration) RelayOption {
 	return func(c *relayConfig) error {
-		if d < 30*time.Millisecond {
-			return badOption("WithLeaseDuration(%v): at least 30ms", d)
+		if d < 30*time.Millisecond || d > MaxLeaseDuration {
+			return badOption("WithLeaseDuration(%v): at least 30ms, at most %v", d, MaxLeaseDuration)
 		}
 		c.lease = d
 		return nil
@@ -530,6 +535,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer close(r.done)
 	select {
 	case <-r.closing:
+		// Close came after Run started but before this: Close leaves the
+		// scheduler to Run, which has submitted nothing yet.
+		_ = r.sched.Close(r.closeCtx)
 		return ErrClosed
 	default:
 	}
