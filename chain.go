@@ -447,8 +447,12 @@ func (s *Scheduler[K]) awaitPassing() {
 // the dead-letter function, and returns a *CloseError (wrapping ErrAborted
 // and ctx's error) that says how many did not run. It returns within
 // CloseGrace (100 ms) of giving up, however long the backlog: the aborted
-// tasks' dead letters are delivered concurrently (each key's in its order,
-// on up to one goroutine per worker, at most 64), and what is not finished
+// tasks' dead letters are delivered concurrently across keys (on up to one
+// goroutine per worker, at most 64) and one at a time per key, in the key's
+// order: an aborted task's letter is delivered once its key has passed it,
+// so the letters of the tasks queued behind a task still running (which
+// hold their slots anyway) come after that task returns and after its own
+// dead letter, if it has one. What is not finished
 // by then (dead letters still being delivered, tasks still running, a
 // backlog not yet walked) is counted in the *CloseError and goes on in the
 // background; nothing is dropped. A task that ignores its context keeps its
@@ -525,29 +529,50 @@ func (s *Scheduler[K]) abort() {
 
 // settle moves keys past the tasks abort finished, so that Stats and
 // KeyDepth count only what is still held by running tasks (and queued behind
-// them). It takes what is in the ready queue itself (step runs no task while
-// the scheduler aborts: it finishes them), then waits for runners that are
-// moving keys on and for dead letters being delivered, until stop is closed.
-func (s *Scheduler[K]) settle(stop <-chan struct{}) {
+// them), and so that their dead letters go to their keys' lanes (passing a
+// key hands them over, in its order). It takes what is in the ready queue
+// itself (step runs no task while the scheduler aborts: it finishes them),
+// while the walk (abort) goes on, until walked is closed; then it waits for
+// runners that are moving keys on and for dead letters being delivered,
+// until stop is closed. Once stop is closed it still waits for the walk and
+// passes what the walk left in the ready queue, so that no key is left
+// unpassed (Close has returned by then).
+func (s *Scheduler[K]) settle(stop, walked <-chan struct{}) {
 	for i := 0; ; i++ {
-		for n := s.ready.pop(); n != nil; n = s.ready.pop() {
-			for n != nil && s.step(n, nil) {
-				n = s.pass(n)
-			}
-		}
-		if s.core.delivering.Load() == 0 && s.core.passing.Load() == 0 && s.pending.count() <= s.heldByRunning() {
+		walkDone := isClosed(walked) // before passReady: it passes all the walk left
+		s.passReady()
+		if walkDone && s.core.delivering.Load() == 0 && s.core.passing.Load() == 0 && s.pending.count() <= s.heldByRunning() {
 			return
 		}
-		select {
-		case <-stop:
+		if isClosed(stop) {
+			<-walked
+			s.passReady()
 			return
-		default:
 		}
 		if i < 100 {
 			runtime.Gosched()
 		} else {
 			time.Sleep(100 * time.Microsecond)
 		}
+	}
+}
+
+// passReady takes the keys in the ready queue and passes their finished
+// tasks (see settle).
+func (s *Scheduler[K]) passReady() {
+	for n := s.ready.pop(); n != nil; n = s.ready.pop() {
+		for n != nil && s.step(n, nil) {
+			n = s.pass(n)
+		}
+	}
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -575,11 +600,8 @@ func (s *Scheduler[K]) abortChain(ch *chainHdr) {
 	if h := ch.head.Load(); h != nil {
 		n = nodeOf[K](h)
 	}
-	var letters []DeadLetter[K] // delivered in the chain's order, by one deliverer
 	for n != nil {
-		if dl, ok := s.takeAborted(n); ok {
-			letters = append(letters, dl)
-		}
+		s.takeAborted(n)
 		next := n.next.Load()
 		if next == s.passed {
 			next = nil
@@ -589,23 +611,19 @@ func (s *Scheduler[K]) abortChain(ch *chainHdr) {
 		}
 		n = next
 	}
-	if len(letters) > 0 {
-		s.deliverLater(letters)
-	}
 }
 
-// abortNode completes n with ErrAborted if it has not started, and has its
-// dead letter delivered by a deliverer (deliverLater).
-func (s *Scheduler[K]) abortNode(n *node[K]) {
-	if dl, ok := s.takeAborted(n); ok {
-		s.deliverLater([]DeadLetter[K]{dl})
-	}
-}
+// abortNode completes n with ErrAborted if it has not started; its dead
+// letter is delivered once its key passes it (see takeAborted).
+func (s *Scheduler[K]) abortNode(n *node[K]) { s.takeAborted(n) }
 
-// takeAborted completes n with ErrAborted if it has not started, and returns
-// its dead letter, to be delivered with deliverLater (it holds its pending
-// slot, and n is done once it is delivered).
-func (s *Scheduler[K]) takeAborted(n *node[K]) (DeadLetter[K], bool) {
+// takeAborted completes n with ErrAborted if it has not started, and keeps
+// its dead letter on n: n is still on its key's chain, and whoever passes it
+// there (its key's runner, or Close's settle) hands the letter to the key's
+// lane (laneAborted), so that the key's dead letters are delivered in its order,
+// after those of the tasks before n (n's own pending slot counts it until
+// then). n is done once its letter was delivered.
+func (s *Scheduler[K]) takeAborted(n *node[K]) bool {
 	c := &n.Completion
 	for {
 		switch st := c.state.Load(); st {
@@ -613,20 +631,16 @@ func (s *Scheduler[K]) takeAborted(n *node[K]) (DeadLetter[K], bool) {
 			if !c.state.CompareAndSwap(st, stFinishing) {
 				continue
 			}
-			// No user code between taking it and deciding it (see step). It
-			// is done once its dead letter was delivered.
-			dl := s.letter(n, ErrAborted)
-			s.holdLetter()
-			s.core.holdPassage(c)
-			s.core.decide(c, outAborted, ErrAborted)
+			// No user code between taking it and deciding it (see step).
+			s.keepAborted(n)
 			s.core.notRun.Add(1)
 			if st != stQueued {
 				s.wakeStalled(c, st)
 			}
 			s.core.publish(c)
-			return dl, true
+			return true
 		default:
-			return DeadLetter[K]{}, false
+			return false
 		}
 	}
 }

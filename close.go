@@ -8,8 +8,9 @@ import (
 
 // This file holds what Close does once it gives up (its context ended, or a
 // later Close's did): abort every task that has not started, have the dead
-// letters delivered concurrently, settle Stats, and return within CloseGrace
-// whatever is left, reporting it.
+// letters delivered (concurrently across keys, each key's in its order, in
+// one lane per key), settle Stats, and return within CloseGrace whatever is
+// left, reporting it.
 
 // CloseGrace bounds how long Close runs after it gives up (its context
 // ended, or a later Close's did): it returns by then even if dead letters
@@ -45,7 +46,10 @@ type CloseError struct {
 	// dead-lettered in the background, as the others.
 	Unreached int
 	// Undelivered counts the dead letters not yet delivered when Close
-	// returned, being delivered still.
+	// returned, being delivered still (or queued on their key's lane). The
+	// letters of the aborted tasks queued behind a task still running are
+	// not among them: they are delivered once that task returns (NotRun
+	// counts those tasks).
 	Undelivered int
 	// Cause is why Close gave up: its context's error, or an error saying
 	// that a later Close's context ended.
@@ -70,8 +74,12 @@ func (s *Scheduler[K]) giveUpOnTasks(cause error) error {
 	stop, settled := make(chan struct{}), make(chan struct{})
 	go func() { // it ends once the walk is done and Stats settled, or stop
 		defer close(settled)
-		s.abort()
-		s.settle(stop)
+		walked := make(chan struct{})
+		go func() { // concurrent with settle, which passes what it aborts
+			defer close(walked)
+			s.abort()
+		}()
+		s.settle(stop, walked)
 	}()
 	t := time.NewTimer(CloseGrace)
 	select {
@@ -95,25 +103,76 @@ func (s *Scheduler[K]) giveUpOnTasks(cause error) error {
 	}
 }
 
-// letterQueue holds the dead letters of aborted tasks, in batches (one
-// chain's letters, delivered in its order), for up to maxDeliverers
-// goroutines.
+// letterQueue holds the dead letters of aborted tasks, in one lane per key:
+// a lane's letters are delivered one at a time, in the order they were
+// queued (its key's chain order: see laneLetter), and lanes are delivered
+// concurrently, on up to min(workers, maxDeliverers) goroutines.
 type letterQueue[K comparable] struct {
-	mu      sync.Mutex
-	batches [][]DeadLetter[K]
-	active  int
+	mu     sync.Mutex
+	lanes  map[K]*letterLane[K] // keys with letters queued or being delivered
+	ready  []*letterLane[K]     // lanes with letters and no deliverer, in turn
+	active int                  // deliverer goroutines
 }
 
-// deliverLater has the dead letters of aborted tasks (held by holdLetter)
-// delivered by a deliverer goroutine, in order within the batch; batches go
-// concurrently, on up to min(workers, maxDeliverers) goroutines.
-func (s *Scheduler[K]) deliverLater(batch []DeadLetter[K]) {
+// letterLane is one key's queue of dead letters.
+type letterLane[K comparable] struct {
+	key     K
+	letters []DeadLetter[K]
+	busy    bool // in ready, or taken by a deliverer
+}
+
+// keepAborted makes the dead letter of n, which the caller has just taken
+// (stFinishing) from its key's chain to abort it, and keeps it on n until its
+// key passes n (laneAborted, then core.passedOn): n is done only once its key
+// has passed it and its letter was delivered. It decides n (ErrAborted); the
+// caller publishes it.
+func (s *Scheduler[K]) keepAborted(n *node[K]) {
+	c := &n.Completion
+	dl := s.letter(n, ErrAborted)
+	s.core.holdPassage(c)
+	c.extra().aborted = dl // read by laneAborted, once it sees c decided
+	s.core.decide(c, outAborted, ErrAborted)
+}
+
+// laneAborted is called by whoever passes c on its key (pass), decided and
+// not yet done, before it releases c's pending slot (advance) and drops its
+// passage hold (core.passedOn). If c was aborted on its chain (keepAborted),
+// its dead letter is held (Stats.Pending and CloseError.Undelivered count it
+// from here) and goes to its key's lane now: the key passes its tasks one at
+// a time, in its order, so the lane receives them in that order.
+func (s *Scheduler[K]) laneAborted(c *Completion) {
+	if x := c.more.Load(); x != nil && x.aborted != nil {
+		dl := x.aborted.(DeadLetter[K])
+		x.aborted = nil
+		s.holdLetter()
+		s.laneLetter(dl)
+	}
+}
+
+// laneLetter queues dl (made by letter and held by holdLetter) on its key's
+// lane, to be delivered after the letters queued there before it. Callers
+// queue a key's letters as the key passes its tasks (pass, step), so each
+// key's dead letters are delivered in its order.
+func (s *Scheduler[K]) laneLetter(dl DeadLetter[K]) {
 	q := &s.letters
 	q.mu.Lock()
-	q.batches = append(q.batches, batch)
-	start := q.active < min(int(s.workers.max), maxDeliverers)
-	if start {
-		q.active++
+	if q.lanes == nil {
+		q.lanes = make(map[K]*letterLane[K])
+	}
+	l := q.lanes[dl.Key]
+	if l == nil {
+		l = &letterLane[K]{key: dl.Key}
+		q.lanes[dl.Key] = l
+	}
+	l.letters = append(l.letters, dl)
+	start := false
+	if !l.busy {
+		l.busy = true
+		q.ready = append(q.ready, l)
+		start = q.active < min(int(s.workers.max), maxDeliverers)
+		if start {
+			q.active++
+		}
 	}
 	q.mu.Unlock()
 	if start {
@@ -121,22 +180,31 @@ func (s *Scheduler[K]) deliverLater(batch []DeadLetter[K]) {
 	}
 }
 
+// deliverLoop delivers lanes until none is waiting: it takes a lane, delivers
+// the letters it holds in order, and puts it back at the end of the turn if
+// more came meanwhile (so one long lane does not starve the others).
 func (s *Scheduler[K]) deliverLoop() {
 	q := &s.letters
-	for {
-		q.mu.Lock()
-		if len(q.batches) == 0 {
-			q.active--
-			q.batches = nil // let the backing array go
-			q.mu.Unlock()
-			return
-		}
-		batch := q.batches[0]
-		q.batches[0] = nil
-		q.batches = q.batches[1:]
+	q.mu.Lock()
+	for len(q.ready) > 0 {
+		l := q.ready[0]
+		q.ready[0] = nil
+		q.ready = q.ready[1:]
+		batch := l.letters
+		l.letters = nil
 		q.mu.Unlock()
 		for _, dl := range batch {
 			s.sendLetter(dl)
 		}
+		q.mu.Lock()
+		if len(l.letters) > 0 {
+			q.ready = append(q.ready, l)
+		} else {
+			l.busy = false
+			delete(q.lanes, l.key)
+		}
 	}
+	q.active--
+	q.ready = nil // let the backing array go
+	q.mu.Unlock()
 }

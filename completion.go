@@ -127,6 +127,10 @@ type taskExtra struct {
 	cur      atomic.Pointer[attemptState] // the running attempt's context, when not the inline one
 	fail     failureRecord
 	waiting  atomic.Pointer[waitRec] // a Wait made with the task's context, in progress (deadlock.go)
+	// aborted is the DeadLetter[K] of a task Close's abort took while it was
+	// still on its chain, written before it is decided: whoever passes it on
+	// its key hands it to the key's lane (Scheduler.laneAborted, close.go).
+	aborted any
 }
 
 // extra returns the task's extra part, making it. Its owner (its runner, or

@@ -152,8 +152,10 @@ type DeadLetter[K comparable] struct {
 // call Drain or Close with a context other than DeadLetter.Context: they
 // would wait for the task fn is reporting (with it they fail with
 // ErrInsideTask). The dead letters of the tasks Close gives up on are
-// delivered concurrently, each key's in its order (see Close), so fn may be
-// called from several goroutines at once.
+// delivered concurrently across keys, but each key's one at a time and in
+// the key's order, after the letter of the task that was running on the key
+// (see Close), so fn may be called from several goroutines at once, never
+// for two letters of one key at once.
 // Without it, each such task is logged (log/slog) with its key and error.
 // K must be the scheduler's key type, or New fails.
 func WithDeadLetter[K comparable](fn func(DeadLetter[K])) Option {
@@ -259,14 +261,12 @@ func (s *Scheduler[K]) Resume(key K) error {
 			s.requeue(n)
 			return nil
 		}
-		dl := s.letter(n, ErrAborted)
-		s.holdLetter() // before n can be passed: Drain and Close count it
-		s.core.holdPassage(c)
-		s.core.decide(c, out, ErrAborted)
+		// Its dead letter goes to its key's lane once a runner passes it
+		// (keepAborted), before those of the tasks behind it.
+		s.keepAborted(n)
 		s.core.notRun.Add(1)
 		s.requeue(n)
 		s.core.publish(c)
-		s.sendLetter(dl)
 		return ErrClosed
 	}
 	s.requeue(n) // runs it, or moves the key past it

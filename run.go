@@ -83,7 +83,7 @@ func (s *Scheduler[K]) step(n *node[K], clk *handClock) bool {
 					s.holdLetter()
 					s.core.decide(c, outAborted, ErrAborted)
 					s.core.notRun.Add(1)
-					s.deliverLater([]DeadLetter[K]{dl})
+					s.laneLetter(dl) // after the letters of the tasks passed before n
 				} else {
 					s.core.decide(c, outCancelled, context.Canceled)
 				}
@@ -472,9 +472,11 @@ func (s *Scheduler[K]) pass(n *node[K]) *node[K] {
 		return s.advance(n) // the common case: done already
 	}
 	s.core.passing.Add(1)
+	s.laneAborted(c) // n's dead letter before those of the tasks behind it
 	next := s.advance(n)
 	for next != nil && next.state.Load() >= stDecided {
 		t := &next.Completion
+		s.laneAborted(t) // before advance releases its slot: Drain waits for the letter
 		next = s.advance(next)
 		if t.state.Load() == stDecided {
 			s.core.passedOn(t)
