@@ -196,8 +196,9 @@
 //     inside one Compute on that key; invalid keys are refused before they
 //     reach it.
 //   - close.go: what Close does once it gives up: abort what has not
-//     started, deliver those dead letters concurrently, return within
-//     CloseGrace with a [CloseError].
+//     started, deliver those dead letters (concurrently across keys, in
+//     order within a key, one lane per key), return within CloseGrace with
+//     a [CloseError].
 //   - depth.go: the bounds. The per-key depth, the pending count (with the
 //     closed flag in the same word, so "closed?" and "take a slot" are one
 //     CompareAndSwap), and the waiting protocol that loses no wake-up.
