@@ -56,9 +56,12 @@ func TestCommitFrontier(t *testing.T) {
 		}
 		prev = cm.Offset
 	}
-	if ps, _ := c.partStats("t", 0); ps.Committed != 10 || ps.Frontier != 10 || ps.InFlight != 0 {
-		t.Errorf("after: %+v", ps)
-	}
+	// The watcher sees the commit request before the consumer has its
+	// response: Stats' Committed follows once the broker answered.
+	eventually(t, "Stats after the commit of 10", func() bool {
+		ps, _ := c.partStats("t", 0)
+		return ps.Committed == 10 && ps.Frontier == 10 && ps.InFlight == 0
+	})
 }
 
 // Offsets that never arrive (transaction markers) do not stall the frontier.
