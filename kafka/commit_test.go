@@ -173,16 +173,4 @@ func TestTrackerCompacts(t *testing.T) {
 	}
 }
 
-func TestSatMul(t *testing.T) {
-	if got := satMul(time.Hour*1000000, 1<<40); got != time.Duration(1<<63-1) {
-		t.Fatalf("satMul wrapped: %v", got)
-	}
-	if got := satMul(time.Second, 3); got != 3*time.Second {
-		t.Fatal(got)
-	}
-	if got := satMul(-time.Second, 3); got != 0 {
-		t.Fatal(got)
-	}
-}
-
 var _ = time.Second

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/internal/durations"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -123,7 +124,7 @@ func (c *Consumer) produceDeadLetter(ctx context.Context, it *item, cause error,
 			return ctx.Err()
 		case <-t.C:
 		}
-		backoff = min(satMul(backoff, 2), 10*time.Second)
+		backoff = min(durations.Mul(backoff, 2), 10*time.Second)
 	}
 }
 

@@ -269,15 +269,3 @@ func WithMaxPollRecords(n int) Option {
 		return nil
 	}
 }
-
-// satMul returns d*n, saturating at the largest time.Duration instead of
-// wrapping; d and n are not negative.
-func satMul(d time.Duration, n int64) time.Duration {
-	if d <= 0 || n <= 0 {
-		return 0
-	}
-	if d > time.Duration(1<<63-1)/time.Duration(n) {
-		return time.Duration(1<<63 - 1)
-	}
-	return d * time.Duration(n)
-}
