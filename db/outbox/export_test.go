@@ -1,5 +1,7 @@
 package outbox
 
+import "context"
+
 // Crash makes the relay stop like a crashed process when Run's context
 // ends: no final marking of published rows, no release of its leases.
 // Call before Run.
@@ -8,3 +10,7 @@ func Crash(r *Relay) { r.crash = true }
 // NoMark makes the relay never mark published rows sent: as if it crashed
 // right after each publish. Call before Run.
 func NoMark(r *Relay) { r.noMark = true }
+
+// Renew renews the relay's leases now, as its renewer does every third of
+// the lease duration.
+func Renew(r *Relay) { r.renew(context.Background()) }

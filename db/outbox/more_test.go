@@ -198,46 +198,6 @@ func TestLateCommittedRowOnBusyKey(t *testing.T) {
 	}
 }
 
-// A relay restarted under the same owner name takes its dead predecessor's
-// leases back at once (the lease here lasts an hour), and republishes what
-// was not marked.
-func TestRestartWithSameOwner(t *testing.T) {
-	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
-		ob := newOutbox(t, db)
-		const keys, perKey = 5, 4
-		writeEvents(t, ob, keys, perKey, 50)
-		opts := []outbox.RelayOption{outbox.WithLogger(quiet), outbox.WithPollInterval(10 * time.Millisecond),
-			outbox.WithLeaseDuration(time.Hour), outbox.WithOwner("orders-relay-1")}
-		first := newRecorder(keys * perKey)
-		a, err := ob.NewRelay(first.sink, opts...)
-		require.NoError(t, err)
-		outbox.NoMark(a)
-		outbox.Crash(a)
-		ctx, cancel := context.WithCancel(context.Background())
-		errc := make(chan error, 1)
-		go func() { errc <- a.Run(ctx) }()
-		first.wait(t, 30*time.Second)
-		cancel()
-		require.ErrorIs(t, <-errc, context.Canceled)
-
-		// Another name would wait an hour for those leases.
-		other := newRecorder(1)
-		c, err := ob.NewRelay(other.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
-		require.NoError(t, err)
-		stopC := runRelay(t, c)
-		second := newRecorder(keys * perKey)
-		b, err := ob.NewRelay(second.sink, opts...)
-		require.NoError(t, err)
-		stop := runRelay(t, b)
-		second.wait(t, 30*time.Second)
-		stop()
-		stopC()
-		require.Zero(t, second.check(t, keys, perKey))
-		require.Zero(t, other.total, "a relay of another name got none of the leased keys")
-		require.Empty(t, counts(t, ob))
-	})
-}
-
 // A sink call that overruns WithSinkTimeout is a failed attempt; once the
 // attempts are spent the row is dead with the deadline error.
 func TestSinkTimeout(t *testing.T) {

@@ -52,6 +52,10 @@ var (
 	ErrClosed = errors.New("outbox: relay closed")
 	// ErrNilSink is returned by NewRelay for a nil sink.
 	ErrNilSink = errors.New("outbox: nil sink")
+	// ErrSchemaOutdated is wrapped by Run's error when the lease table
+	// lacks the token column (created by an older version of this
+	// package): run CreateSchema (or see Schema) first.
+	ErrSchemaOutdated = errors.New("outbox: lease table has no token column: run CreateSchema")
 )
 
 // MaxKeyLen and MaxTypeLen bound an event's key and type, in bytes.
@@ -165,6 +169,14 @@ func (o *Outbox) Table() string { return o.table }
 // and (on PostgreSQL) the trigger that notifies relays of new rows, in order.
 // Each is idempotent (IF NOT EXISTS, OR REPLACE). Use it to put the schema
 // into your own migrations.
+//
+// Upgrading: the lease table gained a token column (each relay's fencing
+// token, see WithOwner). On PostgreSQL Schema includes ALTER TABLE ... ADD
+// COLUMN IF NOT EXISTS token TEXT. SQLite has no such clause: CreateSchema
+// adds the column when the table lacks it; with your own migrations, run
+// ALTER TABLE <table>_lease ADD COLUMN token TEXT once. A relay refuses to
+// run (Run returns an error wrapping ErrSchemaOutdated) on a lease table
+// without it.
 func (o *Outbox) Schema() []string { return schema(o.dialect, o.table) }
 
 // CreateSchema runs Schema's statements in one transaction. It is
@@ -183,6 +195,20 @@ func (o *Outbox) CreateSchema(ctx context.Context) error {
 	for _, stmt := range o.Schema() {
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
 			return fmt.Errorf("outbox: create schema: %w\n%s", err, stmt)
+		}
+	}
+	if o.dialect == SQLite {
+		// A lease table created before the token column: SQLite has no
+		// ADD COLUMN IF NOT EXISTS (PostgreSQL's Schema has it).
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = 'token'`, o.table+"_lease").Scan(&n); err != nil {
+			return fmt.Errorf("outbox: create schema: %w", err)
+		}
+		if n == 0 {
+			stmt := sqliteAddToken(o.table)
+			if _, err := tx.ExecContext(ctx, stmt); err != nil {
+				return fmt.Errorf("outbox: create schema: %w\n%s", err, stmt)
+			}
 		}
 	}
 	if err := tx.Commit(); err != nil {

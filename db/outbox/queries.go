@@ -32,8 +32,11 @@ func schema(d Dialect, t string) []string {
 			`CREATE TABLE IF NOT EXISTS ` + t + `_lease (
 	key        TEXT PRIMARY KEY,
 	owner      TEXT NOT NULL,
-	expires_at TIMESTAMPTZ NOT NULL
+	expires_at TIMESTAMPTZ NOT NULL,
+	token      TEXT
 )`,
+			// A lease table created before the token column (idempotent).
+			`ALTER TABLE ` + t + `_lease ADD COLUMN IF NOT EXISTS token TEXT`,
 			`CREATE INDEX IF NOT EXISTS ` + t + `_lease_owner ON ` + t + `_lease (owner)`,
 			`CREATE OR REPLACE FUNCTION ` + t + `_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -65,10 +68,17 @@ $$`,
 		`CREATE TABLE IF NOT EXISTS ` + t + `_lease (
 	key        TEXT PRIMARY KEY,
 	owner      TEXT NOT NULL,
-	expires_at INTEGER NOT NULL
+	expires_at INTEGER NOT NULL,
+	token      TEXT
 )`,
 		`CREATE INDEX IF NOT EXISTS ` + t + `_lease_owner ON ` + t + `_lease (owner)`,
 	}
+}
+
+// sqliteAddToken adds the token column to a SQLite lease table created
+// before it (CreateSchema checks that it is missing first).
+func sqliteAddToken(t string) string {
+	return `ALTER TABLE ` + t + `_lease ADD COLUMN token TEXT`
 }
 
 // queries holds the dialect's statements, with placeholders already in the
@@ -85,7 +95,9 @@ type queries struct {
 	acquireInsert, acquireTakeover     string // Postgres
 	acquireUpsert                      string // SQLite: %s is the VALUES list
 	fetch                              string
-	markSentDelete, markSentUpdate     string // prefix; the seq list is appended
+	markSentDelete, markSentUpdate     string // SQLite: a prefix; the seq list and markSentSuffix are appended
+	markSentSuffix                     string
+	probeToken                         string // fails when the lease table lacks the token column
 	markDead, cleanup                  string
 	listenChannel, notifyChannelQuoted string
 }
@@ -102,40 +114,50 @@ func newQueries(d Dialect, t string) queries {
 	q.moveDead = r(`UPDATE ` + t + ` SET state = ? WHERE seq = (SELECT MIN(seq) FROM ` + t + ` WHERE key = ? AND state = 2) AND key = ? AND state = 2`)
 	q.countStates = `SELECT state, COUNT(*) FROM ` + t + ` GROUP BY state`
 
-	notLeased := `NOT EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.expires_at > ? AND l.owner <> ?)`
+	// A lease is this relay's when both its owner name and its token are
+	// (the token alone is unique per relay; the name guards against a relay
+	// of an older version, which rewrites owner but not token). A lease of
+	// another token is free only once expired.
+	notLeased := `NOT EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.expires_at > ? AND (l.owner <> ? OR l.token IS NOT ?))`
 	notDead := ` AND NOT EXISTS (SELECT 1 FROM ` + t + ` x WHERE x.key = o.key AND x.state = 2)`
+	// Marks of this relay's rows, only on keys whose lease it still holds.
+	held := `EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.owner = ? AND l.token = ?)`
 	if d == Postgres {
-		notLeased = `NOT EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.expires_at > now() AND l.owner <> ?)`
-		q.renew = `UPDATE ` + l + ` SET expires_at = now() + $2::bigint * interval '1 microsecond' WHERE owner = $1 RETURNING key`
-		q.release = `DELETE FROM ` + l + ` WHERE owner = $1 AND key = ANY($2)`
-		q.acquireInsert = `INSERT INTO ` + l + ` (key, owner, expires_at)
-	SELECT k, $2, now() + $3::bigint * interval '1 microsecond' FROM unnest($1::text[]) AS k ORDER BY k
+		notLeased = `NOT EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.expires_at > now() AND (l.owner <> ? OR l.token IS DISTINCT FROM ?))`
+		q.renew = `UPDATE ` + l + ` SET expires_at = now() + $3::bigint * interval '1 microsecond' WHERE owner = $1 AND token = $2 RETURNING key`
+		q.release = `DELETE FROM ` + l + ` WHERE owner = $1 AND token = $2 AND key = ANY($3)`
+		q.acquireInsert = `INSERT INTO ` + l + ` (key, owner, expires_at, token)
+	SELECT k, $2, now() + $3::bigint * interval '1 microsecond', $4 FROM unnest($1::text[]) AS k ORDER BY k
 	ON CONFLICT (key) DO NOTHING RETURNING key`
-		q.acquireTakeover = `UPDATE ` + l + ` AS l SET owner = $2, expires_at = now() + $3::bigint * interval '1 microsecond'
-	FROM (SELECT key FROM ` + l + ` WHERE key = ANY($1) AND (expires_at <= now() OR owner = $2) ORDER BY key FOR UPDATE SKIP LOCKED) AS c
+		q.acquireTakeover = `UPDATE ` + l + ` AS l SET owner = $2, token = $4, expires_at = now() + $3::bigint * interval '1 microsecond'
+	FROM (SELECT key FROM ` + l + ` WHERE key = ANY($1) AND (expires_at <= now() OR (owner = $2 AND token = $4)) ORDER BY key FOR UPDATE SKIP LOCKED) AS c
 	WHERE l.key = c.key RETURNING l.key`
 		q.fetch = `SELECT o.seq, o.id, o.key, o.type, o.payload, o.headers, o.created_at, o.attempts
 	FROM unnest($1::text[], $2::bigint[]) AS c(key, after)
 	CROSS JOIN LATERAL (SELECT * FROM ` + t + ` o WHERE o.key = c.key AND o.state = 0 AND o.seq > c.after ORDER BY o.seq LIMIT $3) AS o
 	ORDER BY o.seq LIMIT $4`
-		q.markSentDelete = `DELETE FROM ` + t + ` WHERE state = 0 AND seq = ANY($1)`
-		q.markSentUpdate = `UPDATE ` + t + ` SET state = 1, done_at = now() WHERE state = 0 AND seq = ANY($1)`
-		q.markDead = `UPDATE ` + t + ` SET state = 2, attempts = attempts + $2, last_error = $3, done_at = now() WHERE seq = $1 AND state = 0`
+		pgHeld := `EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.owner = $2 AND l.token = $3)`
+		q.markSentDelete = `DELETE FROM ` + t + ` AS o WHERE o.state = 0 AND o.seq = ANY($1) AND ` + pgHeld + ` RETURNING o.seq`
+		q.markSentUpdate = `UPDATE ` + t + ` AS o SET state = 1, done_at = now() WHERE o.state = 0 AND o.seq = ANY($1) AND ` + pgHeld + ` RETURNING o.seq`
+		q.markDead = `UPDATE ` + t + ` AS o SET state = 2, attempts = o.attempts + $4, last_error = $5, done_at = now() WHERE o.seq = $1 AND o.state = 0 AND ` + pgHeld
 		q.cleanup = `DELETE FROM ` + t + ` WHERE seq IN (SELECT seq FROM ` + t + ` WHERE state = 1 AND done_at < now() - $1::bigint * interval '1 microsecond' ORDER BY seq LIMIT $2)`
 		q.listenChannel = t
 	} else {
-		q.renew = `UPDATE ` + l + ` SET expires_at = ? WHERE owner = ? RETURNING key`
-		q.release = `DELETE FROM ` + l + ` WHERE owner = ? AND key IN `
-		q.acquireUpsert = `INSERT INTO ` + l + ` (key, owner, expires_at) VALUES %s
-	ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at
-	WHERE ` + l + `.expires_at <= ? OR ` + l + `.owner = excluded.owner RETURNING key`
+		q.renew = `UPDATE ` + l + ` SET expires_at = ? WHERE owner = ? AND token = ? RETURNING key`
+		q.release = `DELETE FROM ` + l + ` WHERE owner = ? AND token = ? AND key IN `
+		q.acquireUpsert = `INSERT INTO ` + l + ` (key, owner, expires_at, token) VALUES %s
+	ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at, token = excluded.token
+	WHERE ` + l + `.expires_at <= ? OR (` + l + `.owner = excluded.owner AND ` + l + `.token = excluded.token) RETURNING key`
 		q.fetch = `SELECT ` + rowCols + ` FROM ` + t + ` WHERE key = ? AND state = 0 AND seq > ? ORDER BY seq LIMIT ?`
-		q.markSentDelete = `DELETE FROM ` + t + ` WHERE state = 0 AND seq IN `
-		q.markSentUpdate = `UPDATE ` + t + ` SET state = 1, done_at = ? WHERE state = 0 AND seq IN `
-		q.markDead = `UPDATE ` + t + ` SET state = 2, attempts = attempts + ?, last_error = ?, done_at = ? WHERE seq = ? AND state = 0`
+		// The seq list and markSentSuffix are appended.
+		q.markSentDelete = `DELETE FROM ` + t + ` AS o WHERE o.state = 0 AND ` + held + ` AND o.seq IN `
+		q.markSentUpdate = `UPDATE ` + t + ` AS o SET state = 1, done_at = ? WHERE o.state = 0 AND ` + held + ` AND o.seq IN `
+		q.markSentSuffix = ` RETURNING seq`
+		q.markDead = `UPDATE ` + t + ` AS o SET state = 2, attempts = o.attempts + ?, last_error = ?, done_at = ? WHERE o.seq = ? AND o.state = 0 AND ` + held
 		q.cleanup = `DELETE FROM ` + t + ` WHERE seq IN (SELECT seq FROM ` + t + ` WHERE state = 1 AND done_at < ? ORDER BY seq LIMIT ?)`
 	}
-	q.releaseAll = r(`DELETE FROM ` + l + ` WHERE owner = ?`)
+	q.releaseAll = r(`DELETE FROM ` + l + ` WHERE owner = ? AND token = ?`)
+	q.probeToken = `SELECT token FROM ` + l + ` LIMIT 0`
 	// The keys with pending rows, walked in key order from a cursor one
 	// index probe per key (a loose index scan on the pending rows' (key,
 	// seq) index), at most a given number of keys per call, each with

@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/db/sqldb"
 )
 
 // A Sink publishes one event: to a broker, a bus, an HTTP endpoint. It
@@ -300,6 +301,7 @@ type Relay struct {
 	sched *keysched.Scheduler[string]
 	log   *slog.Logger
 	epoch time.Time
+	token string // fencing token: unique to this Relay, stored in its lease rows
 
 	wake     chan struct{} // loop wake-up (cap 1)
 	flushSig chan struct{} // flusher wake-up (cap 1)
@@ -348,6 +350,11 @@ type tenure struct {
 	key      string
 	deadline atomic.Int64 // r.mono() nanoseconds at which the lease ends locally
 	lost     atomic.Bool
+	// fenced ends when the database shows the lease taken by another
+	// token (a renewal or a mark found it gone): the sink call in flight
+	// on the key is cancelled.
+	fenced   context.Context
+	cancel   context.CancelFunc
 	after    int64 // highest seq submitted in this tenure (loop goroutine)
 	born     int64 // r.mono() when claimed
 	inflight int   // rows of this tenure not settled (r.mu)
@@ -359,6 +366,22 @@ type tenure struct {
 	// PostgreSQL transactions on one key committing out of insert order)
 	// waits behind the cursor.
 	draining bool
+}
+
+func newTenure(key string, born, deadline int64) *tenure {
+	t := &tenure{key: key, born: born}
+	t.deadline.Store(deadline)
+	t.fenced, t.cancel = context.WithCancel(context.Background())
+	return t
+}
+
+// fence marks the tenure lost because its lease is no longer this relay's in
+// the database, and cancels the key's sink call in flight. It reports
+// whether the tenure was not lost before.
+func (t *tenure) fence() bool {
+	first := !t.lost.Swap(true)
+	t.cancel()
+	return first
 }
 
 type job struct {
@@ -405,7 +428,7 @@ func (o *Outbox) NewRelay(sink Sink, opts ...RelayOption) (*Relay, error) {
 		cfg.owner = uuid.NewString()
 	}
 	r := &Relay{
-		o: o, sink: sink, cfg: cfg, log: cfg.logger, epoch: time.Now(),
+		o: o, sink: sink, cfg: cfg, log: cfg.logger, epoch: time.Now(), token: uuid.NewString(),
 		wake: make(chan struct{}, 1), flushSig: make(chan struct{}, 1),
 		closing: make(chan struct{}), done: make(chan struct{}),
 		keys: map[string]*tenure{},
@@ -446,6 +469,11 @@ func (r *Relay) Scheduler() *keysched.Scheduler[string] { return r.sched }
 
 // Owner returns the relay's name in the lease table.
 func (r *Relay) Owner() string { return r.cfg.owner }
+
+// Token returns the relay's fencing token: a random UUID made by NewRelay,
+// unique to this Relay value, stored with its name in each lease row it
+// holds (column token). See WithOwner.
+func (r *Relay) Token() string { return r.token }
 
 // RelayStats is a snapshot of a relay's counters, read one by one.
 type RelayStats struct {
@@ -541,6 +569,12 @@ func (r *Relay) Run(ctx context.Context) error {
 		return ErrClosed
 	default:
 	}
+	if _, err := r.o.db.ExecContext(ctx, r.o.q.probeToken); err != nil && sqldb.IsUndefinedColumn(err) {
+		// A lease table of an older schema: claims would fail forever, and
+		// a relay of an older version may be running on it.
+		_ = r.sched.Close(ctx)
+		return fmt.Errorf("%w: %s_lease: %w", ErrSchemaOutdated, r.o.table, err)
+	}
 	bg, cancelBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelBG()
 	var wg sync.WaitGroup
@@ -584,7 +618,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if !r.crash {
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.lease/3)
 		r.flushAll(fctx)
-		if _, e := r.o.db.ExecContext(fctx, r.o.q.releaseAll, r.cfg.owner); e != nil {
+		if _, e := r.o.db.ExecContext(fctx, r.o.q.releaseAll, r.cfg.owner, r.token); e != nil {
 			r.dbError("release leases", e)
 		}
 		cancel()
@@ -728,9 +762,9 @@ func (r *Relay) renew(ctx context.Context) {
 	var keys map[string]bool
 	var err error
 	if r.o.dialect == Postgres {
-		keys, err = r.queryKeys(ctx, r.o.db, r.o.q.renew, r.cfg.owner, r.cfg.lease.Microseconds())
+		keys, err = r.queryKeys(ctx, r.o.db, r.o.q.renew, r.cfg.owner, r.token, r.cfg.lease.Microseconds())
 	} else {
-		keys, err = r.queryKeys(ctx, r.o.db, r.o.q.renew, time.Now().Add(r.cfg.lease).UnixMicro(), r.cfg.owner)
+		keys, err = r.queryKeys(ctx, r.o.db, r.o.q.renew, time.Now().Add(r.cfg.lease).UnixMicro(), r.cfg.owner, r.token)
 	}
 	if err != nil {
 		r.dbError("renew leases", err)
@@ -741,9 +775,9 @@ func (r *Relay) renew(ctx context.Context) {
 	for k, t := range r.keys {
 		if keys[k] {
 			t.deadline.Store(start + int64(r.cfg.lease))
-		} else if !t.lost.Swap(true) {
+		} else if t.fence() {
 			r.st.leasesLost.Add(1)
-			r.log.Warn("outbox relay: lease on key lost (expired and taken over); its rows in flight are given back", "table", r.o.table, "owner", r.cfg.owner)
+			r.log.Warn("outbox relay: lease on key lost (expired and taken over, or taken by another relay); its sink call in flight is cancelled, its rows in flight are given back", "table", r.o.table, "owner", r.cfg.owner, "token", r.token)
 		}
 	}
 }
@@ -774,6 +808,7 @@ func (r *Relay) releaseEnded(ctx context.Context) {
 	r.mu.Lock()
 	for k, t := range r.keys {
 		if t.inflight == 0 && (t.lost.Load() || !t.fetched || t.draining) {
+			t.cancel()
 			delete(r.keys, k)
 			ended = append(ended, k)
 		}
@@ -785,11 +820,11 @@ func (r *Relay) releaseEnded(ctx context.Context) {
 	}
 	var err error
 	if r.o.dialect == Postgres {
-		_, err = r.o.db.ExecContext(ctx, r.o.q.release, r.cfg.owner, ended)
+		_, err = r.o.db.ExecContext(ctx, r.o.q.release, r.cfg.owner, r.token, ended)
 	} else {
 		for len(ended) > 0 && err == nil {
 			n := min(len(ended), 500)
-			args := []any{r.cfg.owner}
+			args := []any{r.cfg.owner, r.token}
 			for _, k := range ended[:n] {
 				args = append(args, k)
 			}
@@ -828,7 +863,10 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 	if r.o.dialect == SQLite {
 		args = append(args, time.Now().UnixMicro())
 	}
-	args = append(args, r.cfg.owner) // a lease of ours with no tenure (a restart under the same name) is free to us
+	// A lease of this relay's token with no tenure (its release failed) is
+	// free to it: it has nothing of the key in flight. A live lease of any
+	// other token is not, whatever its owner name.
+	args = append(args, r.cfg.owner, r.token)
 	rows, err := r.o.db.QueryContext(ctx, q, args...)
 	if err != nil {
 		r.dbError("find keys", err)
@@ -882,7 +920,7 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 	got := map[string]bool{}
 	if r.o.dialect == Postgres {
 		micros := r.cfg.lease.Microseconds()
-		ins, err := r.queryKeys(ctx, r.o.db, r.o.q.acquireInsert, cands, r.cfg.owner, micros)
+		ins, err := r.queryKeys(ctx, r.o.db, r.o.q.acquireInsert, cands, r.cfg.owner, micros, r.token)
 		if err != nil {
 			r.dbError("claim keys", err)
 			return
@@ -896,7 +934,7 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 			}
 		}
 		if len(rest) > 0 {
-			taken, err := r.queryKeys(ctx, r.o.db, r.o.q.acquireTakeover, rest, r.cfg.owner, micros)
+			taken, err := r.queryKeys(ctx, r.o.db, r.o.q.acquireTakeover, rest, r.cfg.owner, micros, r.token)
 			if err != nil {
 				r.dbError("take over expired keys", err)
 			}
@@ -909,14 +947,14 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 		exp := now.Add(r.cfg.lease).UnixMicro()
 		for len(cands) > 0 {
 			n := min(len(cands), 300)
-			args := make([]any, 0, 3*n+1)
+			args := make([]any, 0, 4*n+1)
 			var b strings.Builder
 			for i, k := range cands[:n] {
 				if i > 0 {
 					b.WriteString(", ")
 				}
-				b.WriteString("(?, ?, ?)")
-				args = append(args, k, r.cfg.owner, exp)
+				b.WriteString("(?, ?, ?, ?)")
+				args = append(args, k, r.cfg.owner, exp, r.token)
 			}
 			args = append(args, now.UnixMicro())
 			ks, err := r.queryKeys(ctx, r.o.db, fmt.Sprintf(r.o.q.acquireUpsert, b.String()), args...)
@@ -932,9 +970,7 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 	}
 	r.mu.Lock()
 	for k := range got {
-		t := &tenure{key: k, born: start}
-		t.deadline.Store(start + int64(r.cfg.lease))
-		r.keys[k] = t
+		r.keys[k] = newTenure(k, start, start+int64(r.cfg.lease))
 	}
 	r.st.keysHeld.Store(int64(len(r.keys)))
 	r.mu.Unlock()
@@ -1089,7 +1125,9 @@ func (r *Relay) runJob(ctx context.Context, j *job) error {
 		return nil
 	}
 	sctx, cancel := context.WithDeadline(ctx, r.epoch.Add(time.Duration(dl)))
+	unhook := context.AfterFunc(t.fenced, cancel) // the lease was taken: stop the call
 	err := r.sink(sctx, j.e)
+	unhook()
 	cancel()
 	if err == nil {
 		r.st.published.Add(1)
@@ -1137,11 +1175,26 @@ func (r *Relay) onDeadLetter(dl keysched.DeadLetter[string]) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.lease/3)
 	defer cancel()
+	var res sql.Result
 	var err error
 	if r.o.dialect == Postgres {
-		_, err = r.o.db.ExecContext(ctx, r.o.q.markDead, j.e.Seq, dl.Attempts, msg)
+		res, err = r.o.db.ExecContext(ctx, r.o.q.markDead, j.e.Seq, r.cfg.owner, r.token, dl.Attempts, msg)
 	} else {
-		_, err = r.o.db.ExecContext(ctx, r.o.q.markDead, dl.Attempts, msg, time.Now().UnixMicro(), j.e.Seq)
+		res, err = r.o.db.ExecContext(ctx, r.o.q.markDead, dl.Attempts, msg, time.Now().UnixMicro(), j.e.Seq, r.cfg.owner, r.token)
+	}
+	var n int64
+	if err == nil {
+		n, err = res.RowsAffected()
+	}
+	if err == nil && n == 0 {
+		// The key's lease is no longer ours: another relay holds the key
+		// and decides about the row.
+		if j.t.fence() {
+			r.st.leasesLost.Add(1)
+			r.log.Warn("outbox relay: lease on key lost (taken by another relay) before a failed row was marked dead; the row is left to it", "table", r.o.table, "owner", r.cfg.owner, "token", r.token, "seq", j.e.Seq)
+		}
+		r.abandon(j)
+		return
 	}
 	if err != nil {
 		// Not marked: the row stays pending and its key starts afresh
@@ -1204,7 +1257,11 @@ func (r *Relay) flusher(ctx context.Context, stop <-chan struct{}) {
 }
 
 // flushAll marks every published row sent (or deletes it), in one statement
-// per chunk. On failure the rows stay queued, in order, for the next try.
+// per chunk, only on keys whose lease this relay still holds (its owner name
+// and token). On failure the rows stay queued, in order, for the next try. A
+// row the statement did not mark is on a key whose lease another relay took
+// (or that relay already settled the row): the tenure is fenced and the row
+// given back, pending, to the key's holder, which publishes it again.
 func (r *Relay) flushAll(ctx context.Context) bool {
 	r.fmu.Lock()
 	batch := r.toMark
@@ -1217,27 +1274,43 @@ func (r *Relay) flushAll(ctx context.Context) bool {
 	for i, j := range batch {
 		seqs[i] = j.e.Seq
 	}
+	marked := make(map[int64]bool, len(batch))
+	collect := func(rows *sql.Rows, err error) error {
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var s int64
+			if err := rows.Scan(&s); err != nil {
+				return err
+			}
+			marked[s] = true
+		}
+		return rows.Err()
+	}
 	var err error
 	if r.o.dialect == Postgres {
 		q := r.o.q.markSentDelete
 		if r.cfg.retention > 0 {
 			q = r.o.q.markSentUpdate
 		}
-		_, err = r.o.db.ExecContext(ctx, q, seqs)
+		err = collect(r.o.db.QueryContext(ctx, q, seqs, r.cfg.owner, r.token))
 	} else {
 		err = r.sqliteTx(ctx, func(tx *sql.Tx) error {
 			for len(seqs) > 0 {
 				n := min(len(seqs), 500)
-				args := make([]any, 0, n+1)
+				args := make([]any, 0, n+3)
 				q := r.o.q.markSentDelete
 				if r.cfg.retention > 0 {
 					q = r.o.q.markSentUpdate
 					args = append(args, time.Now().UnixMicro())
 				}
+				args = append(args, r.cfg.owner, r.token)
 				for _, s := range seqs[:n] {
 					args = append(args, s)
 				}
-				if _, err := tx.ExecContext(ctx, q+inList(n), args...); err != nil {
+				if err := collect(tx.QueryContext(ctx, q+inList(n)+r.o.q.markSentSuffix, args...)); err != nil {
 					return err
 				}
 				seqs = seqs[n:]
@@ -1252,9 +1325,17 @@ func (r *Relay) flushAll(ctx context.Context) bool {
 		r.fmu.Unlock()
 		return false
 	}
-	r.st.marked.Add(uint64(len(batch)))
+	r.st.marked.Add(uint64(len(marked)))
 	for _, j := range batch {
-		r.settle(j)
+		if marked[j.e.Seq] {
+			r.settle(j)
+			continue
+		}
+		if j.t.fence() {
+			r.st.leasesLost.Add(1)
+			r.log.Warn("outbox relay: lease on key lost (taken by another relay) before its published rows were marked; they stay pending for the key's holder", "table", r.o.table, "owner", r.cfg.owner, "token", r.token)
+		}
+		r.abandon(j)
 	}
 	return true
 }

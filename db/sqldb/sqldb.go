@@ -189,6 +189,21 @@ func IsUniqueViolation(err error) bool {
 	return false
 }
 
+// IsUndefinedColumn reports whether err says a statement named a column the
+// table does not have: SQLSTATE 42703 on PostgreSQL, SQLITE_ERROR "no such
+// column" on SQLite (a schema older than the statement).
+func IsUndefinedColumn(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code == "42703"
+	}
+	var sqErr *sqlite.Error
+	if errors.As(err, &sqErr) {
+		return sqErr.Code()&0xff == 1 && strings.Contains(sqErr.Error(), "no such column")
+	}
+	return false
+}
+
 // IsRetryable reports whether err is a transient conflict that the same
 // statement may well pass on a second try: a PostgreSQL deadlock (40P01) or
 // serialization failure (40001), SQLite's SQLITE_BUSY or SQLITE_LOCKED.
