@@ -40,8 +40,10 @@
 //	done_at     when the row was marked sent or dead
 //
 // with partial indexes on the pending rows (key, seq), the dead rows and the
-// sent rows, and a lease table (keysched_outbox_lease: key,
-// owner, expires_at). On PostgreSQL a statement-level AFTER INSERT trigger
+// sent rows, and a lease table (keysched_outbox_lease: key, owner,
+// expires_at, token: the holding relay's name and fencing token; see
+// WithOwner). CreateSchema adds the token column to a lease table created by
+// an older version; a relay refuses to run without it (ErrSchemaOutdated). On PostgreSQL a statement-level AFTER INSERT trigger
 // calls pg_notify with the table's name as the channel: a relay that LISTENs
 // is woken when a transaction that wrote events commits, and polls otherwise.
 //
@@ -64,6 +66,13 @@
 //     whose WHERE accepts only an expired lease. A lease lasts
 //     WithLeaseDuration (default 30 s) and the relay renews all of its
 //     leases every third of that.
+//   - A lease row carries the relay's name and a fencing token, unique to
+//     each Relay value (see WithOwner). Renewals, marks and releases match
+//     both, so a relay whose lease was taken over cannot renew it, mark the
+//     key's rows or delete the new holder's lease: its renewal or mark
+//     affects no row, and it stops publishing the key (the sink call in
+//     flight is cancelled, its rows stay pending). Two live relays under one
+//     name are two holders like any others.
 //   - While it holds a key's lease, the relay reads that key's pending rows
 //     in seq order, beyond the last one it took, and submits them to its
 //     keysched scheduler under the key: one at a time per key, in order.
@@ -81,8 +90,11 @@
 // than the database's expiry. A row is published only before that deadline,
 // and the sink's context ends at it. Once a lease is lost (not renewed in
 // time, or found taken by another relay), the relay publishes nothing more of
-// that key: its rows in flight are given back unpublished (they stay pending)
-// and the key is forgotten until claimed again, from its oldest pending row.
+// that key: the sink call in flight is cancelled when a renewal or a mark
+// finds the lease taken, rows published but not yet marked are left
+// unmarked, its rows in flight are given back unpublished (they stay
+// pending) and the key is forgotten until claimed again, from its oldest
+// pending row.
 //
 // What happens when a relay dies holding a lease: its keys stay claimed
 // until their leases expire (at most the lease duration), so their rows wait

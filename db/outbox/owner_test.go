@@ -350,3 +350,93 @@ func TestUpgradeFromSchemaWithoutToken(t *testing.T) {
 		require.Equal(t, map[string]string{key(0): ""}, leaseTokens(t, ob))
 	})
 }
+
+// WithTakeOverOnStart: a relay restarted under the same name after a crash
+// takes its predecessor's live leases (an hour long here) at once and
+// publishes everything from each key's oldest pending row, in order.
+func TestTakeOverOnStartAfterCrash(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ob := newOutbox(t, db)
+		const keys, perKey = 5, 4
+		writeEvents(t, ob, keys, perKey, 50)
+		opts := []outbox.RelayOption{outbox.WithLogger(quiet), outbox.WithPollInterval(10 * time.Millisecond),
+			outbox.WithLeaseDuration(time.Hour), outbox.WithOwner("orders-relay-1")}
+		first := newRecorder(keys * perKey)
+		a, err := ob.NewRelay(first.sink, opts...)
+		require.NoError(t, err)
+		outbox.NoMark(a)
+		outbox.Crash(a)
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() { errc <- a.Run(ctx) }()
+		first.wait(t, 30*time.Second)
+		cancel()
+		require.ErrorIs(t, <-errc, context.Canceled)
+		require.Len(t, leaseTokens(t, ob), keys, "the crashed relay left its leases")
+
+		second := newRecorder(keys * perKey)
+		b, err := ob.NewRelay(second.sink, append(opts, outbox.WithTakeOverOnStart())...)
+		require.NoError(t, err)
+		stop := runRelay(t, b)
+		second.wait(t, 30*time.Second)
+		stop()
+		require.Zero(t, second.check(t, keys, perKey))
+		require.Empty(t, counts(t, ob))
+		require.Empty(t, leaseTokens(t, ob))
+	})
+}
+
+// WithTakeOverOnStart while the predecessor of the name is in fact still
+// running: the new relay takes every key at once; the old one is fenced out
+// (its renewal cancels its sink call in flight) and publishes nothing more.
+// Everything arrives, in order among the new relay's calls.
+func TestTakeOverOnStartFencesLivePredecessor(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ob := newOutbox(t, db)
+		const keys, perKey = 3, 4
+		writeEvents(t, ob, keys, perKey, 50)
+		opts := []outbox.RelayOption{outbox.WithLogger(quiet), outbox.WithPollInterval(5 * time.Millisecond),
+			outbox.WithLeaseDuration(time.Hour), outbox.WithOwner("svc-1")}
+		started := make(chan struct{})
+		ended := make(chan error, 1)
+		var oldCalls atomic.Int32
+		a, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+			if oldCalls.Add(1) == 1 {
+				close(started)
+			}
+			<-ctx.Done() // hangs until fenced
+			if e.Key == key(0) && e.Seq == 1 {
+				ended <- ctx.Err()
+			}
+			return ctx.Err()
+		}, append(opts, outbox.WithKeyBatch(1), outbox.WithBatchSize(1), outbox.WithMaxKeys(1))...)
+		require.NoError(t, err)
+		stopA := runRelay(t, a)
+		<-started // a holds k000 and publishes its first row
+
+		rec := newRecorder(keys * perKey)
+		b, err := ob.NewRelay(rec.sink, append(opts, outbox.WithTakeOverOnStart())...)
+		require.NoError(t, err)
+		stopB := runRelay(t, b)
+		rec.wait(t, 30*time.Second)
+		outbox.Renew(a)
+		select {
+		case err := <-ended:
+			require.ErrorIs(t, err, context.Canceled)
+		case <-time.After(30 * time.Second):
+			t.Fatal("the superseded relay's sink call was not cancelled")
+		}
+		stopB()
+		stopA()
+		require.EqualValues(t, 1, oldCalls.Load(), "the superseded relay published again")
+		require.Zero(t, rec.check(t, keys, perKey))
+		require.Empty(t, counts(t, ob))
+		require.Empty(t, leaseTokens(t, ob))
+	})
+}
+
+func TestTakeOverOnStartNeedsOwner(t *testing.T) {
+	ob := newOutbox(t, dbtest.SQLite(t))
+	_, err := ob.NewRelay(func(context.Context, outbox.Event) error { return nil }, outbox.WithTakeOverOnStart())
+	require.ErrorIs(t, err, outbox.ErrInvalidOption)
+}

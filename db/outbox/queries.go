@@ -91,6 +91,7 @@ type queries struct {
 
 	// relay
 	renew, release, releaseAll         string
+	releaseOthers                      string // WithTakeOverOnStart
 	candidates, candidatesPark         string
 	acquireInsert, acquireTakeover     string // Postgres
 	acquireUpsert                      string // SQLite: %s is the VALUES list
@@ -157,6 +158,7 @@ func newQueries(d Dialect, t string) queries {
 		q.cleanup = `DELETE FROM ` + t + ` WHERE seq IN (SELECT seq FROM ` + t + ` WHERE state = 1 AND done_at < ? ORDER BY seq LIMIT ?)`
 	}
 	q.releaseAll = r(`DELETE FROM ` + l + ` WHERE owner = ? AND token = ?`)
+	q.releaseOthers = r(`DELETE FROM ` + l + ` WHERE owner = ? AND (token IS NULL OR token <> ?)`)
 	q.probeToken = `SELECT token FROM ` + l + ` LIMIT 0`
 	// The keys with pending rows, walked in key order from a cursor one
 	// index probe per key (a loose index scan on the pending rows' (key,

@@ -67,6 +67,7 @@ type relayConfig struct {
 	logger      *slog.Logger
 	owner       string
 	onDead      func(DeadEvent)
+	takeOver    bool
 	schedOpts   []keysched.Option
 }
 
@@ -225,9 +226,30 @@ func WithLogger(l *slog.Logger) RelayOption {
 	}
 }
 
-// WithOwner names the relay in the lease table (default a random UUID): it
-// must be unique among the relays running on one outbox; a relay that
-// restarts with the same name takes its old leases back at once.
+// WithOwner names the relay in the lease table's owner column (default a
+// random UUID), for operators and logs: which service instance holds which
+// key. 1 to 256 bytes.
+//
+// The name is not what makes a lease a relay's: each Relay also gets a
+// fencing token (Token, a random UUID per NewRelay) stored with the name in
+// every lease row it takes, and claims, renewals, marks (sent or dead) and
+// releases all require both. So relays sharing a name are safe: two replicas
+// configured alike, or a restart or rolling deploy while the old process
+// still runs each hold their own keys, and a key is published by one of them
+// at a time, in order. A relay whose lease was taken (after it expired)
+// finds out at its next renewal or mark (0 rows), cancels the key's sink
+// call in flight, gives its rows back unmarked (they stay pending for the
+// new holder, which publishes them again: duplicates, never a loss) and
+// never touches the new holder's lease.
+//
+// The price: a relay restarted under the same name gets no head start. A
+// live lease of another token is never taken, whatever its name, because a
+// process that still holds it may still be publishing; a crashed relay's
+// keys wait until their leases expire (WithLeaseDuration), as they would for
+// a relay of another name. Close releases a relay's leases, so a graceful
+// restart hands the keys over at once. A deployment that runs at most one
+// process per name can have the fast restart after a crash back with
+// WithTakeOverOnStart.
 func WithOwner(name string) RelayOption {
 	return func(c *relayConfig) error {
 		if name == "" || len(name) > 256 {
@@ -236,6 +258,24 @@ func WithOwner(name string) RelayOption {
 		c.owner = name
 		return nil
 	}
+}
+
+// WithTakeOverOnStart makes Run start by releasing the leases held under
+// this relay's WithOwner name by other relays (other tokens), so that the
+// keys of a crashed predecessor of that name are claimed at once instead of
+// when their leases expire. It needs WithOwner (NewRelay fails without it).
+//
+// Use it only where at most one process runs under the name (say, one
+// process per SQLite file, restarted by a supervisor): if the predecessor is
+// in fact still running, it is fenced out (its next renewal or mark finds
+// its leases gone: it cancels its sink calls in flight, marks nothing more
+// and stops publishing those keys), but a sink call it has in flight when
+// Run starts can overlap the new relay's first call on the same key, and
+// land after it: per-key order is then not guaranteed at that moment.
+// Without this option, relays sharing a name are as safe as relays with
+// different names (see WithOwner).
+func WithTakeOverOnStart() RelayOption {
+	return func(c *relayConfig) error { c.takeOver = true; return nil }
 }
 
 // WithOnDead sets a function called after a row was marked dead, with the
@@ -425,6 +465,9 @@ func (o *Outbox) NewRelay(sink Sink, opts ...RelayOption) (*Relay, error) {
 	}
 	cfg.poll = min(cfg.poll, cfg.lease/3)
 	if cfg.owner == "" {
+		if cfg.takeOver {
+			return nil, badOption("WithTakeOverOnStart without WithOwner: a random name has no predecessor")
+		}
 		cfg.owner = uuid.NewString()
 	}
 	r := &Relay{
@@ -574,6 +617,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		// a relay of an older version may be running on it.
 		_ = r.sched.Close(ctx)
 		return fmt.Errorf("%w: %s_lease: %w", ErrSchemaOutdated, r.o.table, err)
+	}
+	if r.cfg.takeOver {
+		// The predecessor's keys are free at once (see WithTakeOverOnStart).
+		if res, err := r.o.db.ExecContext(ctx, r.o.q.releaseOthers, r.cfg.owner, r.token); err != nil {
+			r.dbError("take over the leases of the relay's name", err)
+		} else if n, _ := res.RowsAffected(); n > 0 {
+			r.log.Info("outbox relay: took over the leases of a previous relay of the same name", "table", r.o.table, "owner", r.cfg.owner, "keys", n)
+		}
 	}
 	bg, cancelBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelBG()

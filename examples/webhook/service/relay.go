@@ -36,6 +36,10 @@ func startRelay(ctx context.Context, s *Service, schedOpts ...keysched.Option) (
 		outbox.WithLeaseDuration(s.cfg.LeaseDuration),
 		outbox.WithPollInterval(s.cfg.PollInterval),
 		outbox.WithOwner(s.cfg.RelayName),
+		// One process per RelayName: a restart after a crash takes the
+		// dead process's partners back at once (a live one of the same
+		// name would be fenced out; see outbox.WithTakeOverOnStart).
+		outbox.WithTakeOverOnStart(),
 		outbox.WithLogger(s.log),
 		outbox.WithOnDead(func(d outbox.DeadEvent) {
 			s.onPark(d.Key, d.ID, d.Attempts, d.Err)

@@ -100,8 +100,11 @@ type Config struct {
 	PollInterval time.Duration
 	// RelayName names this process's relay in the outbox's lease table.
 	// A process restarted under the same name takes its keys back at once
-	// (after a crash, another name waits for the leases to expire). Two
-	// processes sharing a PostgreSQL database need different names.
+	// (after a crash, another name waits for the leases to expire;
+	// outbox.WithTakeOverOnStart). Two processes sharing a PostgreSQL
+	// database need different names: a second live process of the same
+	// name fences the first out of its partners, at the cost of an overlap
+	// of the calls in flight when it starts.
 	// Default "webhook".
 	RelayName string
 	// LeaseDuration is how long the relay's claim on a partner lasts
