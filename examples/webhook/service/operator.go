@@ -118,6 +118,9 @@ func (s *Service) handleOperatorAction(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, ErrNotParked):
 		http.Error(w, fmt.Sprintf("partner %q is not parked", partner), http.StatusConflict)
 		return
+	case errors.Is(err, ErrClosed):
+		http.Error(w, "the service is shutting down", http.StatusServiceUnavailable)
+		return
 	case err != nil:
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return

@@ -219,7 +219,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s.deliver = d
-	if s.metrics, err = newMetrics(cfg.MeterProvider, s); err != nil {
+	if s.metrics, err = newMetrics(cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("webhook: metrics: %w", err)
 	}
 	if err := s.store.loadPending(ctx, s.backlog); err != nil {
@@ -249,6 +249,11 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s.commit = newCommitter(s.store, s.settleIntake)
+	// Last: from here on a collection may read the whole service.
+	if err := s.metrics.observe(s); err != nil {
+		_ = s.Close(context.Background())
+		return nil, fmt.Errorf("webhook: metrics: %w", err)
+	}
 	if s.schedMet != nil {
 		if err := s.schedMet.Register(s.relay.scheduler()); err != nil {
 			_ = s.Close(context.Background())
@@ -274,6 +279,13 @@ func (s *Service) IntakeHandler() http.Handler {
 // /partners/{partner}/resume and /skip, each logged) and, when
 // Config.MetricsHandler is set, /metrics. Serve it on an address partners
 // cannot reach: it has no authentication of its own.
+//
+// The actions refuse cross-origin requests (403, net/http's
+// CrossOriginProtection, from the Sec-Fetch-Site and Origin headers): being
+// on loopback or an internal network is no protection against a page on
+// another site, opened in the operator's browser, posting a form to
+// /partners/{partner}/skip (cross-site request forgery: an event given up).
+// Requests without those headers (curl, scripts) are let through.
 func (s *Service) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", s.handleOperatorPage)
@@ -281,7 +293,7 @@ func (s *Service) AdminHandler() http.Handler {
 	if s.cfg.MetricsHandler != nil {
 		mux.Handle("GET /metrics", s.cfg.MetricsHandler)
 	}
-	return mux
+	return http.NewCrossOriginProtection().Handler(mux)
 }
 
 // Status returns every partner's backlog, age of its oldest undelivered

@@ -1,0 +1,168 @@
+package service
+
+// Regression tests from an adversarial review of the service (branch
+// break): each failed before its fix.
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/examples/webhook/sim"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+)
+
+// collectingMP is a MeterProvider whose reader collects right after every
+// callback registration: what a PeriodicReader's goroutine or a scrape may
+// do at any moment, forced at the worst one.
+type collectingMP struct {
+	metric.MeterProvider
+	reader *sdkmetric.ManualReader
+
+	mu        sync.Mutex
+	collected []metricdata.ResourceMetrics
+}
+
+func (p *collectingMP) Meter(name string, o ...metric.MeterOption) metric.Meter {
+	return collectingMeter{p.MeterProvider.Meter(name, o...), p}
+}
+
+type collectingMeter struct {
+	metric.Meter
+	p *collectingMP
+}
+
+func (m collectingMeter) RegisterCallback(f metric.Callback, in ...metric.Observable) (metric.Registration, error) {
+	reg, err := m.Meter.RegisterCallback(f, in...)
+	if err == nil {
+		var rm metricdata.ResourceMetrics
+		if cerr := m.p.reader.Collect(context.Background(), &rm); cerr == nil {
+			m.p.mu.Lock()
+			m.p.collected = append(m.p.collected, rm)
+			m.p.mu.Unlock()
+		}
+	}
+	return reg, err
+}
+
+// A collection as soon as the service's gauges were registered: it ran
+// Status on a Service whose relay New had not made yet (nil dereference:
+// the process died). Now the gauges' callback is registered last.
+func TestMetricsCollectedDuringNew(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	sdk := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer sdk.Shutdown(context.Background())
+	mp := &collectingMP{MeterProvider: sdk, reader: reader}
+	newHarness(t, map[string]sim.Behavior{"p": {}}, func(c *Config) { c.MeterProvider = mp })
+	mp.mu.Lock()
+	defer mp.mu.Unlock()
+	found := false
+	for _, rm := range mp.collected {
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if m.Name == MetricBacklog {
+					g := m.Data.(metricdata.Gauge[int64])
+					require.Len(t, g.DataPoints, 1, "one partner")
+					found = true
+				}
+			}
+		}
+	}
+	require.True(t, found, "a collection during New reported the backlog gauge")
+}
+
+// Invalid UTF-8 inside a JSON string passes encoding/json and was accepted
+// (202), then forwarded byte for byte: a body no strict JSON parser takes,
+// retried until its partner is parked (a poison event).
+func TestIntakeRefusesInvalidUTF8(t *testing.T) {
+	h := newHarness(t, map[string]sim.Behavior{"p": {}}, nil)
+	for _, body := range []string{
+		"{\"type\":\"a\",\"data\":{\"s\":\"\xff\xfe\"}}",
+		"{\"type\":\"a\",\"data\":{\"\xc3\":1}}",             // truncated sequence in a key
+		"{\"type\":\"a\",\"data\":{\"s\":\"\xed\xa0\x80\"}}", // an encoded surrogate
+	} {
+		resp, err := http.Post(h.intake.URL+"/events/p", "application/json", bytes.NewBufferString(body))
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode, string(b))
+		require.Contains(t, string(b), "UTF-8")
+	}
+	var n int
+	require.NoError(t, h.store.db.QueryRow(`SELECT COUNT(*) FROM `+h.store.Outbox().Table()).Scan(&n))
+	require.Zero(t, n, "nothing persisted")
+	require.Zero(t, h.status("p").Backlog)
+	// Valid multi-byte UTF-8 is accepted.
+	resp, err := http.Post(h.intake.URL+"/events/p", "application/json", bytes.NewBufferString(`{"type":"a","data":{"s":"Grüße, 世界"}}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusAccepted, resp.StatusCode)
+}
+
+// noRedirect is a client that returns the operator actions' 303 as is.
+var noRedirect = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+func adminPost(t *testing.T, url string, hdr map[string]string) int {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, nil)
+	require.NoError(t, err)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := noRedirect.Do(req)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// The admin handler has no authentication, and its actions were plain POST
+// forms: a page on any site, opened in an operator's browser, could post
+// /partners/{p}/skip to the loopback admin address and give an event up
+// (cross-site request forgery; a form post needs no CORS preflight). Now
+// cross-origin posts are refused with 403 and change nothing.
+func TestOperatorActionsRefuseCrossOrigin(t *testing.T) {
+	h := newHarness(t, map[string]sim.Behavior{"p": {Down: true}}, func(c *Config) {
+		c.Retry = keysched.RetryPolicy{MaxAttempts: 1, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}
+	})
+	h.post("p", 0)
+	h.post("p", 1)
+	require.Eventually(t, func() bool { return len(h.parked()) == 1 }, waitLong, 5*time.Millisecond)
+	skip := h.admin.URL + "/partners/p/skip"
+	for _, hdr := range []map[string]string{
+		{"Sec-Fetch-Site": "cross-site"},
+		{"Sec-Fetch-Site": "same-site"},
+		{"Origin": "https://evil.example"},
+	} {
+		require.Equal(t, http.StatusForbidden, adminPost(t, skip, hdr), "%v", hdr)
+		require.Equal(t, http.StatusForbidden, adminPost(t, h.admin.URL+"/partners/p/resume", hdr), "%v", hdr)
+	}
+	require.Equal(t, []string{"p"}, h.parked(), "still parked")
+	require.Equal(t, 2, h.status("p").Backlog, "nothing skipped")
+	require.Zero(t, h.status("p").Skipped)
+	// The page's own form (same origin) and a script without browser
+	// headers still work.
+	require.Equal(t, http.StatusSeeOther, adminPost(t, skip, map[string]string{"Sec-Fetch-Site": "same-origin"}))
+	require.Equal(t, uint64(1), h.status("p").Skipped)
+	require.Eventually(t, func() bool { return len(h.parked()) == 1 && h.status("p").Backlog == 1 }, waitLong, 5*time.Millisecond)
+	require.Equal(t, http.StatusSeeOther, adminPost(t, skip, nil))
+	require.Equal(t, uint64(2), h.status("p").Skipped)
+}
+
+// An operator action on a closed service was a 500 ("internal error"); it
+// is the shutdown's 503, like the intake's.
+func TestOperatorActionAfterCloseIs503(t *testing.T) {
+	h := newHarness(t, map[string]sim.Behavior{"p": {}}, nil)
+	require.NoError(t, h.svc.Close(t.Context()))
+	for _, a := range []string{"resume", "skip"} {
+		require.Equal(t, http.StatusServiceUnavailable, adminPost(t, h.admin.URL+"/partners/p/"+a, nil), a)
+	}
+}
