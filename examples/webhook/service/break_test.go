@@ -6,8 +6,13 @@ package service
 import (
 	"bytes"
 	"context"
+	"database/sql"
+	"errors"
 	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -165,4 +170,99 @@ func TestOperatorActionAfterCloseIs503(t *testing.T) {
 	for _, a := range []string{"resume", "skip"} {
 		require.Equal(t, http.StatusServiceUnavailable, adminPost(t, h.admin.URL+"/partners/p/"+a, nil), a)
 	}
+}
+
+// Skip read the partner's head (its oldest dead row), then asked the outbox
+// to skip "the oldest dead row": two statements. If, between them, the head
+// was resumed, delivered, and the next event died (a Resume pressed in
+// another tab, a retry budget of 1), the outbox skipped that next event
+// while the service logged and uncounted the first one: an event given up
+// in the name of another, and a backlog that counted the skipped event for
+// ever. The hook forces that interleaving.
+func TestSkipRacingResumeSkipsAndReportsOneEvent(t *testing.T) {
+	t.Run("sqlite", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "webhook.db")
+		testSkipRacingResume(t, func() (*Store, error) { return OpenSQLite(t.Context(), path) })
+	})
+	t.Run("postgres", func(t *testing.T) { testSkipRacingResume(t, postgresStore(t)) })
+}
+
+func testSkipRacingResume(t *testing.T, open func() (*Store, error)) {
+	var (
+		mu      sync.Mutex
+		okID    string // the one event the endpoint accepts
+		arrived = map[string]int{}
+	)
+	ep := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get(HeaderID)
+		mu.Lock()
+		defer mu.Unlock()
+		if id != okID {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		arrived[id]++
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer ep.Close()
+	logs := &syncBuffer{}
+	h := newHarnessOn(t, open, map[string]sim.Behavior{}, func(c *Config) {
+		c.Partners = map[string]string{"p": ep.URL}
+		c.Retry = keysched.RetryPolicy{MaxAttempts: 1, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	})
+	_, x := h.post("p", 0)
+	_, y := h.post("p", 1)
+	head := func() string {
+		id, err := h.store.parkedHead(context.Background(), "p")
+		if err != nil {
+			return ""
+		}
+		return id
+	}
+	require.Eventually(t, func() bool { return head() == x }, waitLong, 5*time.Millisecond)
+	h.svc.relay.beforeSkip = func(string) {
+		// Another operator resumes x; it is delivered; y dies.
+		mu.Lock()
+		okID = x
+		mu.Unlock()
+		require.NoError(t, h.svc.Resume(context.Background(), "p"))
+		require.Eventually(t, func() bool { return head() == y }, waitLong, 5*time.Millisecond)
+	}
+	err := h.svc.Skip(context.Background(), "p")
+	h.svc.relay.beforeSkip = nil
+	var skipped []string
+	rows, qerr := h.store.db.Query(`SELECT id FROM ` + h.store.Outbox().Table() + ` WHERE state = 3`)
+	require.NoError(t, qerr)
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		skipped = append(skipped, id)
+	}
+	require.NoError(t, rows.Close())
+	var undelivered int
+	require.NoError(t, h.store.db.QueryRow(`SELECT COUNT(*) FROM `+h.store.Outbox().Table()+` WHERE state IN (0, 2)`).Scan(&undelivered))
+	// Whatever Skip decided, the backlog is the database's, and what was
+	// logged as skipped is what the outbox marked skipped.
+	require.Equal(t, undelivered, h.status("p").Backlog, "backlog in memory vs undelivered rows (Skip returned %v)", err)
+	for _, id := range skipped {
+		require.Contains(t, logs.String(), "event="+id, "the skipped event is the one logged")
+	}
+	if err == nil {
+		require.Len(t, skipped, 1)
+	} else {
+		require.ErrorIs(t, err, ErrNotParked)
+		require.Empty(t, skipped)
+	}
+}
+
+// parkedHead returns the ID of the partner's oldest dead outbox row (the one
+// Skip gives up next).
+func (s *Store) parkedHead(ctx context.Context, partner string) (string, error) {
+	var id string
+	err := s.db.QueryRowContext(ctx, s.rebind(`SELECT id FROM `+s.ob.Table()+` WHERE key = ? AND state = 2 ORDER BY seq LIMIT 1`), partner).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", ErrNotParked
+	}
+	return id, err
 }

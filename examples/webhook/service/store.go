@@ -172,13 +172,20 @@ JOIN `+s.ob.Table()+` o ON o.id = i.id WHERE o.state IN (0, 2) ORDER BY o.seq`)
 	return nil
 }
 
-// parkedHead returns the ID of the partner's oldest dead outbox row (the one
-// Skip gives up).
-func (s *Store) parkedHead(ctx context.Context, partner string) (string, error) {
+// skipHead makes the partner's oldest dead outbox row skipped (outbox state
+// 3, as outbox.Skip does) and returns its ID, in one statement: the row
+// moved is the row reported. ErrNotParked when the partner has no dead row.
+func (s *Store) skipHead(ctx context.Context, partner string) (string, error) {
+	t := s.ob.Table()
 	var id string
-	err := s.db.QueryRowContext(ctx, s.rebind(`SELECT id FROM `+s.ob.Table()+` WHERE key = ? AND state = 2 ORDER BY seq LIMIT 1`), partner).Scan(&id)
+	err := s.db.QueryRowContext(ctx, s.rebind(`UPDATE `+t+` SET state = 3
+WHERE seq = (SELECT MIN(seq) FROM `+t+` WHERE key = ? AND state = 2) AND key = ? AND state = 2
+RETURNING id`), partner, partner).Scan(&id)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", ErrNotParked
 	}
-	return id, err
+	if err != nil {
+		return "", fmt.Errorf("webhook: skip %q: %w", partner, err)
+	}
+	return id, nil
 }
