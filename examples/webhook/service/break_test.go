@@ -266,3 +266,42 @@ func (s *Store) parkedHead(ctx context.Context, partner string) (string, error) 
 	}
 	return id, err
 }
+
+// A PerDestination limit whose key is not exactly "scheme://host:port" (the
+// port left out, as URLs usually are) or names a host no partner uses was
+// silently ignored: the destination ran with the defaults. Now the key is
+// normalised, and one that matches no destination is an error.
+func TestPerDestinationKeysAreCheckedAndNormalised(t *testing.T) {
+	base := func(per map[string]DestinationLimits) DelivererConfig {
+		return DelivererConfig{
+			Endpoints:      map[string]string{"p": "https://api.example.com/hooks", "q": "http://10.0.0.1:8080/x"},
+			Limits:         DestinationLimits{8, 100, 10},
+			PerDestination: per,
+			Breaker:        BreakerSettings{1, time.Second},
+			Timeout:        time.Second,
+		}
+	}
+	for _, per := range []map[string]DestinationLimits{
+		{"https://other.example.com": {1, 1, 1}},                                         // no partner's
+		{"http://api.example.com": {1, 1, 1}},                                            // wrong scheme: port 80
+		{"api.example.com:443": {1, 1, 1}},                                               // no scheme
+		{"https://api.example.com": {0, 1, 1}},                                           // bad limits
+		{"https://api.example.com": {1, 1, 1}, "https://api.example.com:443": {2, 1, 1}}, // two limits for one
+	} {
+		_, err := NewDeliverer(base(per))
+		require.ErrorIs(t, err, ErrInvalidConfig, "%v", per)
+	}
+	d, err := NewDeliverer(base(map[string]DestinationLimits{
+		"https://api.example.com":   {Concurrency: 1, Rate: 1, Burst: 1},
+		"http://10.0.0.1:8080/path": {Concurrency: 2, Rate: 2, Burst: 2},
+	}))
+	require.NoError(t, err)
+	defer d.Close()
+	// The bulkhead of api.example.com is 1: one slot, then full.
+	dst := d.byPartner["p"]
+	require.Equal(t, "https://api.example.com:443", dst.name)
+	require.True(t, dst.bulkhead.TryAcquire(1))
+	require.False(t, dst.bulkhead.TryAcquire(1), "the PerDestination limit applied")
+	dst.bulkhead.Release(1)
+	require.Equal(t, 2, d.byPartner["q"].limiter.Burst())
+}

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"time"
 
@@ -109,7 +111,8 @@ type DelivererConfig struct {
 	Endpoints map[string]string // partner -> endpoint URL (http or https)
 	Limits    DestinationLimits // applied to every destination
 	// PerDestination overrides Limits for a destination, keyed by
-	// "scheme://host:port".
+	// "scheme://host:port" (without the port, the scheme's default). A key
+	// that is no endpoint's destination is an ErrInvalidConfig.
 	PerDestination map[string]DestinationLimits
 	Breaker        BreakerSettings
 	// Timeout bounds each call from dial to the end of the response body.
@@ -150,6 +153,25 @@ func NewDeliverer(cfg DelivererConfig) (*Deliverer, error) {
 		// A webhook endpoint that redirects is misconfigured: do not follow.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
+	// PerDestination's keys, normalised: "https://api.example.com" is
+	// "https://api.example.com:443". A key that names no partner's
+	// destination is an error: it was silently ignored (a limit written
+	// without the port, or for a host no partner uses, never applied).
+	per := map[string]DestinationLimits{}
+	for k, l := range cfg.PerDestination {
+		u, err := url.Parse(k)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("%w: PerDestination key %q: need scheme://host[:port], http or https", ErrInvalidConfig, k)
+		}
+		if err := l.validate(); err != nil {
+			return nil, fmt.Errorf("PerDestination %q: %w", k, err)
+		}
+		name := destName(u)
+		if prev, ok := per[name]; ok && prev != l {
+			return nil, fmt.Errorf("%w: PerDestination: two different limits for %s", ErrInvalidConfig, name)
+		}
+		per[name] = l
+	}
 	for partner, raw := range cfg.Endpoints {
 		u, err := url.Parse(raw)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -160,10 +182,7 @@ func NewDeliverer(cfg DelivererConfig) (*Deliverer, error) {
 		dst := d.dests[name]
 		if dst == nil {
 			lim := cfg.Limits
-			if o, ok := cfg.PerDestination[name]; ok {
-				if err := o.validate(); err != nil {
-					return nil, err
-				}
+			if o, ok := per[name]; ok {
 				lim = o
 			}
 			dst = &destination{
@@ -191,6 +210,12 @@ func NewDeliverer(cfg DelivererConfig) (*Deliverer, error) {
 			d.dests[name] = dst
 		}
 		d.byPartner[partner] = dst
+	}
+	for name := range per {
+		if d.dests[name] == nil {
+			known := slices.Sorted(maps.Keys(d.dests))
+			return nil, fmt.Errorf("%w: PerDestination %s is no partner's destination (they are %v)", ErrInvalidConfig, name, known)
+		}
 	}
 	return d, nil
 }

@@ -71,7 +71,9 @@ type Config struct {
 	Workers int
 	// Limits applies to every destination (an endpoint's scheme://host:port)
 	// unless PerDestination overrides it. Default Concurrency 8, Rate 200/s,
-	// Burst 50.
+	// Burst 50. PerDestination's keys are "scheme://host[:port]" (the port
+	// defaults to the scheme's); a key that is no partner's destination is
+	// an ErrInvalidConfig.
 	Limits         DestinationLimits
 	PerDestination map[string]DestinationLimits
 	// Breaker configures each destination's circuit breaker. Default: 5
