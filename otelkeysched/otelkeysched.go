@@ -236,10 +236,11 @@ type Metrics[K comparable] struct {
 	waitOpt []metric.RecordOption
 	durOpt  [3][]metric.RecordOption // succeeded, failed, panicked
 
-	mu    sync.Mutex
-	reg   metric.Registration
-	done  bool
-	muted atomic.Bool // Unregister was called: the observer records nothing
+	mu      sync.Mutex
+	reg     metric.Registration
+	release func() // the claim on (meter, attributes); nil when none
+	done    bool
+	muted   atomic.Bool // Unregister was called: the observer records nothing
 }
 
 // New makes the instruments for one scheduler of keys K on mp's Meter
@@ -295,10 +296,18 @@ func (m *Metrics[K]) Observer() keysched.Observer[K] {
 }
 
 // Register reports s's counters and oldest task's age at every collection,
+// under m's attributes. Registering s again on the same MeterProvider with
+// the same attributes (through another Metrics) is refused with an error
+// wrapping ErrRegistered: the SDK would sum the two into one series, every
+// task counted twice. (Two different schedulers with the same attributes
+// are summed too, which is their total; their oldest ages are then one of
+// the two: tell them apart with WithAttributes.)
+//
 // until Unregister. Each collection reads s.Stats and s.OldestAge (which
 // walks s's live keys' heads: see keysched.Scheduler.OldestAge); the age is
 // 0 unless s was made with the Observer (or keysched.WithTaskAges).
-// It returns ErrRegistered if a scheduler is registered already,
+// It returns ErrRegistered if a scheduler is registered already on m, or s
+// with m's attributes on its MeterProvider,
 // ErrUnregistered after Unregister, or the MeterProvider's error.
 func (m *Metrics[K]) Register(s *keysched.Scheduler[K]) error {
 	if s == nil {
@@ -308,13 +317,13 @@ func (m *Metrics[K]) Register(s *keysched.Scheduler[K]) error {
 		return fmt.Errorf("%w: otelkeysched: Metrics made ForSubscription(%q) registers a subscription, not a scheduler",
 			keysched.ErrInvalidOption, m.subscription)
 	}
-	return m.register(func(_ context.Context, o metric.Observer) error {
+	return m.register(s, func(_ context.Context, o metric.Observer) error {
 		m.in.observeStats(o, s.Stats(), m.attrs, s.OldestAge().Seconds())
 		return nil
 	})
 }
 
-func (m *Metrics[K]) register(f metric.Callback) error {
+func (m *Metrics[K]) register(target any, f metric.Callback) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	switch {
@@ -323,11 +332,16 @@ func (m *Metrics[K]) register(f metric.Callback) error {
 	case m.reg != nil:
 		return ErrRegistered
 	}
+	release, err := claim(m.meter, familyScheduler, target, m.attrs)
+	if err != nil {
+		return err
+	}
 	reg, err := m.meter.RegisterCallback(f, m.in.observables...)
 	if err != nil {
+		release()
 		return fmt.Errorf("otelkeysched: %w", err)
 	}
-	m.reg = reg
+	m.reg, m.release = reg, release
 	return nil
 }
 
@@ -344,6 +358,7 @@ func (m *Metrics[K]) Unregister() error {
 	}
 	reg := m.reg
 	m.reg = nil
+	m.release()
 	if err := reg.Unregister(); err != nil {
 		return fmt.Errorf("otelkeysched: %w", err)
 	}
