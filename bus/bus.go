@@ -301,7 +301,8 @@ func (b *Bus[K]) Publish(ctx context.Context, key K, event any) error {
 // skipped, which is not an error (an ejected one counts it in
 // SubStats.Skipped).
 //
-// With a handler's context (or one derived from it) Publish never waits: a
+// With a handler's context or a DeadLetter's Context (or one derived from
+// them) Publish never waits: a
 // full Block subscriber refuses at once, with keysched.ErrKeyFull or
 // keysched.ErrFull.
 //
@@ -339,7 +340,7 @@ func (b *Bus[K]) PublishEnvelope(ctx context.Context, env Envelope[K]) error {
 	if env.Published.IsZero() {
 		env.Published = time.Now()
 	}
-	inTask := keysched.Attempt(ctx) > 0
+	inTask := insideHandler(ctx)
 
 	var refused map[string]error
 	refuse := func(s *sub[K], err error) {
@@ -391,13 +392,13 @@ func (b *Bus[K]) PublishEnvelope(ctx context.Context, env Envelope[K]) error {
 // may also wait for events published while it waits. A subscriber's parked
 // keys (Failure(Park)) hold their events: Drain waits for them to be resumed
 // or skipped. When ctx ends first it returns an error wrapping ctx's error
-// that names a subscriber with unfinished events. With a handler's context it
+// that names a subscriber with unfinished events. With a handler's context (or a DeadLetter's Context) it
 // returns keysched.ErrInsideTask.
 func (b *Bus[K]) Drain(ctx context.Context) error {
 	if ctx == nil {
 		return keysched.ErrNilContext
 	}
-	if keysched.Attempt(ctx) > 0 {
+	if insideHandler(ctx) {
 		return fmt.Errorf("bus: drain: %w", keysched.ErrInsideTask)
 	}
 	for {
@@ -443,13 +444,13 @@ func (b *Bus[K]) liveSubs() []*sub[K] {
 // worker until it returns.
 //
 // Close is idempotent: later calls wait for the first to finish (or their
-// own ctx to end) and return its result. With a handler's context it returns
+// own ctx to end) and return its result. With a handler's context (or a DeadLetter's Context) it returns
 // keysched.ErrInsideTask and does nothing.
 func (b *Bus[K]) Close(ctx context.Context) error {
 	if ctx == nil {
 		return keysched.ErrNilContext
 	}
-	if keysched.Attempt(ctx) > 0 {
+	if insideHandler(ctx) {
 		return fmt.Errorf("bus: close: %w", keysched.ErrInsideTask)
 	}
 	first := false

@@ -28,12 +28,13 @@ func (s *Subscription[K]) Name() string { return s.s.name }
 // are cancelled and the events that did not run are dead-lettered with
 // keysched.ErrAborted; it returns an error wrapping keysched.ErrAborted and
 // ctx's error. Idempotent: later calls wait for the first one's result. With
-// a handler's context it returns keysched.ErrInsideTask and does nothing.
+// a handler's context (or a DeadLetter's Context) it returns
+// keysched.ErrInsideTask and does nothing.
 func (s *Subscription[K]) Unsubscribe(ctx context.Context) error { return s.s.unsubscribe(ctx) }
 
 // Drain waits until every event this subscriber accepted so far has been
 // handled or dead-lettered, or until ctx ends (then the error wraps ctx's).
-// Parked keys hold their events. With a handler's context it returns
+// Parked keys hold their events. With a handler's context (or a DeadLetter's Context) it returns
 // keysched.ErrInsideTask.
 func (s *Subscription[K]) Drain(ctx context.Context) error { return s.s.drain(ctx) }
 
@@ -61,7 +62,7 @@ func (s *sub[K]) unsubscribe(ctx context.Context) error {
 	if ctx == nil {
 		return keysched.ErrNilContext
 	}
-	if keysched.Attempt(ctx) > 0 {
+	if insideHandler(ctx) {
 		return fmt.Errorf("bus: unsubscribe %q: %w", s.name, keysched.ErrInsideTask)
 	}
 	b := s.bus
