@@ -5,7 +5,12 @@ package bus
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/keysched/keysched"
 	"github.com/stretchr/testify/require"
@@ -93,4 +98,116 @@ func TestCloseFromAbortedDeadLetter(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, b.Close(gaveUp), keysched.ErrAborted)
 	require.ErrorIs(t, recv(t, inner, "the inner Close"), keysched.ErrInsideTask)
+}
+
+// Resume and Skip racing each other on the same parked key, while handlers
+// run, fail, time out and eject the subscriber, in fake time (synctest),
+// over several seeds: every event ends exactly once (succeeded, or
+// dead-lettered and never succeeded), succeeded events of a key ran in
+// publication order, nothing stays pending, Close returns. (Passed: no
+// finding; kept as a guard.)
+func TestResumeSkipRaceWithEjection(t *testing.T) {
+	for seed := range uint64(6) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { resumeSkipRace(t, seed) })
+		})
+	}
+}
+
+func resumeSkipRace(t *testing.T, seed uint64) {
+	ctx := t.Context()
+	rng := rand.New(rand.NewPCG(seed, 7))
+	b, err := New[string](WithWorkers(3), WithLogger(quiet))
+	require.NoError(t, err)
+	// The event's fate, by its N: 0 succeed, 1 fail, 2 hang past the timeout.
+	const events = 120
+	fate := make([]int, events)
+	for i := range fate {
+		fate[i] = []int{0, 0, 0, 1, 1, 2}[rng.IntN(6)]
+	}
+	var (
+		mu        sync.Mutex
+		succeeded = map[int]int{}
+		lastOK    = map[string]int{}
+		orderErr  error
+		dead      = map[int]int{}
+	)
+	eject := []SubOption{}
+	if seed%2 == 0 {
+		eject = append(eject, EjectAfter(4))
+	}
+	sub, err := Subscribe(b, "s", func(hctx context.Context, env Envelope[string], ev tick) error {
+		switch fate[ev.N] {
+		case 1:
+			return errors.New("failed")
+		case 2:
+			<-hctx.Done()
+			return hctx.Err()
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		succeeded[ev.N]++
+		if prev, ok := lastOK[env.Key]; ok && prev >= ev.N && orderErr == nil {
+			orderErr = fmt.Errorf("key %s: %d succeeded after %d", env.Key, ev.N, prev)
+		}
+		lastOK[env.Key] = ev.N
+		return nil
+	}, append(eject, Timeout(time.Second), Failure(keysched.Park), DeadLetters(func(dl DeadLetter[string]) {
+		mu.Lock()
+		dead[dl.Envelope.Event.(tick).N]++
+		mu.Unlock()
+	}))...)
+	require.NoError(t, err)
+	keys := []string{"a", "b", "c", "d"}
+	for i := range events {
+		require.NoError(t, b.Publish(ctx, keys[i%len(keys)], tick{i}))
+	}
+	rounds := 0
+	for ; rounds < 10_000; rounds++ {
+		synctest.Wait()
+		parked := sub.Parked()
+		if len(parked) == 0 && sub.Stats().Pending == 0 {
+			break
+		}
+		var wg sync.WaitGroup
+		for _, k := range parked {
+			// Two operators at once on one key: Resume and Skip, or two
+			// of the same.
+			for range 2 {
+				resume := rng.IntN(2) == 0
+				wg.Go(func() {
+					var err error
+					if resume {
+						err = sub.Resume(k)
+					} else {
+						err = sub.Skip(k)
+					}
+					if err != nil && !errors.Is(err, keysched.ErrNotParked) {
+						t.Errorf("key %s: %v", k, err)
+					}
+				})
+			}
+		}
+		wg.Wait()
+		if len(parked) == 0 {
+			time.Sleep(time.Second) // fake time: let a hanging attempt time out
+		}
+	}
+	require.NoError(t, b.Drain(ctx))
+	st := sub.Stats()
+	require.Zero(t, st.Pending)
+	mu.Lock()
+	defer mu.Unlock()
+	require.NoError(t, orderErr)
+	t.Logf("seed %d: %d succeeded, %d dead-lettered, ejected %v, %d rounds", seed, len(succeeded), len(dead), st.Ejected, rounds)
+	for i := range events {
+		switch {
+		case succeeded[i] == 1:
+		case succeeded[i] == 0:
+			require.Positive(t, dead[i], "event %d: neither succeeded nor dead-lettered", i)
+		default:
+			t.Fatalf("event %d succeeded %d times", i, succeeded[i])
+		}
+	}
+	require.NoError(t, b.Close(ctx))
 }
