@@ -211,3 +211,35 @@ func resumeSkipRace(t *testing.T, seed uint64) {
 	}
 	require.NoError(t, b.Close(ctx))
 }
+
+// The dead letters of an ejected subscriber's queued events are made by the
+// bus, not the scheduler: their Context must be set too (a nil one made
+// Close, Drain and Publish from the dead-letter function fail with
+// ErrNilContext instead of ErrInsideTask).
+func TestEjectedDeadLetterHasContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.WithValue(t.Context(), ctxTag{}, "trace-9")
+		b, err := New[string](WithWorkers(2), WithLogger(quiet))
+		require.NoError(t, err)
+		type result struct {
+			tag    any
+			closeE error
+			cancel error
+		}
+		got := make(chan result, 10)
+		_, err = Subscribe(b, "x", sleepy, Timeout(time.Second), EjectAfter(1), DeadLetters(func(dl DeadLetter[string]) {
+			if dl.Attempts == 0 && errors.Is(dl.Err, ErrEjected) {
+				got <- result{dl.Context.Value(ctxTag{}), b.Close(dl.Context), dl.Context.Err()}
+			}
+		}))
+		require.NoError(t, err)
+		require.NoError(t, b.Publish(ctx, "k", tick{0})) // times out: ejected
+		require.NoError(t, b.Publish(ctx, "k", tick{1})) // queued: dead-lettered with ErrEjected
+		require.NoError(t, b.Drain(ctx))
+		r := <-got
+		require.Equal(t, "trace-9", r.tag)
+		require.ErrorIs(t, r.closeE, keysched.ErrInsideTask)
+		require.NoError(t, r.cancel, "never cancelled")
+		require.NoError(t, b.Close(ctx))
+	})
+}

@@ -42,6 +42,15 @@ type DeadLetter[K comparable] struct {
 // an event that never ran (keysched.Attempt is then 0).
 type dlCtxKey struct{}
 
+// dlContext makes a DeadLetter.Context from the scheduler's (or the
+// attempt's, without its cancellation).
+func dlContext(parent context.Context) context.Context {
+	if parent == nil {
+		parent = context.Background()
+	}
+	return context.WithValue(parent, dlCtxKey{}, true)
+}
+
 // insideHandler reports whether ctx is a handler's or a dead-letter
 // function's: a call that waits for the bus's events must not be made
 // with it.
@@ -69,11 +78,7 @@ func (s *sub[K]) onDeadLetter(kdl keysched.DeadLetter[K]) {
 		LastAttempt:  kdl.LastAttempt,
 	}
 	dl.Envelope.Key = kdl.Key
-	parent := kdl.Context
-	if parent == nil {
-		parent = context.Background()
-	}
-	dl.Context = context.WithValue(parent, dlCtxKey{}, true)
+	dl.Context = dlContext(kdl.Context)
 	if kdl.Task != nil {
 		p := envProbe[K]{Context: context.Background()}
 		_ = kdl.Task(&p)
