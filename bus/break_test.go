@@ -235,8 +235,13 @@ func TestEjectedDeadLetterHasContext(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, b.Publish(ctx, "k", tick{0})) // times out: ejected
 		require.NoError(t, b.Publish(ctx, "k", tick{1})) // queued: dead-lettered with ErrEjected
-		require.NoError(t, b.Drain(ctx))
-		r := <-got
+		require.NoError(t, b.Drain(ctx)) // every dead letter was delivered
+		var r result
+		select {
+		case r = <-got:
+		default: // before the fix: the function panicked on the nil Context (recovered, logged)
+			t.Fatal("no dead letter of the ejected event got through the dead-letter function")
+		}
 		require.Equal(t, "trace-9", r.tag)
 		require.ErrorIs(t, r.closeE, keysched.ErrInsideTask)
 		require.NoError(t, r.cancel, "never cancelled")
