@@ -378,33 +378,59 @@ func (o *Outbox) Parked(ctx context.Context) ([]string, error) {
 // when the key has no dead row. Under the Continue policy the key's later rows
 // may have been published already: the resumed row then arrives after them.
 func (o *Outbox) Resume(ctx context.Context, key string) error {
-	return o.moveDead(ctx, key, Pending)
+	_, err := o.moveDead(ctx, key, Pending)
+	return err
 }
 
 // Skip gives up the key's oldest dead row for good (it becomes Skipped, with
 // its error and attempts kept) so that, under Park, the key goes on with its
 // next row. It returns ErrNotParked when the key has no dead row.
 func (o *Outbox) Skip(ctx context.Context, key string) error {
+	_, err := o.SkipHead(ctx, key)
+	return err
+}
+
+// SkipHead is Skip that also returns the ID of the row it gave up, moved and
+// named by one statement. (Reading the key's oldest dead row, then calling
+// Skip, can name another row than the one skipped: the head may be resumed,
+// published, and the next row die in between.) Errors as Skip's.
+func (o *Outbox) SkipHead(ctx context.Context, key string) (id string, err error) {
 	return o.moveDead(ctx, key, Skipped)
 }
 
-func (o *Outbox) moveDead(ctx context.Context, key string, to State) error {
+func (o *Outbox) moveDead(ctx context.Context, key string, to State) (string, error) {
 	if ctx == nil {
-		return keysched.ErrNilContext
+		return "", keysched.ErrNilContext
 	}
-	res, err := o.db.ExecContext(ctx, o.q.moveDead, int(to), key, key)
-	if err != nil {
-		return fmt.Errorf("outbox: %v key %q: %w", to, key, err)
+	// On PostgreSQL (READ COMMITTED) two concurrent moves pick the same
+	// oldest dead row; the second waits for the first's lock, then finds
+	// the row no longer dead and moves nothing, while the key may have
+	// more dead rows: ErrNotParked was reported for a key still parked.
+	// So a move of nothing is retried while the key has a dead row (each
+	// retry follows another caller's committed move: progress).
+	for range maxMoveTries {
+		var id string
+		err := o.db.QueryRowContext(ctx, o.q.moveDead, int(to), key, key).Scan(&id)
+		if err == nil {
+			return id, nil
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return "", fmt.Errorf("outbox: %v key %q: %w", to, key, err)
+		}
+		var one int
+		err = o.db.QueryRowContext(ctx, o.q.hasDead, key).Scan(&one)
+		if errors.Is(err, sql.ErrNoRows) {
+			return "", fmt.Errorf("%w: %q", ErrNotParked, key)
+		}
+		if err != nil {
+			return "", fmt.Errorf("outbox: %v key %q: %w", to, key, err)
+		}
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return fmt.Errorf("outbox: %v key %q: %w", to, key, err)
-	}
-	if n == 0 {
-		return fmt.Errorf("%w: %q", ErrNotParked, key)
-	}
-	return nil
+	return "", fmt.Errorf("outbox: %v key %q: still contended after %d tries", to, key, maxMoveTries)
 }
+
+// maxMoveTries bounds moveDead's retries under contention.
+const maxMoveTries = 1000
 
 // Count returns how many rows are in each state (rows deleted when sent are
 // not counted).

@@ -77,7 +77,7 @@ type queries struct {
 	d     Dialect
 	table string
 
-	insert, listDead, parkedKeys, moveDead, countStates string
+	insert, listDead, parkedKeys, moveDead, hasDead, countStates string
 
 	// relay
 	renew, release, releaseAll         string
@@ -99,7 +99,8 @@ func newQueries(d Dialect, t string) queries {
 	q.insert = r(`INSERT INTO ` + t + ` (id, key, type, payload, headers, created_at) VALUES (?, ?, ?, ?, ?, ?)`)
 	q.listDead = r(`SELECT seq, id, key, type, payload, headers, created_at, attempts, last_error, done_at FROM ` + t + ` WHERE state = 2 ORDER BY seq LIMIT ?`)
 	q.parkedKeys = `SELECT DISTINCT key FROM ` + t + ` WHERE state = 2 ORDER BY key`
-	q.moveDead = r(`UPDATE ` + t + ` SET state = ? WHERE seq = (SELECT MIN(seq) FROM ` + t + ` WHERE key = ? AND state = 2) AND key = ? AND state = 2`)
+	q.moveDead = r(`UPDATE ` + t + ` SET state = ? WHERE seq = (SELECT MIN(seq) FROM ` + t + ` WHERE key = ? AND state = 2) AND key = ? AND state = 2 RETURNING id`)
+	q.hasDead = r(`SELECT 1 FROM ` + t + ` WHERE key = ? AND state = 2 LIMIT 1`)
 	q.countStates = `SELECT state, COUNT(*) FROM ` + t + ` GROUP BY state`
 
 	notLeased := `NOT EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.expires_at > ? AND l.owner <> ?)`

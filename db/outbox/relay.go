@@ -498,11 +498,19 @@ func (r *Relay) Resume(ctx context.Context, key string) error {
 // Skip gives up the key's oldest dead row (Outbox.Skip) and wakes the relay,
 // so that under Park the key goes on with its next row.
 func (r *Relay) Skip(ctx context.Context, key string) error {
-	if err := r.o.Skip(ctx, key); err != nil {
-		return err
+	_, err := r.SkipHead(ctx, key)
+	return err
+}
+
+// SkipHead is Skip that also returns the ID of the row it gave up (see
+// Outbox.SkipHead).
+func (r *Relay) SkipHead(ctx context.Context, key string) (string, error) {
+	id, err := r.o.SkipHead(ctx, key)
+	if err != nil {
+		return "", err
 	}
 	r.signal()
-	return nil
+	return id, nil
 }
 
 func (r *Relay) mono() int64 { return int64(time.Since(r.epoch)) }

@@ -65,22 +65,18 @@ func (rl *relay) resume(ctx context.Context, partner string) error {
 }
 
 // skip gives up the partner's head (its oldest dead row) and returns its ID:
-// one statement that moves the row and returns the ID of the row it moved.
-// (It read the head, then asked the outbox to skip "the oldest dead row": if
-// the head was resumed, delivered and the next event died in between, the
-// outbox skipped that next event while the service logged and uncounted the
-// first, and the backlog counted the skipped event for ever.)
-//
-// The relay is not signalled (the outbox's Skip does that, but cannot say
-// which row it moved): it finds the partner's next rows at its next poll,
-// within Config.PollInterval.
+// outbox's SkipHead moves and names the row in one statement. (Skip read the
+// head, then asked the outbox to skip "the oldest dead row": if the head was
+// resumed, delivered and the next event died in between, the outbox skipped
+// that next event while the service logged and uncounted the first, and the
+// backlog counted the skipped event for ever.)
 func (rl *relay) skip(ctx context.Context, partner string) (string, error) {
 	if rl.beforeSkip != nil {
 		rl.beforeSkip(partner)
 	}
-	id, err := rl.store.skipHead(ctx, partner)
+	id, err := rl.r.SkipHead(ctx, partner)
 	if err != nil {
-		if errors.Is(err, ErrNotParked) {
+		if errors.Is(err, outbox.ErrNotParked) {
 			return "", fmt.Errorf("%w: %q", ErrNotParked, partner)
 		}
 		return "", err

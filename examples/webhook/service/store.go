@@ -3,7 +3,6 @@ package service
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"regexp"
 	"time"
@@ -170,22 +169,4 @@ JOIN `+s.ob.Table()+` o ON o.id = i.id WHERE o.state IN (0, 2) ORDER BY o.seq`)
 		return fmt.Errorf("webhook: loading the backlog: %w", err)
 	}
 	return nil
-}
-
-// skipHead makes the partner's oldest dead outbox row skipped (outbox state
-// 3, as outbox.Skip does) and returns its ID, in one statement: the row
-// moved is the row reported. ErrNotParked when the partner has no dead row.
-func (s *Store) skipHead(ctx context.Context, partner string) (string, error) {
-	t := s.ob.Table()
-	var id string
-	err := s.db.QueryRowContext(ctx, s.rebind(`UPDATE `+t+` SET state = 3
-WHERE seq = (SELECT MIN(seq) FROM `+t+` WHERE key = ? AND state = 2) AND key = ? AND state = 2
-RETURNING id`), partner, partner).Scan(&id)
-	if errors.Is(err, sql.ErrNoRows) {
-		return "", ErrNotParked
-	}
-	if err != nil {
-		return "", fmt.Errorf("webhook: skip %q: %w", partner, err)
-	}
-	return id, nil
 }
