@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -137,10 +138,13 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 	c.metaMax.Store(int64(cfg.metaMax))
 	// A key never holds more than its partition's in-flight bound: with that
 	// key depth, the partition's bound (not the key's) pauses fetching.
+	// The consumer's own dead-letter function and observer come before the
+	// caller's options: the scheduler's key type is the adapter's unexported
+	// schedKey, so a keysched.WithDeadLetter or keysched.WithObserver given
+	// with WithSchedulerOptions can never match it and New refuses it, where
+	// after them it would be replaced silently.
 	sopts := []keysched.Option{keysched.WithRetryPanics(), keysched.WithLogger(cfg.logger),
-		keysched.WithMaxKeyDepth(cfg.maxInFlight)}
-	sopts = append(sopts, cfg.schedOpts...)
-	sopts = append(sopts, keysched.WithDeadLetter(c.deadLetter))
+		keysched.WithMaxKeyDepth(cfg.maxInFlight), keysched.WithDeadLetter(c.deadLetter)}
 	if cfg.meterProvider != nil {
 		obs, err := c.newMetrics() // metrics.go
 		if err != nil {
@@ -148,8 +152,12 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		}
 		sopts = append(sopts, obs)
 	}
+	sopts = append(sopts, cfg.schedOpts...)
 	s, err := keysched.New[schedKey](sopts...)
 	if err != nil {
+		if msg := err.Error(); strings.Contains(msg, "WithDeadLetter") || strings.Contains(msg, "WithObserver") {
+			return nil, fmt.Errorf("%w: WithSchedulerOptions: the consumer sets keysched.WithDeadLetter and keysched.WithObserver itself (use WithDeadLetterTopic and WithMeterProvider): %w", ErrInvalidOption, err)
+		}
 		return nil, fmt.Errorf("%w: scheduler: %w", ErrInvalidOption, err)
 	}
 	c.sched = s
@@ -172,7 +180,7 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		// franz-go's own words for a missing group ("invalid autocommit
 		// options specified when a group was not specified") do not say
 		// what the adapter needs: say it too.
-		return nil, fmt.Errorf("%w: franz-go client: %w (the adapter needs kgo.ConsumerGroup and kgo.ConsumeTopics or kgo.ConsumeRegex in WithClientOptions)", ErrInvalidOption, err)
+		return nil, fmt.Errorf("%w: WithClientOptions: the adapter needs kgo.ConsumerGroup and kgo.ConsumeTopics (or kgo.ConsumeRegex); franz-go says: %w", ErrInvalidOption, err)
 	}
 	group, _ := cl.OptValue(kgo.ConsumerGroup).(string)
 	if group == "" || len(cl.GetConsumeTopics()) == 0 && !isRegex(cl) {
