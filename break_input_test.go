@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/keysched/keysched/internal/zerotest"
 )
 
 // Every call after Close returns an error (or a zero answer), never panics or
@@ -125,4 +127,13 @@ func TestZeroScheduler(t *testing.T) {
 			require.Zero(t, s.OldestAge())
 		})
 	}
+}
+
+// TestZeroSchedulerEveryMethod calls every exported method of a nil and a
+// zero Scheduler by reflection; a method added without a zero check fails.
+func TestZeroSchedulerEveryMethod(t *testing.T) {
+	zerotest.Check[Scheduler[string]](t, ErrZeroScheduler, []string{
+		"Close", "Drain", "KeyAge", "KeyDepth", "Keys", "OldestAge", "Parked",
+		"Resume", "Skip", "Stats", "Submit", "SubmitBatch", "TrySubmit", "TrySubmitBatch",
+	})
 }
