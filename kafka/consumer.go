@@ -49,6 +49,10 @@ type tp struct {
 // so a commit never passes unfinished work; delivery is at-least-once.
 //
 // All methods are safe for concurrent use. Call Run once, and Close to end.
+//
+// The zero Consumer is not usable: use NewConsumer. The methods of a nil or
+// zero Consumer return ErrZeroConsumer (those with an error result) or zero
+// values, and do nothing else.
 type Consumer struct {
 	cfg    config
 	h      Handler
@@ -232,21 +236,38 @@ func isRegex(cl *kgo.Client) bool {
 
 // Client returns the franz-go client, for what the consumer does not wrap
 // (admin requests, producing). Do not poll, commit, pause or close it.
-func (c *Consumer) Client() *kgo.Client { return c.cl }
+func (c *Consumer) Client() *kgo.Client {
+	if c.zero() {
+		return nil
+	}
+	return c.cl
+}
 
 // Group returns the consumer group's name.
-func (c *Consumer) Group() string { return c.group }
+func (c *Consumer) Group() string {
+	if c.zero() {
+		return ""
+	}
+	return c.group
+}
+
+// zero reports a nil Consumer or one not made by NewConsumer.
+func (c *Consumer) zero() bool { return c == nil || c.sched == nil }
 
 // Run fetches records and dispatches them to the scheduler until ctx ends or
 // Close is called. It returns nil after Close, an error wrapping ctx's error
 // when ctx ended (call Close then: it drains, commits and leaves the group),
-// ErrRunning if Run was called before, ErrClosed if Close has started. The
+// ErrRunning if Run was called before, ErrClosed if Close has started,
+// ErrZeroConsumer for a Consumer not made by NewConsumer. The
 // handlers' contexts carry ctx's values, not its cancellation.
 //
 // Run never blocks on a key: a record that finds its key (or the scheduler)
 // full is held back, and its partition paused until room appears;
 // heartbeats and rebalances go on meanwhile.
 func (c *Consumer) Run(ctx context.Context) error {
+	if c.zero() {
+		return ErrZeroConsumer
+	}
 	if ctx == nil {
 		return ErrNilContext
 	}
@@ -656,6 +677,9 @@ func (c *Consumer) committer() {
 // consumer's goroutines have ended, except handlers that ignore their
 // context. Do not call it from a Handler.
 func (c *Consumer) Close(ctx context.Context) error {
+	if c.zero() {
+		return ErrZeroConsumer
+	}
 	if ctx == nil {
 		return ErrNilContext
 	}

@@ -80,6 +80,10 @@ var (
 	ErrNotParked = errors.New("kafka: key is not parked")
 	// ErrNilContext is returned for a nil context.Context.
 	ErrNilContext = errors.New("kafka: nil context")
+	// ErrZeroConsumer is returned by the methods of a nil or zero Consumer
+	// (one not made by NewConsumer) that return an error; the others
+	// return zero values.
+	ErrZeroConsumer = errors.New("kafka: nil or zero Consumer (make one with NewConsumer)")
 )
 
 // An Option configures NewConsumer. A bad value makes NewConsumer fail with
