@@ -46,6 +46,10 @@ type Bus interface {
 
 // A Registration stops reporting what RegisterSubscription or RegisterBus
 // started.
+//
+// The zero Registration is not usable: get one from RegisterSubscription or
+// RegisterBus. Unregister on a nil or zero Registration returns
+// ErrZeroRegistration.
 type Registration struct {
 	once sync.Once
 	reg  metric.Registration
@@ -55,6 +59,9 @@ type Registration struct {
 // Unregister stops reporting: the series are gone from the next collection
 // on. It is idempotent (later calls return the first one's result).
 func (r *Registration) Unregister() error {
+	if r == nil || r.reg == nil {
+		return ErrZeroRegistration
+	}
 	r.once.Do(func() {
 		if err := r.reg.Unregister(); err != nil {
 			r.err = fmt.Errorf("otelkeysched: %w", err)
@@ -128,6 +135,9 @@ func subCallback(in *instruments, sub Subscription, base []attribute.KeyValue, o
 // or a name other than ForSubscription's (wrapping keysched.ErrInvalidOption),
 // ErrRegistered, ErrUnregistered.
 func (m *Metrics[K]) RegisterSubscription(sub Subscription) error {
+	if m.zero() {
+		return ErrZeroMetrics
+	}
 	if sub == nil {
 		return fmt.Errorf("%w: otelkeysched: nil Subscription", keysched.ErrInvalidOption)
 	}
