@@ -29,8 +29,9 @@ var (
 	errType = reflect.TypeFor[error]()
 )
 
-// Problems calls every exported method of recv (a pointer: nil, or new(T)),
-// with context.Background() for each context.Context parameter and zero
+// Problems calls every exported method of a receiver made by recv (a
+// pointer: nil, or new(T); a fresh one for each method, so that one call's
+// effect on a zero value does not hide another's), with context.Background() for each context.Context parameter and zero
 // values for the others (an empty variadic part), and returns one line per
 // thing wrong:
 //
@@ -40,9 +41,8 @@ var (
 //   - another result was not its type's zero value.
 //
 // It returns nil when everything holds. recv must be a pointer type.
-func Problems(recv any, want error, methods []string) []string {
-	v := reflect.ValueOf(recv)
-	typ := v.Type()
+func Problems(recv func() any, want error, methods []string) []string {
+	typ := reflect.TypeOf(recv())
 	if typ.Kind() != reflect.Pointer {
 		return []string{fmt.Sprintf("%v is not a pointer type", typ)}
 	}
@@ -62,7 +62,7 @@ func Problems(recv any, want error, methods []string) []string {
 		}
 	}
 	for _, name := range have {
-		out = append(out, call(v, name, want)...)
+		out = append(out, call(reflect.ValueOf(recv()), name, want)...)
 	}
 	return out
 }
@@ -132,16 +132,16 @@ func describe(v reflect.Value) string {
 	return "zero"
 }
 
-// Check runs Problems on a nil *T and on new(T), as subtests "nil" and
+// Check runs Problems on a nil *T and on new(T) (fresh for each method), as subtests "nil" and
 // "zero", and reports each problem with t.Error.
 func Check[T any](t *testing.T, want error, methods []string) {
 	t.Helper()
 	for _, c := range []struct {
 		name string
-		recv *T
-	}{{"nil", nil}, {"zero", new(T)}} {
+		recv func() *T
+	}{{"nil", func() *T { return nil }}, {"zero", func() *T { return new(T) }}} {
 		t.Run(c.name, func(t *testing.T) {
-			for _, p := range Problems(c.recv, want, methods) {
+			for _, p := range Problems(func() any { return c.recv() }, want, methods) {
 				t.Error(p)
 			}
 		})

@@ -54,7 +54,7 @@ func TestBad(t *testing.T) {
 	Watchdog = 50 * time.Millisecond // the hang is certain: a nil channel never delivers
 	defer func() { Watchdog = old }()
 	for _, recv := range []*bad{nil, new(bad)} {
-		ps := Problems(recv, errZero, []string{"Panics", "WrongErr", "NilErr", "NonZero", "Hangs", "Gone"})
+		ps := Problems(func() any { return recv }, errZero, []string{"Panics", "WrongErr", "NilErr", "NonZero", "Hangs", "Gone"})
 		all := strings.Join(ps, "\n")
 		for _, want := range []string{
 			"no exported method Gone",
@@ -78,7 +78,7 @@ func TestBad(t *testing.T) {
 		}
 	}
 	// A method missing from the list is reported.
-	ps := Problems(new(good), errZero, []string{"Get", "Len"})
+	ps := Problems(func() any { return new(good) }, errZero, []string{"Get", "Len"})
 	if len(ps) != 1 || !strings.Contains(ps[0], "Opts is not in the test's method list") {
 		t.Errorf("unlisted method: got %q", ps)
 	}
