@@ -40,8 +40,9 @@ var (
 //   - an error result was not errors.Is(err, want) (nil included);
 //   - another result was not its type's zero value.
 //
-// It returns nil when everything holds. recv must be a pointer type.
-func Problems(recv func() any, want error, methods []string) []string {
+// A Special replaces the last two rules for its method. It returns nil when
+// everything holds. recv must make a pointer.
+func Problems(recv func() any, want error, methods []string, special ...Special) []string {
 	typ := reflect.TypeOf(recv())
 	if typ.Kind() != reflect.Pointer {
 		return []string{fmt.Sprintf("%v is not a pointer type", typ)}
@@ -62,12 +63,27 @@ func Problems(recv func() any, want error, methods []string) []string {
 		}
 	}
 	for _, name := range have {
-		out = append(out, call(reflect.ValueOf(recv()), name, want)...)
+		var sp func([]any) error
+		for _, s := range special {
+			if s.Method == name {
+				sp = s.Check
+			}
+		}
+		out = append(out, call(reflect.ValueOf(recv()), name, want, sp)...)
 	}
 	return out
 }
 
-func call(v reflect.Value, name string, want error) []string {
+// A Special checks one method's results instead of the default rule, for a
+// result whose zero value would be wrong (a nil http.Handler, say, which
+// http.Server replaces with http.DefaultServeMux). Check gets the results
+// and returns what is wrong with them, or nil.
+type Special struct {
+	Method string
+	Check  func(results []any) error
+}
+
+func call(v reflect.Value, name string, want error, special func([]any) error) []string {
 	m := v.MethodByName(name)
 	mt := m.Type()
 	n := mt.NumIn()
@@ -109,6 +125,16 @@ func call(v reflect.Value, name string, want error) []string {
 	if !r.ok {
 		return []string{fmt.Sprintf("%s panicked: %v", label, r.panic)}
 	}
+	if special != nil {
+		res := make([]any, len(r.outs))
+		for i, o := range r.outs {
+			res[i] = o.Interface()
+		}
+		if err := special(res); err != nil {
+			return []string{fmt.Sprintf("%s: %v", label, err)}
+		}
+		return nil
+	}
 	var out []string
 	for i, o := range r.outs {
 		if mt.Out(i) == errType {
@@ -134,14 +160,14 @@ func describe(v reflect.Value) string {
 
 // Check runs Problems on a nil *T and on new(T) (fresh for each method), as subtests "nil" and
 // "zero", and reports each problem with t.Error.
-func Check[T any](t *testing.T, want error, methods []string) {
+func Check[T any](t *testing.T, want error, methods []string, special ...Special) {
 	t.Helper()
 	for _, c := range []struct {
 		name string
 		recv func() *T
 	}{{"nil", func() *T { return nil }}, {"zero", func() *T { return new(T) }}} {
 		t.Run(c.name, func(t *testing.T) {
-			for _, p := range Problems(func() any { return c.recv() }, want, methods) {
+			for _, p := range Problems(func() any { return c.recv() }, want, methods, special...) {
 				t.Error(p)
 			}
 		})

@@ -77,8 +77,21 @@ func TestBad(t *testing.T) {
 			t.Errorf("%v: Panics reported as panicking: %v:\n%s", describe0(recv), got, all)
 		}
 	}
+	// A Special replaces the default rule for its method.
+	ps := Problems(func() any { return new(bad) }, errZero, []string{"Panics", "WrongErr", "NilErr", "NonZero", "Hangs"},
+		Special{"NonZero", func(res []any) error {
+			if res[0] != "x" {
+				return errors.New("want x")
+			}
+			return nil
+		}},
+		Special{"NilErr", func([]any) error { return errors.New("special said no") }})
+	all := strings.Join(ps, "\n")
+	if strings.Contains(all, ".NonZero") || !strings.Contains(all, ".NilErr: special said no") {
+		t.Errorf("specials not applied:\n%s", all)
+	}
 	// A method missing from the list is reported.
-	ps := Problems(func() any { return new(good) }, errZero, []string{"Get", "Len"})
+	ps = Problems(func() any { return new(good) }, errZero, []string{"Get", "Len"})
 	if len(ps) != 1 || !strings.Contains(ps[0], "Opts is not in the test's method list") {
 		t.Errorf("unlisted method: got %q", ps)
 	}
