@@ -130,7 +130,7 @@ func call(v reflect.Value, name string, want error, special func([]any) error) [
 		for i, o := range r.outs {
 			res[i] = o.Interface()
 		}
-		if err := special(res); err != nil {
+		if err := runSpecial(special, res); err != nil {
 			return []string{fmt.Sprintf("%s: %v", label, err)}
 		}
 		return nil
@@ -149,6 +149,17 @@ func call(v reflect.Value, name string, want error, special func([]any) error) [
 		}
 	}
 	return out
+}
+
+// runSpecial runs a Special's check, turning its panic (a handler returned
+// by a zero value that panics when served, say) into an error.
+func runSpecial(check func([]any) error, res []any) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("check panicked: %v", p)
+		}
+	}()
+	return check(res)
 }
 
 func describe(v reflect.Value) string {

@@ -85,9 +85,11 @@ func TestBad(t *testing.T) {
 			}
 			return nil
 		}},
-		Special{"NilErr", func([]any) error { return errors.New("special said no") }})
+		Special{"NilErr", func([]any) error { return errors.New("special said no") }},
+		Special{"WrongErr", func([]any) error { panic("boom") }})
 	all := strings.Join(ps, "\n")
-	if strings.Contains(all, ".NonZero") || !strings.Contains(all, ".NilErr: special said no") {
+	if strings.Contains(all, ".NonZero") || !strings.Contains(all, ".NilErr: special said no") ||
+		!strings.Contains(all, ".WrongErr: check panicked: boom") {
 		t.Errorf("specials not applied:\n%s", all)
 	}
 	// A method missing from the list is reported.
