@@ -235,7 +235,7 @@ func TestEjectedDeadLetterHasContext(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, b.Publish(ctx, "k", tick{0})) // times out: ejected
 		require.NoError(t, b.Publish(ctx, "k", tick{1})) // queued: dead-lettered with ErrEjected
-		require.NoError(t, b.Drain(ctx)) // every dead letter was delivered
+		require.NoError(t, b.Drain(ctx))                 // every dead letter was delivered
 		var r result
 		select {
 		case r = <-got:

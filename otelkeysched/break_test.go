@@ -42,10 +42,10 @@ func TestTypedNilTargetsRefused(t *testing.T) {
 	// Nothing registered: a collection reports nothing and does not panic.
 	vals, _ := collect(t, reader)
 	require.Empty(t, vals)
-	// A nil or zero Registration's Unregister does nothing.
+	// A nil or zero Registration's Unregister does not panic.
 	var r *otelkeysched.Registration
-	require.NoError(t, r.Unregister())
-	require.NoError(t, (&otelkeysched.Registration{}).Unregister())
+	require.ErrorIs(t, r.Unregister(), otelkeysched.ErrZeroRegistration)
+	require.ErrorIs(t, (&otelkeysched.Registration{}).Unregister(), otelkeysched.ErrZeroRegistration)
 }
 
 // One scheduler registered through two Metrics with the same attributes (a

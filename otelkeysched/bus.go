@@ -46,6 +46,10 @@ type Bus interface {
 
 // A Registration stops reporting what RegisterSubscription or RegisterBus
 // started.
+//
+// The zero Registration is not usable: get one from RegisterSubscription or
+// RegisterBus. Unregister on a nil or zero Registration returns
+// ErrZeroRegistration.
 type Registration struct {
 	once    sync.Once
 	reg     metric.Registration
@@ -55,10 +59,10 @@ type Registration struct {
 
 // Unregister stops reporting: the series are gone from the next collection
 // on. It is idempotent (later calls return the first one's result). On a nil
-// or zero Registration it does nothing.
+// or zero Registration it returns ErrZeroRegistration.
 func (r *Registration) Unregister() error {
 	if r == nil || r.reg == nil {
-		return nil
+		return ErrZeroRegistration
 	}
 	r.once.Do(func() {
 		r.release()
@@ -143,6 +147,9 @@ func subCallback(in *instruments, sub Subscription, base []attribute.KeyValue, o
 // keysched.ErrInvalidOption), ErrRegistered (m has a registration, or sub is
 // registered with m's attributes on its MeterProvider), ErrUnregistered.
 func (m *Metrics[K]) RegisterSubscription(sub Subscription) error {
+	if m.zero() {
+		return ErrZeroMetrics
+	}
 	if isNil(sub) {
 		return fmt.Errorf("%w: otelkeysched: nil Subscription", keysched.ErrInvalidOption)
 	}

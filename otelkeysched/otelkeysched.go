@@ -61,9 +61,16 @@ var DefaultBuckets = []float64{
 
 // ErrRegistered is returned by Register on a Metrics that already has a
 // scheduler, and ErrUnregistered once Unregister was called.
+//
+// ErrZeroMetrics is returned by the methods of a nil or zero Metrics (one
+// not made by New) that return an error, and ErrZeroRegistration by
+// Unregister on a nil or zero Registration (one not returned by
+// RegisterSubscription or RegisterBus).
 var (
-	ErrRegistered   = errors.New("otelkeysched: a scheduler is already registered")
-	ErrUnregistered = errors.New("otelkeysched: unregistered")
+	ErrRegistered       = errors.New("otelkeysched: a scheduler is already registered")
+	ErrUnregistered     = errors.New("otelkeysched: unregistered")
+	ErrZeroMetrics      = errors.New("otelkeysched: nil or zero Metrics (make one with New)")
+	ErrZeroRegistration = errors.New("otelkeysched: nil or zero Registration (get one from RegisterSubscription or RegisterBus)")
 )
 
 // An Option configures New, RegisterSubscription and RegisterBus.
@@ -226,6 +233,10 @@ func withKV(base []attribute.KeyValue, kv ...attribute.KeyValue) attribute.Set {
 // No key is ever an attribute value (unbounded cardinality, personal data):
 // per-key detail is keysched.Scheduler.Keys's job. All methods are safe for
 // concurrent use.
+//
+// The zero Metrics is not usable: use New. The methods of a nil or zero
+// Metrics return ErrZeroMetrics (those with an error result) or zero values
+// (Observer returns the zero keysched.Observer, which observes nothing).
 type Metrics[K comparable] struct {
 	in           *instruments
 	meter        metric.Meter
@@ -273,6 +284,9 @@ func New[K comparable](mp metric.MeterProvider, opts ...Option) (*Metrics[K], er
 // Its cost per task: two monotonic clock reads per attempt and one at
 // acceptance (in the scheduler), plus two histogram recordings.
 func (m *Metrics[K]) Observer() keysched.Observer[K] {
+	if m.zero() {
+		return keysched.Observer[K]{}
+	}
 	return keysched.Observer[K]{
 		AttemptStarted: func(_ K, a keysched.AttemptInfo) {
 			if a.N == 1 && !m.muted.Load() {
@@ -310,6 +324,9 @@ func (m *Metrics[K]) Observer() keysched.Observer[K] {
 // with m's attributes on its MeterProvider,
 // ErrUnregistered after Unregister, or the MeterProvider's error.
 func (m *Metrics[K]) Register(s *keysched.Scheduler[K]) error {
+	if m.zero() {
+		return ErrZeroMetrics
+	}
 	if s == nil {
 		return fmt.Errorf("%w: otelkeysched: Register(nil)", keysched.ErrInvalidOption)
 	}
@@ -322,6 +339,9 @@ func (m *Metrics[K]) Register(s *keysched.Scheduler[K]) error {
 		return nil
 	})
 }
+
+// zero reports a nil Metrics or one not made by New.
+func (m *Metrics[K]) zero() bool { return m == nil || m.in == nil }
 
 func (m *Metrics[K]) register(target any, f metric.Callback) error {
 	m.mu.Lock()
@@ -349,6 +369,9 @@ func (m *Metrics[K]) register(target any, f metric.Callback) error {
 // collection on (a cumulative exporter keeps the histograms' totals so far),
 // and the Observer records nothing more. It is idempotent, and final.
 func (m *Metrics[K]) Unregister() error {
+	if m.zero() {
+		return ErrZeroMetrics
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.muted.Store(true)

@@ -52,6 +52,13 @@ var (
 	ErrClosed = errors.New("outbox: relay closed")
 	// ErrNilSink is returned by NewRelay for a nil sink.
 	ErrNilSink = errors.New("outbox: nil sink")
+	// ErrZeroOutbox is returned by the methods of a nil or zero Outbox (one
+	// not made by New) that return an error; the others return zero values.
+	ErrZeroOutbox = errors.New("outbox: nil or zero Outbox (make one with New)")
+	// ErrZeroRelay is returned by the methods of a nil or zero Relay (one
+	// not made by Outbox.NewRelay) that return an error; the others return
+	// zero values.
+	ErrZeroRelay = errors.New("outbox: nil or zero Relay (make one with Outbox.NewRelay)")
 )
 
 // MaxKeyLen and MaxTypeLen bound an event's key and type, in bytes.
@@ -91,6 +98,10 @@ type Event struct {
 // transactions, and makes the relays that publish them. It holds no
 // connection of its own: every call uses the *sql.DB it was made with, or
 // the transaction given. Safe for concurrent use.
+//
+// The zero Outbox is not usable: use New. The methods of a nil or zero
+// Outbox return ErrZeroOutbox (those with an error result) or zero values,
+// and touch no database.
 type Outbox struct {
 	db      *sql.DB
 	dialect Dialect
@@ -153,25 +164,52 @@ func New(db *sql.DB, opts ...Option) (*Outbox, error) {
 }
 
 // DB returns the database the Outbox was made with.
-func (o *Outbox) DB() *sql.DB { return o.db }
+func (o *Outbox) DB() *sql.DB {
+	if o.zero() {
+		return nil
+	}
+	return o.db
+}
 
-// Dialect returns the Outbox's database dialect (never Auto).
-func (o *Outbox) Dialect() Dialect { return o.dialect }
+// Dialect returns the Outbox's database dialect (never Auto, except for a
+// nil or zero Outbox).
+func (o *Outbox) Dialect() Dialect {
+	if o.zero() {
+		return Auto
+	}
+	return o.dialect
+}
 
-// Table returns the outbox table's name.
-func (o *Outbox) Table() string { return o.table }
+// Table returns the outbox table's name ("" for a nil or zero Outbox).
+func (o *Outbox) Table() string {
+	if o.zero() {
+		return ""
+	}
+	return o.table
+}
+
+// zero reports a nil Outbox or one not made by New.
+func (o *Outbox) zero() bool { return o == nil || o.db == nil }
 
 // Schema returns the SQL statements that create the outbox's tables, indexes
 // and (on PostgreSQL) the trigger that notifies relays of new rows, in order.
 // Each is idempotent (IF NOT EXISTS, OR REPLACE). Use it to put the schema
-// into your own migrations.
-func (o *Outbox) Schema() []string { return schema(o.dialect, o.table) }
+// into your own migrations. It returns nil for a nil or zero Outbox.
+func (o *Outbox) Schema() []string {
+	if o.zero() {
+		return nil
+	}
+	return schema(o.dialect, o.table)
+}
 
 // CreateSchema runs Schema's statements in one transaction. It is
 // idempotent, but not meant to race with itself: on PostgreSQL two concurrent
 // first runs can fail on the catalog's unique indexes; run it once at start-up
 // or from a migration.
 func (o *Outbox) CreateSchema(ctx context.Context) error {
+	if o.zero() {
+		return ErrZeroOutbox
+	}
 	if ctx == nil {
 		return keysched.ErrNilContext
 	}
@@ -205,9 +243,12 @@ func (o *Outbox) CreateSchema(ctx context.Context) error {
 // usually does. SQLite runs one write transaction at a time, so there insert
 // order is commit order.
 //
-// Errors: ErrNilTx, ErrInvalidEvent, ErrDuplicateID (wrapped), ctx's error,
+// Errors: ErrZeroOutbox, ErrNilTx, ErrInvalidEvent, ErrDuplicateID (wrapped), ctx's error,
 // or the database's. On PostgreSQL any error aborts tx.
 func (o *Outbox) Write(ctx context.Context, tx *sql.Tx, e Event) (id string, err error) {
+	if o.zero() {
+		return "", ErrZeroOutbox
+	}
 	if ctx == nil {
 		return "", keysched.ErrNilContext
 	}
@@ -314,6 +355,9 @@ type DeadEvent struct {
 // that failed for good and have been neither resumed nor skipped. Under the
 // Park policy each such row stops its key.
 func (o *Outbox) Dead(ctx context.Context, limit int) ([]DeadEvent, error) {
+	if o.zero() {
+		return nil, ErrZeroOutbox
+	}
 	if ctx == nil {
 		return nil, keysched.ErrNilContext
 	}
@@ -350,6 +394,9 @@ func (o *Outbox) Dead(ctx context.Context, limit int) ([]DeadEvent, error) {
 // Parked returns the keys that have a dead row, sorted. Under the Park
 // policy these keys are stopped until Resume or Skip.
 func (o *Outbox) Parked(ctx context.Context) ([]string, error) {
+	if o.zero() {
+		return nil, ErrZeroOutbox
+	}
 	if ctx == nil {
 		return nil, keysched.ErrNilContext
 	}
@@ -399,6 +446,9 @@ func (o *Outbox) SkipHead(ctx context.Context, key string) (id string, err error
 }
 
 func (o *Outbox) moveDead(ctx context.Context, key string, to State) (string, error) {
+	if o.zero() {
+		return "", ErrZeroOutbox
+	}
 	if ctx == nil {
 		return "", keysched.ErrNilContext
 	}
@@ -435,6 +485,9 @@ const maxMoveTries = 1000
 // Count returns how many rows are in each state (rows deleted when sent are
 // not counted).
 func (o *Outbox) Count(ctx context.Context) (map[State]int64, error) {
+	if o.zero() {
+		return nil, ErrZeroOutbox
+	}
 	if ctx == nil {
 		return nil, keysched.ErrNilContext
 	}

@@ -97,6 +97,10 @@ type destination struct {
 // destination's bulkhead, token bucket and circuit breaker, with a timeout.
 // It is safe for concurrent use; the ordering per partner is the caller's
 // (the relay runs one partner's events one at a time).
+//
+// The zero Deliverer is not usable: use NewDeliverer. Deliver on a nil or
+// zero Deliverer returns ErrZeroDeliverer; its other methods return zero
+// values and do nothing.
 type Deliverer struct {
 	client    *http.Client
 	timeout   time.Duration
@@ -231,6 +235,9 @@ func destName(u *url.URL) string {
 // Destination returns the destination name of a partner's endpoint, "" for
 // an unknown partner.
 func (d *Deliverer) Destination(partner string) string {
+	if d.zero() {
+		return ""
+	}
 	if dst := d.byPartner[partner]; dst != nil {
 		return dst.name
 	}
@@ -239,6 +246,9 @@ func (d *Deliverer) Destination(partner string) string {
 
 // BreakerState returns the state of a destination's breaker.
 func (d *Deliverer) BreakerState(dest string) (gobreaker.State, bool) {
+	if d.zero() {
+		return 0, false
+	}
 	dst := d.dests[dest]
 	if dst == nil {
 		return 0, false
@@ -261,6 +271,9 @@ type Delivery struct {
 // the configured Timeout plus the wait for a rate token (itself bounded by
 // the same deadline).
 func (d *Deliverer) Deliver(ctx context.Context, ev Delivery) error {
+	if d.zero() {
+		return ErrZeroDeliverer
+	}
 	u := d.endpoints[ev.Partner]
 	dst := d.byPartner[ev.Partner]
 	if u == nil || dst == nil {
@@ -314,4 +327,12 @@ func (d *Deliverer) post(ctx context.Context, u *url.URL, ev Delivery) error {
 }
 
 // Close releases idle connections.
-func (d *Deliverer) Close() { d.client.CloseIdleConnections() }
+func (d *Deliverer) Close() {
+	if d.zero() {
+		return
+	}
+	d.client.CloseIdleConnections()
+}
+
+// zero reports a nil Deliverer or one not made by NewDeliverer.
+func (d *Deliverer) zero() bool { return d == nil || d.client == nil }

@@ -38,6 +38,9 @@ func WithTablePrefix(prefix string) StoreOption {
 // Store is the service's database: the outbox (package db/outbox) and the
 // intake records. It is safe for concurrent use. One database may hold one
 // service's tables.
+//
+// The zero Store is not usable: use NewStore, OpenSQLite or OpenPostgres.
+// Close on a nil or zero Store returns ErrZeroStore, Outbox returns nil.
 type Store struct {
 	db     *sql.DB
 	ob     *outbox.Outbox
@@ -113,10 +116,21 @@ func NewStore(ctx context.Context, db *sql.DB, opts ...StoreOption) (*Store, err
 }
 
 // Outbox returns the store's outbox.
-func (s *Store) Outbox() *outbox.Outbox { return s.ob }
+func (s *Store) Outbox() *outbox.Outbox {
+	if s.zero() {
+		return nil
+	}
+	return s.ob
+}
+
+// zero reports a nil Store or one not made by NewStore.
+func (s *Store) zero() bool { return s == nil || s.ob == nil }
 
 // Close closes the database if the Store opened it.
 func (s *Store) Close() error {
+	if s.zero() {
+		return ErrZeroStore
+	}
 	if s.ownsDB {
 		return s.db.Close()
 	}
