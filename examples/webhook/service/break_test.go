@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -304,4 +305,25 @@ func TestPerDestinationKeysAreCheckedAndNormalised(t *testing.T) {
 	require.False(t, dst.bulkhead.TryAcquire(1), "the PerDestination limit applied")
 	dst.bulkhead.Release(1)
 	require.Equal(t, 2, d.byPartner["q"].limiter.Burst())
+}
+
+// The page's confirmation line came from the query string as is: any link
+// (?done=...) made the operator page state anything in its own voice (the
+// text was escaped, but it was the page speaking). Only the actions' own
+// confirmations for a configured partner are shown now.
+func TestOperatorPageFlashOnlyFromActions(t *testing.T) {
+	h := newHarness(t, map[string]sim.Behavior{"p": {}}, nil)
+	page := func(done string) string {
+		resp, err := http.Get(h.admin.URL + "/?done=" + url.QueryEscape(done))
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		return string(b)
+	}
+	for _, bad := range []string{"all events delivered, nothing to do", "resumed nobody", "resumed p and everyone", "skipped the head event of "} {
+		require.NotContains(t, page(bad), `id="flash"`, bad)
+	}
+	require.Contains(t, page("resumed p"), `<strong id="flash">resumed p</strong>`)
+	require.Contains(t, page("skipped the head event of p"), `<strong id="flash">skipped the head event of p</strong>`)
 }
