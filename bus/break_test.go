@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -101,7 +102,7 @@ func TestCloseFromAbortedDeadLetter(t *testing.T) {
 }
 
 // Resume and Skip racing each other on the same parked key, while handlers
-// run, fail, time out and eject the subscriber, in fake time (synctest),
+// run, fail, time out, panic, call runtime.Goexit and eject the subscriber, in fake time (synctest),
 // over several seeds: every event ends exactly once (succeeded, or
 // dead-lettered and never succeeded), succeeded events of a key ran in
 // publication order, nothing stays pending, Close returns. (Passed: no
@@ -119,11 +120,12 @@ func resumeSkipRace(t *testing.T, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 7))
 	b, err := New[string](WithWorkers(3), WithLogger(quiet))
 	require.NoError(t, err)
-	// The event's fate, by its N: 0 succeed, 1 fail, 2 hang past the timeout.
+	// The event's fate, by its N: 0 succeed, 1 fail, 2 hang past the
+	// timeout, 3 panic, 4 runtime.Goexit.
 	const events = 120
 	fate := make([]int, events)
 	for i := range fate {
-		fate[i] = []int{0, 0, 0, 1, 1, 2}[rng.IntN(6)]
+		fate[i] = []int{0, 0, 0, 0, 1, 1, 2, 3, 4}[rng.IntN(9)]
 	}
 	var (
 		mu        sync.Mutex
@@ -143,6 +145,10 @@ func resumeSkipRace(t *testing.T, seed uint64) {
 		case 2:
 			<-hctx.Done()
 			return hctx.Err()
+		case 3:
+			panic("handler bug")
+		case 4:
+			runtime.Goexit()
 		}
 		mu.Lock()
 		defer mu.Unlock()
