@@ -43,6 +43,14 @@ var (
 	// ErrDuplicateName is returned by Subscribe for a name already in use on
 	// the bus. A name is free again once Unsubscribe has been called.
 	ErrDuplicateName = errors.New("bus: subscriber name already in use")
+	// ErrZeroBus is returned by the error-returning methods of a nil or
+	// zero-value Bus (one not made by New), and by Subscribe on one; its
+	// other methods return zero values.
+	ErrZeroBus = errors.New("bus: nil or zero Bus (make one with New)")
+	// ErrZeroSubscription is returned by the error-returning methods of a
+	// nil or zero-value Subscription (one not returned by Subscribe); its
+	// other methods return zero values.
+	ErrZeroSubscription = errors.New("bus: nil or zero Subscription (make one with Subscribe)")
 )
 
 // An Envelope is one published event with its metadata. Handlers receive it
@@ -171,8 +179,8 @@ func optionError(format string, args ...any) error {
 // subscriber in publication order; different keys, and different
 // subscribers, run concurrently.
 //
-// All methods are safe for concurrent use. The zero Bus is not usable; call
-// New.
+// All methods are safe for concurrent use. The zero Bus is not usable: call
+// New. On a nil or zero Bus, methods return ErrZeroBus or zero values.
 type Bus[K comparable] struct {
 	pool    *ants.Pool
 	ownPool bool
@@ -312,6 +320,9 @@ func (b *Bus[K]) Publish(ctx context.Context, key K, event any) error {
 // matching subscriber: an event no subscriber matches is only counted), and
 // a failure to generate the ID.
 func (b *Bus[K]) PublishEnvelope(ctx context.Context, env Envelope[K]) error {
+	if b.zero() {
+		return ErrZeroBus
+	}
 	if ctx == nil {
 		return keysched.ErrNilContext
 	}
@@ -395,6 +406,9 @@ func (b *Bus[K]) PublishEnvelope(ctx context.Context, env Envelope[K]) error {
 // that names a subscriber with unfinished events. With a handler's context (or a DeadLetter's Context) it
 // returns keysched.ErrInsideTask.
 func (b *Bus[K]) Drain(ctx context.Context) error {
+	if b.zero() {
+		return ErrZeroBus
+	}
 	if ctx == nil {
 		return keysched.ErrNilContext
 	}
@@ -447,6 +461,9 @@ func (b *Bus[K]) liveSubs() []*sub[K] {
 // own ctx to end) and return its result. With a handler's context (or a DeadLetter's Context) it returns
 // keysched.ErrInsideTask and does nothing.
 func (b *Bus[K]) Close(ctx context.Context) error {
+	if b.zero() {
+		return ErrZeroBus
+	}
 	if ctx == nil {
 		return keysched.ErrNilContext
 	}
@@ -499,6 +516,9 @@ type Stats struct {
 
 // Stats returns a snapshot of the bus's counters.
 func (b *Bus[K]) Stats() Stats {
+	if b.zero() {
+		return Stats{}
+	}
 	b.mu.Lock()
 	n := len(b.names)
 	b.mu.Unlock()
@@ -507,6 +527,9 @@ func (b *Bus[K]) Stats() Stats {
 
 // Subscriptions returns the subscribers' names, sorted.
 func (b *Bus[K]) Subscriptions() []string {
+	if b.zero() {
+		return nil
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	names := make([]string, 0, len(b.names))
@@ -516,3 +539,6 @@ func (b *Bus[K]) Subscriptions() []string {
 	sort.Strings(names)
 	return names
 }
+
+// zero reports a nil or zero-value Bus (not made by New).
+func (b *Bus[K]) zero() bool { return b == nil || b.closeDone == nil }
