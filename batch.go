@@ -57,6 +57,9 @@ func (s *Scheduler[K]) TrySubmitBatch(ctx context.Context, items []BatchItem[K])
 }
 
 func (s *Scheduler[K]) checkBatch(ctx context.Context, items []BatchItem[K]) error {
+	if s.zero() {
+		return ErrZeroScheduler
+	}
 	if ctx == nil {
 		return ErrNilContext
 	}
@@ -77,6 +80,9 @@ func (s *Scheduler[K]) checkBatch(ctx context.Context, items []BatchItem[K]) err
 
 func (s *Scheduler[K]) submitBatch(ctx context.Context, items []BatchItem[K], wait bool) ([]*Completion, error) {
 	if err := s.checkBatch(ctx, items); err != nil {
+		if err == ErrZeroScheduler {
+			return nil, err
+		}
 		s.core.rejected.Add(uint64(len(items)))
 		return nil, err
 	}

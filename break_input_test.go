@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/keysched/keysched/internal/zerotest"
 )
 
 // Every call after Close returns an error (or a zero answer), never panics or
@@ -90,4 +92,48 @@ func TestBreakZeroCompletionWaitInTask(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.NoError(t, c.Wait(ctx))
+}
+
+// A nil or zero-value Scheduler (not made by New) answers every method with
+// ErrZeroScheduler or a zero value: no nil-pointer panic in the caller's
+// goroutine (a newcomer's `var s keysched.Scheduler[string]` panicked in
+// Submit before).
+func TestZeroScheduler(t *testing.T) {
+	ctx := context.Background()
+	task := func(context.Context) error { return nil }
+	for name, s := range map[string]*Scheduler[string]{"nil": nil, "zero value": new(Scheduler[string])} {
+		t.Run(name, func(t *testing.T) {
+			c, err := s.Submit(ctx, "k", task)
+			require.ErrorIs(t, err, ErrZeroScheduler)
+			require.Nil(t, c)
+			c, err = s.TrySubmit(ctx, "k", task)
+			require.ErrorIs(t, err, ErrZeroScheduler)
+			require.Nil(t, c)
+			cs, err := s.SubmitBatch(ctx, []BatchItem[string]{{Key: "k", Task: task}})
+			require.ErrorIs(t, err, ErrZeroScheduler)
+			require.Nil(t, cs)
+			cs, err = s.TrySubmitBatch(ctx, []BatchItem[string]{{Key: "k", Task: task}})
+			require.ErrorIs(t, err, ErrZeroScheduler)
+			require.Nil(t, cs)
+			require.ErrorIs(t, s.Drain(ctx), ErrZeroScheduler)
+			require.ErrorIs(t, s.Close(ctx), ErrZeroScheduler)
+			require.ErrorIs(t, s.Resume("k"), ErrZeroScheduler)
+			require.ErrorIs(t, s.Skip("k"), ErrZeroScheduler)
+			require.Equal(t, Stats{}, s.Stats())
+			require.Zero(t, s.KeyDepth("k"))
+			require.Empty(t, s.Parked())
+			require.Empty(t, s.Keys(10))
+			require.Zero(t, s.KeyAge("k"))
+			require.Zero(t, s.OldestAge())
+		})
+	}
+}
+
+// TestZeroSchedulerEveryMethod calls every exported method of a nil and a
+// zero Scheduler by reflection; a method added without a zero check fails.
+func TestZeroSchedulerEveryMethod(t *testing.T) {
+	zerotest.Check[Scheduler[string]](t, ErrZeroScheduler, []string{
+		"Close", "Drain", "KeyAge", "KeyDepth", "Keys", "OldestAge", "Parked",
+		"Resume", "Skip", "Stats", "Submit", "SubmitBatch", "TrySubmit", "TrySubmitBatch",
+	})
 }

@@ -33,8 +33,9 @@ type Task func(ctx context.Context) error
 // bytes): no goroutine, no worker, no timer. A blocked or slow key holds one
 // worker and delays only its own later tasks.
 //
-// All methods are safe for concurrent use. The zero Scheduler is not usable;
-// call New.
+// All methods are safe for concurrent use. The zero Scheduler is not usable:
+// call New. On a nil or zero Scheduler, methods that return an error return
+// ErrZeroScheduler, and the others zero values; none panics.
 type Scheduler[K comparable] struct {
 	core        core
 	cfg         config
@@ -252,7 +253,7 @@ func New[K comparable](opts ...Option) (*Scheduler[K], error) {
 		fn, ok := cfg.deadLetter.(func(DeadLetter[K]))
 		if !ok {
 			return nil, optionError("WithDeadLetter's function takes %s, the scheduler's keys are %s",
-				reflect.TypeOf(cfg.deadLetter).In(0), reflect.TypeFor[DeadLetter[K]]())
+				reflect.TypeOf(cfg.deadLetter).In(0), reflect.TypeFor[K]())
 		}
 		s.dlq = fn
 	}
@@ -319,6 +320,9 @@ func (s *Scheduler[K]) TrySubmit(ctx context.Context, key K, task Task) (*Comple
 // counters (counter.go) are striped: their Adds rarely contend.
 func (s *Scheduler[K]) submit(ctx context.Context, key K, task Task, wait bool) (*Completion, error) {
 	if err := s.check(ctx, key, task); err != nil {
+		if err == ErrZeroScheduler {
+			return nil, err
+		}
 		s.core.rejected.Add(1)
 		return nil, err
 	}
@@ -377,7 +381,13 @@ func (s *Scheduler[K]) submit(ctx context.Context, key K, task Task, wait bool) 
 	}
 }
 
+// zero reports a nil or zero-value Scheduler (not made by New).
+func (s *Scheduler[K]) zero() bool { return s == nil || s.tails.m == nil }
+
 func (s *Scheduler[K]) check(ctx context.Context, key K, task Task) error {
+	if s.zero() {
+		return ErrZeroScheduler
+	}
 	if ctx == nil {
 		return ErrNilContext
 	}
@@ -394,7 +404,7 @@ func (s *Scheduler[K]) check(ctx context.Context, key K, task Task) error {
 // WithMaxKeyDepth bounds. It is 0 for a key with none (and for an invalid
 // key). A cancelled task still counts until its key's chain reaches it.
 func (s *Scheduler[K]) KeyDepth(key K) int {
-	if s.keyCheck && !validKey(key) {
+	if s.zero() || s.keyCheck && !validKey(key) {
 		return 0
 	}
 	ch, ok := s.tails.load(key)
@@ -411,6 +421,9 @@ func (s *Scheduler[K]) KeyDepth(key K) int {
 // When ctx ends first it returns an error wrapping ctx's error that says how
 // many tasks are unfinished. With a task's context it returns ErrInsideTask.
 func (s *Scheduler[K]) Drain(ctx context.Context) error {
+	if s.zero() {
+		return ErrZeroScheduler
+	}
 	if ctx == nil {
 		return ErrNilContext
 	}
@@ -455,8 +468,11 @@ func (s *Scheduler[K]) awaitPassing() {
 // dead letter, if it has one. What is not finished
 // by then (dead letters still being delivered, tasks still running, a
 // backlog not yet walked) is counted in the *CloseError and goes on in the
-// background; nothing is dropped. A task that ignores its context keeps its
-// worker until it returns.
+// background; nothing is dropped. Drain after such a Close waits for that
+// background work (a process about to exit should call it, with a deadline
+// of its own, or the letters still being delivered are lost with the
+// process). A task that ignores its context keeps its worker until it
+// returns.
 //
 // Close is idempotent: later calls wait for the first to finish and return
 // its result; if a later call's ctx ends first, the first Close gives up as
@@ -470,6 +486,9 @@ func (s *Scheduler[K]) awaitPassing() {
 // once its key no longer counts it and its dead letter was delivered, so
 // once every Completion is done Stats is settled.
 func (s *Scheduler[K]) Close(ctx context.Context) error {
+	if s.zero() {
+		return ErrZeroScheduler
+	}
 	if ctx == nil {
 		return ErrNilContext
 	}
@@ -666,8 +685,14 @@ type Stats struct {
 	Failed    uint64 // tasks that failed for good (dead-lettered, or skipped)
 	Panicked  uint64 // tasks whose last attempt panicked
 	Cancelled uint64 // tasks withdrawn by Completion.Cancel
-	Aborted   uint64 // tasks Close gave up on
-	Rejected  uint64 // tasks refused: Submit and TrySubmit calls that returned an error, and the tasks of a batch not accepted
+	// Aborted counts tasks Close gave up on: queued, waiting out a retry
+	// backoff or parked (outcome ErrAborted, never run again), and running
+	// tasks whose attempt failed after Close cancelled their context (their
+	// own error, dead-lettered like any failure). A running task that
+	// returns nil counts in Succeeded.
+	Aborted uint64
+
+	Rejected uint64 // tasks refused: Submit and TrySubmit calls that returned an error, and the tasks of a batch not accepted
 	// Retried counts retries scheduled (attempts after the first).
 	Retried uint64
 	// DeadLettered counts deliveries to the dead letter (or the log).
@@ -676,6 +701,9 @@ type Stats struct {
 
 // Stats returns a snapshot of the scheduler's state and counters.
 func (s *Scheduler[K]) Stats() Stats {
+	if s.zero() {
+		return Stats{}
+	}
 	k := &s.core
 	return Stats{
 		Keys:         s.tails.m.Size(),

@@ -510,6 +510,9 @@ func TestBadInput(t *testing.T) {
 			require.ErrorIs(t, err, ErrInvalidOption, name)
 			require.Nil(t, s, name)
 		}
+		// The message names both types: the function's and the keys'.
+		_, err = New[int](WithDeadLetter(func(DeadLetter[string]) {}))
+		require.ErrorContains(t, err, "takes keysched.DeadLetter[string], the scheduler's keys are int")
 	})
 	t.Run("use after close", func(t *testing.T) {
 		s, err := New[int]()

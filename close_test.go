@@ -216,3 +216,44 @@ func TestAbortedTasksAreNotLoggedAsFailures(t *testing.T) {
 	require.Equal(t, queued, strings.Count(out, "level=DEBUG msg=\"keysched: task aborted by Close before it ran\""))
 	require.GreaterOrEqual(t, s.Stats().Aborted, uint64(queued))
 }
+
+// After a Close that gave up, Drain waits for what Close left in the
+// background: it returns nil only once every dead letter was delivered and
+// every running task returned (a program that exits right after Close would
+// lose the letters still being delivered).
+func TestDrainAfterCloseWaitsForBackgroundLetters(t *testing.T) {
+	release := make(chan struct{})
+	var delivered atomic.Int64
+	s, err := New[int](WithLogger(quiet), WithWorkers(2), WithDeadLetter(func(DeadLetter[int]) {
+		<-release
+		delivered.Add(1)
+	}))
+	require.NoError(t, err)
+	const total = 200
+	gate := make(chan struct{})
+	for i := range total {
+		_, err := s.Submit(t.Context(), i%10, func(context.Context) error { <-gate; return nil })
+		require.NoError(t, err)
+	}
+	require.True(t, waitFor(watchdog(t), func() bool { return s.Stats().Running == 2 }))
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	var ce *CloseError
+	require.ErrorAs(t, s.Close(ctx), &ce)
+	require.Positive(t, ce.NotRun)
+
+	// Drain with a context that has ended reports what is unfinished...
+	require.Error(t, s.Drain(ctx))
+	require.Zero(t, delivered.Load())
+	// ...and with a live one waits for it.
+	drained := make(chan error, 1)
+	go func() { drained <- s.Drain(context.Background()) }()
+	close(gate)
+	close(release)
+	require.NoError(t, <-drained)
+	require.EqualValues(t, total-2, delivered.Load(), "every aborted task's letter (the two running tasks returned nil)")
+	st := s.Stats()
+	require.Zero(t, st.Pending)
+	require.EqualValues(t, 2, st.Succeeded, "running tasks that returned nil")
+	require.EqualValues(t, total-2, st.Aborted)
+}

@@ -35,6 +35,10 @@ var (
 	ErrEmptyBatch = errors.New("keysched: empty batch")
 	// ErrNilContext is returned when a nil context.Context is passed.
 	ErrNilContext = errors.New("keysched: nil context")
+	// ErrZeroScheduler is returned by the methods of a nil or zero-value
+	// Scheduler (one not made by New) that return an error; the others
+	// return zero values. Nothing is enqueued.
+	ErrZeroScheduler = errors.New("keysched: nil or zero Scheduler (make one with New)")
 	// ErrInsideTask is returned by Drain and Close when called with the
 	// context a keysched task received (or DeadLetter.Context), of any
 	// scheduler: the call could wait for the very task that makes it.

@@ -217,6 +217,9 @@ type KeyInfo[K comparable] struct {
 // key by key while tasks run: a snapshot of each key, not of the scheduler.
 // A task withdrawn by Cancel while queued counts until its key reaches it.
 func (s *Scheduler[K]) Keys(n int) []KeyInfo[K] {
+	if s.zero() {
+		return nil
+	}
 	var top []KeyInfo[K] // a min-heap on (Depth, HeadAge) when n > 0
 	now := MonoNow()
 	less := func(a, b KeyInfo[K]) bool {
@@ -325,7 +328,7 @@ func (s *Scheduler[K]) stamp(n *node[K]) *Mono {
 // when the key has no task (or without WithTaskAges or WithObserver). It
 // costs one map lookup.
 func (s *Scheduler[K]) KeyAge(key K) time.Duration {
-	if !s.cfg.taskAges || (s.keyCheck && !validKey(key)) {
+	if s.zero() || !s.cfg.taskAges || (s.keyCheck && !validKey(key)) {
 		return 0
 	}
 	ch, ok := s.tails.load(key)
@@ -350,7 +353,7 @@ func (s *Scheduler[K]) KeyAge(key K) time.Duration {
 // task. A task withdrawn by Cancel while queued counts until its key reaches
 // it.
 func (s *Scheduler[K]) OldestAge() time.Duration {
-	if !s.cfg.taskAges {
+	if s.zero() || !s.cfg.taskAges {
 		return 0
 	}
 	now := MonoNow()

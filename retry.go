@@ -156,7 +156,10 @@ type DeadLetter[K comparable] struct {
 // the key's order, after the letter of the task that was running on the key
 // (see Close), so fn may be called from several goroutines at once, never
 // for two letters of one key at once.
-// Without it, each such task is logged (log/slog) with its key and error.
+// Without it, each such task is logged (log/slog, WithLogger) at Warn with
+// its key, attempts and error, except the tasks Close gave up on before they
+// ran: those are logged at Debug only (a shutdown with a backlog would
+// otherwise log one line per task) and counted by CloseError.NotRun.
 // K must be the scheduler's key type, or New fails.
 func WithDeadLetter[K comparable](fn func(DeadLetter[K])) Option {
 	return func(c *config) error {
@@ -221,6 +224,9 @@ type parkedKeys[K comparable] struct {
 
 // Parked returns the keys now parked (FailurePolicy Park), in no order.
 func (s *Scheduler[K]) Parked() []K {
+	if s.zero() {
+		return nil
+	}
 	s.parked.mu.Lock()
 	defer s.parked.mu.Unlock()
 	keys := make([]K, 0, len(s.parked.m))
@@ -309,6 +315,9 @@ func (s *Scheduler[K]) notParked() error {
 }
 
 func (s *Scheduler[K]) unpark(key K) (*node[K], error) {
+	if s.zero() {
+		return nil, ErrZeroScheduler
+	}
 	if s.keyCheck && !validKey(key) {
 		return nil, fmt.Errorf("%w: %T value", ErrInvalidKey, key)
 	}

@@ -43,6 +43,14 @@ var (
 	// ErrDuplicateName is returned by Subscribe for a name already in use on
 	// the bus. A name is free again once Unsubscribe has been called.
 	ErrDuplicateName = errors.New("bus: subscriber name already in use")
+	// ErrZeroBus is returned by the error-returning methods of a nil or
+	// zero-value Bus (one not made by New), and by Subscribe on one; its
+	// other methods return zero values.
+	ErrZeroBus = errors.New("bus: nil or zero Bus (make one with New)")
+	// ErrZeroSubscription is returned by the error-returning methods of a
+	// nil or zero-value Subscription (one not returned by Subscribe); its
+	// other methods return zero values.
+	ErrZeroSubscription = errors.New("bus: nil or zero Subscription (make one with Subscribe)")
 )
 
 // An Envelope is one published event with its metadata. Handlers receive it
@@ -171,8 +179,8 @@ func optionError(format string, args ...any) error {
 // subscriber in publication order; different keys, and different
 // subscribers, run concurrently.
 //
-// All methods are safe for concurrent use. The zero Bus is not usable; call
-// New.
+// All methods are safe for concurrent use. The zero Bus is not usable: call
+// New. On a nil or zero Bus, methods return ErrZeroBus or zero values.
 type Bus[K comparable] struct {
 	pool    *ants.Pool
 	ownPool bool
@@ -301,7 +309,8 @@ func (b *Bus[K]) Publish(ctx context.Context, key K, event any) error {
 // skipped, which is not an error (an ejected one counts it in
 // SubStats.Skipped).
 //
-// With a handler's context (or one derived from it) Publish never waits: a
+// With a handler's context or a DeadLetter's Context (or one derived from
+// them) Publish never waits: a
 // full Block subscriber refuses at once, with keysched.ErrKeyFull or
 // keysched.ErrFull.
 //
@@ -311,6 +320,9 @@ func (b *Bus[K]) Publish(ctx context.Context, key K, event any) error {
 // matching subscriber: an event no subscriber matches is only counted), and
 // a failure to generate the ID.
 func (b *Bus[K]) PublishEnvelope(ctx context.Context, env Envelope[K]) error {
+	if b.zero() {
+		return ErrZeroBus
+	}
 	if ctx == nil {
 		return keysched.ErrNilContext
 	}
@@ -339,7 +351,7 @@ func (b *Bus[K]) PublishEnvelope(ctx context.Context, env Envelope[K]) error {
 	if env.Published.IsZero() {
 		env.Published = time.Now()
 	}
-	inTask := keysched.Attempt(ctx) > 0
+	inTask := insideHandler(ctx)
 
 	var refused map[string]error
 	refuse := func(s *sub[K], err error) {
@@ -391,13 +403,16 @@ func (b *Bus[K]) PublishEnvelope(ctx context.Context, env Envelope[K]) error {
 // may also wait for events published while it waits. A subscriber's parked
 // keys (Failure(Park)) hold their events: Drain waits for them to be resumed
 // or skipped. When ctx ends first it returns an error wrapping ctx's error
-// that names a subscriber with unfinished events. With a handler's context it
+// that names a subscriber with unfinished events. With a handler's context (or a DeadLetter's Context) it
 // returns keysched.ErrInsideTask.
 func (b *Bus[K]) Drain(ctx context.Context) error {
+	if b.zero() {
+		return ErrZeroBus
+	}
 	if ctx == nil {
 		return keysched.ErrNilContext
 	}
-	if keysched.Attempt(ctx) > 0 {
+	if insideHandler(ctx) {
 		return fmt.Errorf("bus: drain: %w", keysched.ErrInsideTask)
 	}
 	for {
@@ -443,13 +458,16 @@ func (b *Bus[K]) liveSubs() []*sub[K] {
 // worker until it returns.
 //
 // Close is idempotent: later calls wait for the first to finish (or their
-// own ctx to end) and return its result. With a handler's context it returns
+// own ctx to end) and return its result. With a handler's context (or a DeadLetter's Context) it returns
 // keysched.ErrInsideTask and does nothing.
 func (b *Bus[K]) Close(ctx context.Context) error {
+	if b.zero() {
+		return ErrZeroBus
+	}
 	if ctx == nil {
 		return keysched.ErrNilContext
 	}
-	if keysched.Attempt(ctx) > 0 {
+	if insideHandler(ctx) {
 		return fmt.Errorf("bus: close: %w", keysched.ErrInsideTask)
 	}
 	first := false
@@ -498,6 +516,9 @@ type Stats struct {
 
 // Stats returns a snapshot of the bus's counters.
 func (b *Bus[K]) Stats() Stats {
+	if b.zero() {
+		return Stats{}
+	}
 	b.mu.Lock()
 	n := len(b.names)
 	b.mu.Unlock()
@@ -506,6 +527,9 @@ func (b *Bus[K]) Stats() Stats {
 
 // Subscriptions returns the subscribers' names, sorted.
 func (b *Bus[K]) Subscriptions() []string {
+	if b.zero() {
+		return nil
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	names := make([]string, 0, len(b.names))
@@ -515,3 +539,6 @@ func (b *Bus[K]) Subscriptions() []string {
 	sort.Strings(names)
 	return names
 }
+
+// zero reports a nil or zero-value Bus (not made by New).
+func (b *Bus[K]) zero() bool { return b == nil || b.closeDone == nil }

@@ -28,6 +28,34 @@ type DeadLetter[K comparable] struct {
 	// attempts ended; zero when the handler never ran for the event, and for
 	// an ejected event (whose earlier attempts, if any, are not timed).
 	FirstAttempt, LastAttempt time.Time
+	// Context carries the values of the context the event was published
+	// with; it is never cancelled. It counts as a handler's context: Close,
+	// Drain and Unsubscribe called with it return keysched.ErrInsideTask at
+	// once, and a Publish made with it never waits for room. The dead-letter
+	// function must not call them with any other context: they would wait
+	// for the dead letter being delivered, that is for the function itself
+	// (Close(context.Background()) from it hung for ever).
+	Context context.Context
+}
+
+// dlCtxKey marks DeadLetter.Context, so that the bus recognises it even for
+// an event that never ran (keysched.Attempt is then 0).
+type dlCtxKey struct{}
+
+// dlContext makes a DeadLetter.Context from the scheduler's (or the
+// attempt's, without its cancellation).
+func dlContext(parent context.Context) context.Context {
+	if parent == nil {
+		parent = context.Background()
+	}
+	return context.WithValue(parent, dlCtxKey{}, true)
+}
+
+// insideHandler reports whether ctx is a handler's or a dead-letter
+// function's: a call that waits for the bus's events must not be made
+// with it.
+func insideHandler(ctx context.Context) bool {
+	return keysched.Attempt(ctx) > 0 || ctx.Value(dlCtxKey{}) != nil
 }
 
 // envProbe is a context that makes a subscriber's task report its envelope
@@ -50,6 +78,7 @@ func (s *sub[K]) onDeadLetter(kdl keysched.DeadLetter[K]) {
 		LastAttempt:  kdl.LastAttempt,
 	}
 	dl.Envelope.Key = kdl.Key
+	dl.Context = dlContext(kdl.Context)
 	if kdl.Task != nil {
 		p := envProbe[K]{Context: context.Background()}
 		_ = kdl.Task(&p)

@@ -70,6 +70,7 @@ func (s *sub[K]) run(ctx context.Context, env Envelope[K]) error {
 			Envelope:   env,
 			Attempts:   keysched.Attempt(ctx) - 1,
 			Err:        ErrEjected,
+			Context:    dlContext(context.WithoutCancel(ctx)),
 		})
 		return nil
 	}

@@ -36,9 +36,19 @@ func TaskAges() SubOption {
 // (queued, running, retrying or parked) was accepted, or 0 when none is, and
 // without TaskAges or Observe. It walks the subscriber's live keys: see
 // keysched.Scheduler.OldestAge.
-func (s *Subscription[K]) OldestAge() time.Duration { return s.s.sched.OldestAge() }
+func (s *Subscription[K]) OldestAge() time.Duration {
+	if s.zero() {
+		return 0
+	}
+	return s.s.sched.OldestAge()
+}
 
 // Keys returns up to n of the subscriber's live keys, those with the most
 // events first, each with its depth, whether it is parked and its head's age
 // (see keysched.Scheduler.Keys: same cost). n <= 0 returns every live key.
-func (s *Subscription[K]) Keys(n int) []keysched.KeyInfo[K] { return s.s.sched.Keys(n) }
+func (s *Subscription[K]) Keys(n int) []keysched.KeyInfo[K] {
+	if s.zero() {
+		return nil
+	}
+	return s.s.sched.Keys(n)
+}

@@ -177,9 +177,12 @@ func EjectAfter(n int) SubOption {
 // panicked, the subscriber was ejected (ErrEjected), or Close's context ended
 // before it ran (keysched.ErrAborted). fn runs on a worker with no bus lock
 // held (or in Close, for aborted events), once per such event; it should be
-// quick, as the key waits for it. It may publish, but with Block it should
-// use a context with a deadline, since it holds a worker. A panic in fn is
-// recovered and logged. Without DeadLetters each such event is logged. K
+// quick, as the key waits for it. It may publish with DeadLetter.Context
+// (which never waits for room: a full Block subscriber refuses at once; with
+// another context it should have a deadline, since fn holds a worker). It
+// must not call Close, Drain or Unsubscribe with a context other than
+// DeadLetter.Context (with it they return keysched.ErrInsideTask): they
+// would wait for fn itself. A panic in fn is recovered and logged. Without DeadLetters each such event is logged. K
 // must be the bus's key type, or Subscribe fails.
 func DeadLetters[K comparable](fn func(DeadLetter[K])) SubOption {
 	return func(c *subConfig) error {

@@ -62,8 +62,9 @@ type sub[K comparable] struct {
 // EjectAfter without Timeout; ErrDuplicateName; ErrClosed once Close has
 // started.
 func Subscribe[K comparable, E any](b *Bus[K], name string, h Handler[K, E], opts ...SubOption) (*Subscription[K], error) {
-	if b == nil {
-		return nil, optionError("Subscribe on a nil *Bus")
+	if b.zero() {
+		// Both: a bad argument, as before ErrZeroBus existed.
+		return nil, fmt.Errorf("bus: Subscribe: %w (%w)", ErrZeroBus, keysched.ErrInvalidOption)
 	}
 	if name == "" {
 		return nil, optionError("Subscribe: empty subscriber name")

@@ -13,13 +13,20 @@ import (
 // A Subscription is a subscriber registered on a bus: a name, a handler and
 // its own scheduler (its own order, bounds and counters) on the bus's pool.
 // Its key type K is the bus's, so Parked, Resume and Skip are checked by the
-// compiler. All methods are safe for concurrent use.
+// compiler. All methods are safe for concurrent use. The zero Subscription
+// is not usable (Subscribe returns one): on a nil or zero Subscription,
+// methods return ErrZeroSubscription or zero values.
 type Subscription[K comparable] struct {
 	s *sub[K]
 }
 
 // Name returns the subscriber's name, unique on its bus.
-func (s *Subscription[K]) Name() string { return s.s.name }
+func (s *Subscription[K]) Name() string {
+	if s.zero() {
+		return ""
+	}
+	return s.s.name
+}
 
 // Unsubscribe removes the subscriber: from the moment it starts, Publish no
 // longer offers it events (an event being offered concurrently may or may
@@ -28,21 +35,42 @@ func (s *Subscription[K]) Name() string { return s.s.name }
 // are cancelled and the events that did not run are dead-lettered with
 // keysched.ErrAborted; it returns an error wrapping keysched.ErrAborted and
 // ctx's error. Idempotent: later calls wait for the first one's result. With
-// a handler's context it returns keysched.ErrInsideTask and does nothing.
-func (s *Subscription[K]) Unsubscribe(ctx context.Context) error { return s.s.unsubscribe(ctx) }
+// a handler's context (or a DeadLetter's Context) it returns
+// keysched.ErrInsideTask and does nothing.
+func (s *Subscription[K]) Unsubscribe(ctx context.Context) error {
+	if s.zero() {
+		return ErrZeroSubscription
+	}
+	return s.s.unsubscribe(ctx)
+}
 
 // Drain waits until every event this subscriber accepted so far has been
 // handled or dead-lettered, or until ctx ends (then the error wraps ctx's).
-// Parked keys hold their events. With a handler's context it returns
+// Parked keys hold their events. With a handler's context (or a DeadLetter's Context) it returns
 // keysched.ErrInsideTask.
-func (s *Subscription[K]) Drain(ctx context.Context) error { return s.s.drain(ctx) }
+func (s *Subscription[K]) Drain(ctx context.Context) error {
+	if s.zero() {
+		return ErrZeroSubscription
+	}
+	return s.s.drain(ctx)
+}
 
 // Stats returns a snapshot of the subscriber's counters.
-func (s *Subscription[K]) Stats() SubStats { return s.s.stats() }
+func (s *Subscription[K]) Stats() SubStats {
+	if s.zero() {
+		return SubStats{}
+	}
+	return s.s.stats()
+}
 
 // Parked returns the keys now parked for this subscriber (Failure(Park)), in
 // no order.
-func (s *Subscription[K]) Parked() []K { return s.s.sched.Parked() }
+func (s *Subscription[K]) Parked() []K {
+	if s.zero() {
+		return nil
+	}
+	return s.s.sched.Parked()
+}
 
 // Resume runs a parked key's head event again for this subscriber, with a
 // fresh attempt budget; if it then succeeds the key goes on. It returns
@@ -50,18 +78,28 @@ func (s *Subscription[K]) Parked() []K { return s.s.sched.Parked() }
 // (wrapped) for a key unusable as a map key (a NaN, an interface holding a
 // slice), and keysched.ErrClosed once the subscriber's Close or Unsubscribe
 // has given up on unfinished events.
-func (s *Subscription[K]) Resume(key K) error { return s.s.resume(key) }
+func (s *Subscription[K]) Resume(key K) error {
+	if s.zero() {
+		return ErrZeroSubscription
+	}
+	return s.s.resume(key)
+}
 
 // Skip gives up a parked key's head event (it was dead-lettered when the key
 // parked) and moves the key on to its next event, for this subscriber.
 // Errors as for Resume.
-func (s *Subscription[K]) Skip(key K) error { return s.s.skip(key) }
+func (s *Subscription[K]) Skip(key K) error {
+	if s.zero() {
+		return ErrZeroSubscription
+	}
+	return s.s.skip(key)
+}
 
 func (s *sub[K]) unsubscribe(ctx context.Context) error {
 	if ctx == nil {
 		return keysched.ErrNilContext
 	}
-	if keysched.Attempt(ctx) > 0 {
+	if insideHandler(ctx) {
 		return fmt.Errorf("bus: unsubscribe %q: %w", s.name, keysched.ErrInsideTask)
 	}
 	b := s.bus
@@ -139,3 +177,6 @@ func (s *sub[K]) unparked(k K) {
 	delete(s.parking, k)
 	s.parkMu.Unlock()
 }
+
+// zero reports a nil or zero-value Subscription (not returned by Subscribe).
+func (s *Subscription[K]) zero() bool { return s == nil || s.s == nil }

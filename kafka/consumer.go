@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,6 +49,10 @@ type tp struct {
 // so a commit never passes unfinished work; delivery is at-least-once.
 //
 // All methods are safe for concurrent use. Call Run once, and Close to end.
+//
+// The zero Consumer is not usable: use NewConsumer. The methods of a nil or
+// zero Consumer return ErrZeroConsumer (those with an error result) or zero
+// values, and do nothing else.
 type Consumer struct {
 	cfg    config
 	h      Handler
@@ -137,10 +142,13 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 	c.metaMax.Store(int64(cfg.metaMax))
 	// A key never holds more than its partition's in-flight bound: with that
 	// key depth, the partition's bound (not the key's) pauses fetching.
+	// The consumer's own dead-letter function and observer come before the
+	// caller's options: the scheduler's key type is the adapter's unexported
+	// schedKey, so a keysched.WithDeadLetter or keysched.WithObserver given
+	// with WithSchedulerOptions can never match it and New refuses it, where
+	// after them it would be replaced silently.
 	sopts := []keysched.Option{keysched.WithRetryPanics(), keysched.WithLogger(cfg.logger),
-		keysched.WithMaxKeyDepth(cfg.maxInFlight)}
-	sopts = append(sopts, cfg.schedOpts...)
-	sopts = append(sopts, keysched.WithDeadLetter(c.deadLetter))
+		keysched.WithMaxKeyDepth(cfg.maxInFlight), keysched.WithDeadLetter(c.deadLetter)}
 	if cfg.meterProvider != nil {
 		obs, err := c.newMetrics() // metrics.go
 		if err != nil {
@@ -148,8 +156,12 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		}
 		sopts = append(sopts, obs)
 	}
+	sopts = append(sopts, cfg.schedOpts...)
 	s, err := keysched.New[schedKey](sopts...)
 	if err != nil {
+		if msg := err.Error(); strings.Contains(msg, "WithDeadLetter") || strings.Contains(msg, "WithObserver") {
+			return nil, fmt.Errorf("%w: WithSchedulerOptions: the consumer sets keysched.WithDeadLetter and keysched.WithObserver itself (use WithDeadLetterTopic and WithMeterProvider): %w", ErrInvalidOption, err)
+		}
 		return nil, fmt.Errorf("%w: scheduler: %w", ErrInvalidOption, err)
 	}
 	c.sched = s
@@ -172,7 +184,7 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		// franz-go's own words for a missing group ("invalid autocommit
 		// options specified when a group was not specified") do not say
 		// what the adapter needs: say it too.
-		return nil, fmt.Errorf("%w: franz-go client: %w (the adapter needs kgo.ConsumerGroup and kgo.ConsumeTopics or kgo.ConsumeRegex in WithClientOptions)", ErrInvalidOption, err)
+		return nil, fmt.Errorf("%w: WithClientOptions: the adapter needs kgo.ConsumerGroup and kgo.ConsumeTopics (or kgo.ConsumeRegex); franz-go says: %w", ErrInvalidOption, err)
 	}
 	group, _ := cl.OptValue(kgo.ConsumerGroup).(string)
 	if group == "" || len(cl.GetConsumeTopics()) == 0 && !isRegex(cl) {
@@ -224,21 +236,38 @@ func isRegex(cl *kgo.Client) bool {
 
 // Client returns the franz-go client, for what the consumer does not wrap
 // (admin requests, producing). Do not poll, commit, pause or close it.
-func (c *Consumer) Client() *kgo.Client { return c.cl }
+func (c *Consumer) Client() *kgo.Client {
+	if c.zero() {
+		return nil
+	}
+	return c.cl
+}
 
 // Group returns the consumer group's name.
-func (c *Consumer) Group() string { return c.group }
+func (c *Consumer) Group() string {
+	if c.zero() {
+		return ""
+	}
+	return c.group
+}
+
+// zero reports a nil Consumer or one not made by NewConsumer.
+func (c *Consumer) zero() bool { return c == nil || c.sched == nil }
 
 // Run fetches records and dispatches them to the scheduler until ctx ends or
 // Close is called. It returns nil after Close, an error wrapping ctx's error
 // when ctx ended (call Close then: it drains, commits and leaves the group),
-// ErrRunning if Run was called before, ErrClosed if Close has started. The
+// ErrRunning if Run was called before, ErrClosed if Close has started,
+// ErrZeroConsumer for a Consumer not made by NewConsumer. The
 // handlers' contexts carry ctx's values, not its cancellation.
 //
 // Run never blocks on a key: a record that finds its key (or the scheduler)
 // full is held back, and its partition paused until room appears;
 // heartbeats and rebalances go on meanwhile.
 func (c *Consumer) Run(ctx context.Context) error {
+	if c.zero() {
+		return ErrZeroConsumer
+	}
 	if ctx == nil {
 		return ErrNilContext
 	}
@@ -648,6 +677,9 @@ func (c *Consumer) committer() {
 // consumer's goroutines have ended, except handlers that ignore their
 // context. Do not call it from a Handler.
 func (c *Consumer) Close(ctx context.Context) error {
+	if c.zero() {
+		return ErrZeroConsumer
+	}
 	if ctx == nil {
 		return ErrNilContext
 	}

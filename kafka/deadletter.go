@@ -148,6 +148,9 @@ type ParkedKey struct {
 // Parked returns the keys parked now, of partitions this member owns, in no
 // particular order.
 func (c *Consumer) Parked() []ParkedKey {
+	if c.zero() {
+		return nil
+	}
 	c.parkMu.Lock()
 	defer c.parkMu.Unlock()
 	out := make([]ParkedKey, 0, len(c.parked))
@@ -175,6 +178,9 @@ func (c *Consumer) parkedKey(k ParkedKey) schedKey {
 
 // takeParked removes k from the parked set.
 func (c *Consumer) takeParked(k ParkedKey) (schedKey, *item, error) {
+	if c.zero() {
+		return schedKey{}, nil, ErrZeroConsumer
+	}
 	if c.closing.Load() {
 		return schedKey{}, nil, ErrClosed
 	}
@@ -191,7 +197,8 @@ func (c *Consumer) takeParked(k ParkedKey) (schedKey, *item, error) {
 
 // Resume runs a parked key's failed record again, with a fresh attempt
 // budget. It returns ErrNotParked for a key not parked (or of a partition no
-// longer owned), ErrClosed once Close has started. Only Topic, Partition and
+// longer owned), ErrClosed once Close has started, ErrZeroConsumer for a
+// Consumer not made by NewConsumer. Only Topic, Partition and
 // Key (Offset too under Unordered) of k are used.
 func (c *Consumer) Resume(k ParkedKey) error {
 	sk, _, err := c.takeParked(k)

@@ -110,11 +110,39 @@
 //	WithCommitMetadataLimit  bytes of finished-offset metadata per commit (4096; 0 off)
 //	WithMaxPollRecords       records per poll (10000)
 //	WithLogger               slog logger (slog.Default())
+//	WithMeterProvider        OpenTelemetry metrics (none; see Metrics)
 //
 // A resumed partition is fetched again only after the broker answers the
 // fetch in flight, which can take up to kgo.FetchMaxWait (franz-go's default
 // is 5 s) when the other partitions have no new data: with pauses likely,
 // set a lower FetchMaxWait (the tests and kafkabench use 10-50 ms).
+//
+// # Metrics
+//
+// WithMeterProvider reports these instruments. They follow the OpenTelemetry semantic conventions for messaging, version
+// 1.43.0 (the semconv package of go.opentelemetry.io/otel v1.46.0):
+//
+//	messaging.client.consumed.messages  Counter {message}  records handed to the scheduler (after the ones an earlier owner's commit metadata marks finished)
+//	messaging.process.duration          Histogram s        one handler run (one attempt), error.type=_OTHER when it failed
+//
+// with messaging.system=kafka, messaging.operation.name (poll, process),
+// messaging.destination.name (the topic), messaging.destination.partition.id
+// (the partition, as a string) and messaging.consumer.group.name. Per owned
+// partition, read from Stats at collection time (asynchronous gauges), with
+// the same attributes, the conventions having none of these:
+//
+//	keysched.kafka.partition.lag               Gauge {message}  Lag: high watermark minus the committed offset
+//	keysched.kafka.partition.committed_offset  Gauge {offset}   Committed (absent until something is committed)
+//	keysched.kafka.partition.frontier          Gauge {offset}   Frontier: what a commit now would write
+//	keysched.kafka.partition.in_flight         UpDownCounter {message}  InFlight: fetched, not finished
+//	keysched.kafka.partition.held              UpDownCounter {message}  Held: of those, held back by the poll loop
+//	keysched.kafka.partition.paused            Gauge {partition}  1 while fetching is paused (backpressure), else 0
+//
+// A partition's series exist while this member owns it: once it is revoked
+// or lost, they are gone from the next collection (no stale lag series for a
+// partition another member now owns). The consumer's scheduler reports
+// otelkeysched's instruments (keysched.tasks.pending and the rest) with
+// messaging.consumer.group.name. No record key is ever an attribute value.
 //
 // See README.md for the benchmark (kafka/cmd/kafkabench) and its figures.
 package kafka

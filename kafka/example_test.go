@@ -93,26 +93,68 @@ func ExampleNewConsumer() {
 
 // With the Park failure policy a key stops on a record that failed for
 // good; an operator (or code) lists the parked keys and resumes or skips
-// them. Skip dead-letters the record and moves the key on.
+// them. Skip dead-letters the record and moves the key on; the key's later
+// records waited behind it, in order, and the other keys never stopped.
 func ExampleConsumer_Parked() {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "payments", "payments.dlq"),
+		kfake.GroupMinSessionTimeout(50*time.Millisecond))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cluster.Close()
+	seeds := cluster.ListenAddrs()
+	producer, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.DefaultProduceTopic("payments"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, v := range []string{"acct-1 bad", "acct-2 ok", "acct-1 ok"} {
+		r := &kgo.Record{Key: []byte(v[:6]), Value: []byte(v)}
+		if err := producer.ProduceSync(context.Background(), r).FirstErr(); err != nil {
+			log.Fatal(err)
+		}
+	}
+	producer.Close()
+
+	handled := make(chan string, 3)
 	c, err := kafka.NewConsumer(func(ctx context.Context, r *kgo.Record) error {
-		return errors.New("downstream refuses it")
+		if string(r.Value) == "acct-1 bad" {
+			return errors.New("downstream refuses it")
+		}
+		handled <- string(r.Value)
+		return nil
 	},
-		kafka.WithClientOptions(kgo.SeedBrokers("localhost:9092"), kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t")),
-		kafka.WithSchedulerOptions(keysched.WithFailurePolicy(keysched.Park)),
-		kafka.WithDeadLetterTopic("t.dlq"),
+		kafka.WithClientOptions(kgo.SeedBrokers(seeds...), kgo.ConsumerGroup("ledger"),
+			kgo.ConsumeTopics("payments"), kgo.FetchMaxWait(50*time.Millisecond)),
+		kafka.WithSchedulerOptions(
+			keysched.WithFailurePolicy(keysched.Park),
+			keysched.WithRetry(keysched.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond}),
+		),
+		kafka.WithDeadLetterTopic("payments.dlq"),
+		kafka.WithLogger(slog.New(slog.DiscardHandler)),
 	)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer c.Close(context.Background())
 	go c.Run(context.Background())
-	for _, k := range c.Parked() {
-		log.Printf("%s/%d key %q stopped at offset %d: %v", k.Topic, k.Partition, k.Key, k.Offset, k.Err)
+
+	fmt.Println("handled:", <-handled) // acct-2 goes on while acct-1 is stuck
+	var parked []kafka.ParkedKey
+	for len(parked) == 0 {
+		time.Sleep(10 * time.Millisecond) // an operator's page would poll like this
+		parked = c.Parked()
+	}
+	for _, k := range parked {
+		fmt.Printf("parked: key %s at offset %d after %d attempts: %v\n", k.Key, k.Offset, k.Attempts, k.Err)
 		if err := c.Skip(k); err != nil { // or c.Resume(k) once the cause is fixed
-			log.Print(err)
+			log.Fatal(err)
 		}
 	}
+	fmt.Println("handled:", <-handled)
+	// Output:
+	// handled: acct-2 ok
+	// parked: key acct-1 at offset 0 after 2 attempts: downstream refuses it
+	// handled: acct-1 ok
 }
 
 // Stats is cheap: poll it for metrics. Partitions lists only the partitions

@@ -17,40 +17,17 @@ import (
 	"github.com/keysched/keysched/otelkeysched"
 )
 
-// This file holds the consumer's OpenTelemetry metrics (WithMeterProvider).
-// They follow the OpenTelemetry semantic conventions for messaging, version
-// 1.43.0 (the semconv package of go.opentelemetry.io/otel v1.46.0):
-//
-//	messaging.client.consumed.messages  Counter {message}  records handed to the scheduler (after the ones an earlier owner's commit metadata marks finished)
-//	messaging.process.duration          Histogram s        one handler run (one attempt), error.type=_OTHER when it failed
-//
-// with messaging.system=kafka, messaging.operation.name (poll, process),
-// messaging.destination.name (the topic), messaging.destination.partition.id
-// (the partition, as a string) and messaging.consumer.group.name. Per owned
-// partition, read from Stats at collection time (asynchronous gauges), with
-// the same attributes, the conventions having none of these:
-//
-//	keysched.kafka.partition.lag               Gauge {message}  Lag: high watermark minus the committed offset
-//	keysched.kafka.partition.committed_offset  Gauge {offset}   Committed (absent until something is committed)
-//	keysched.kafka.partition.frontier          Gauge {offset}   Frontier: what a commit now would write
-//	keysched.kafka.partition.in_flight         UpDownCounter {message}  InFlight: fetched, not finished
-//	keysched.kafka.partition.held              UpDownCounter {message}  Held: of those, held back by the poll loop
-//	keysched.kafka.partition.paused            Gauge {partition}  1 while fetching is paused (backpressure), else 0
-//
-// A partition's series exist while this member owns it: once it is revoked
-// or lost, they are gone from the next collection (no stale lag series for a
-// partition another member now owns). The consumer's scheduler reports
-// otelkeysched's instruments (keysched.tasks.pending and the rest) with
-// messaging.consumer.group.name. No record key is ever an attribute value.
+// This file holds the consumer's OpenTelemetry metrics (WithMeterProvider);
+// the package documentation (doc.go, "Metrics") lists them.
 
 // meterScope is the instrumentation scope of the consumer's instruments.
 const meterScope = "github.com/keysched/keysched/kafka"
 
 // WithMeterProvider reports the consumer's metrics to mp (see the list
 // above), with attrs added to every measurement (a service or cluster name;
-// never a record key). The scheduler's observer it installs replaces one
-// given with WithSchedulerOptions(keysched.WithObserver(...)). Close stops
-// the reporting. A nil mp is an error.
+// never a record key). The metrics are listed in the package documentation
+// (Metrics). A keysched.WithObserver given with WithSchedulerOptions is
+// refused (see there). Close stops the reporting. A nil mp is an error.
 func WithMeterProvider(mp metric.MeterProvider, attrs ...attribute.KeyValue) Option {
 	return func(c *config) error {
 		if mp == nil {

@@ -80,6 +80,10 @@ var (
 	ErrNotParked = errors.New("kafka: key is not parked")
 	// ErrNilContext is returned for a nil context.Context.
 	ErrNilContext = errors.New("kafka: nil context")
+	// ErrZeroConsumer is returned by the methods of a nil or zero Consumer
+	// (one not made by NewConsumer) that return an error; the others
+	// return zero values.
+	ErrZeroConsumer = errors.New("kafka: nil or zero Consumer (make one with NewConsumer)")
 )
 
 // An Option configures NewConsumer. A bad value makes NewConsumer fail with
@@ -145,8 +149,11 @@ func WithClientOptions(opts ...kgo.Opt) Option {
 // keysched.WithLogger (default: WithLogger's). The
 // consumer always adds keysched.WithRetryPanics (a panicking handler is a
 // failure like any other, retried by the policy) and its own
-// keysched.WithDeadLetter (given one here is an error). May be given more than
-// once.
+// keysched.WithDeadLetter and, with WithMeterProvider, its own
+// keysched.WithObserver: a keysched.WithDeadLetter or keysched.WithObserver
+// given here makes NewConsumer fail with ErrInvalidOption (the scheduler's
+// key type is the adapter's own; use WithDeadLetterTopic and
+// WithMeterProvider). May be given more than once.
 func WithSchedulerOptions(opts ...keysched.Option) Option {
 	return func(c *config) error {
 		for i, o := range opts {

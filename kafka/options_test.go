@@ -3,6 +3,7 @@ package kafka
 import (
 	"context"
 	"errors"
+	"go.opentelemetry.io/otel/metric/noop"
 	"strings"
 	"testing"
 
@@ -32,6 +33,12 @@ func TestBadOptions(t *testing.T) {
 		"no topics":           {WithClientOptions(kgo.SeedBrokers(tc.addrs...), kgo.ConsumerGroup("g"))},
 		"bad scheduler":       {ok, WithSchedulerOptions(keysched.WithWorkers(0))},
 		"nil sched option":    {ok, WithSchedulerOptions(nil)},
+		// The consumer's own dead-letter function and observer would
+		// replace these silently: they are refused instead.
+		"own dead letter": {ok, WithSchedulerOptions(keysched.WithDeadLetter(func(keysched.DeadLetter[string]) {}))},
+		"own observer":    {ok, WithSchedulerOptions(keysched.WithObserver(keysched.Observer[string]{}))},
+		"own observer with metrics": {ok, WithMeterProvider(noop.NewMeterProvider()),
+			WithSchedulerOptions(keysched.WithObserver(keysched.Observer[string]{}))},
 	}
 	for name, opts := range cases {
 		c, err := NewConsumer(h, opts...)
@@ -40,6 +47,9 @@ func TestBadOptions(t *testing.T) {
 		}
 		if c != nil {
 			t.Errorf("%s: a consumer came back with the error", name)
+		}
+		if strings.HasPrefix(name, "own ") && (err == nil || !strings.Contains(err.Error(), "WithDeadLetterTopic and WithMeterProvider")) {
+			t.Errorf("%s: %v, want an error that says what to use instead", name, err)
 		}
 		if (name == "no group" || name == "no topics") && (err == nil || !strings.Contains(err.Error(), "kgo.ConsumerGroup")) {
 			t.Errorf("%s: %v, want an error that names what the adapter needs", name, err)

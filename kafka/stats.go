@@ -62,6 +62,9 @@ type Stats struct {
 // Stats returns a snapshot. It is cheap (a short lock per owned partition,
 // no request to the brokers) and safe to call concurrently with everything.
 func (c *Consumer) Stats() Stats {
+	if c.zero() {
+		return Stats{}
+	}
 	st := Stats{
 		Group:             c.group,
 		Finished:          c.finished.Load(),

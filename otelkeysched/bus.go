@@ -46,16 +46,26 @@ type Bus interface {
 
 // A Registration stops reporting what RegisterSubscription or RegisterBus
 // started.
+//
+// The zero Registration is not usable: get one from RegisterSubscription or
+// RegisterBus. Unregister on a nil or zero Registration returns
+// ErrZeroRegistration.
 type Registration struct {
-	once sync.Once
-	reg  metric.Registration
-	err  error
+	once    sync.Once
+	reg     metric.Registration
+	release func()
+	err     error
 }
 
 // Unregister stops reporting: the series are gone from the next collection
-// on. It is idempotent (later calls return the first one's result).
+// on. It is idempotent (later calls return the first one's result). On a nil
+// or zero Registration it returns ErrZeroRegistration.
 func (r *Registration) Unregister() error {
+	if r == nil || r.reg == nil {
+		return ErrZeroRegistration
+	}
 	r.once.Do(func() {
+		r.release()
 		if err := r.reg.Unregister(); err != nil {
 			r.err = fmt.Errorf("otelkeysched: %w", err)
 		}
@@ -76,8 +86,11 @@ func (r *Registration) Unregister() error {
 //
 // Unregister the returned Registration when the subscription is gone
 // (Unsubscribe); until then its last figures keep being reported.
+// Errors: a nil sub (a typed nil *bus.Subscription included) or a bad option
+// (wrapping keysched.ErrInvalidOption); ErrRegistered when sub is registered
+// already on mp with the same attributes (its series would count twice).
 func RegisterSubscription(mp metric.MeterProvider, sub Subscription, opts ...Option) (*Registration, error) {
-	if sub == nil {
+	if isNil(sub) {
 		return nil, fmt.Errorf("%w: otelkeysched: nil Subscription", keysched.ErrInvalidOption)
 	}
 	cfg, err := newConfig(mp, opts)
@@ -91,11 +104,16 @@ func RegisterSubscription(mp metric.MeterProvider, sub Subscription, opts ...Opt
 	}
 	base := append(append([]attribute.KeyValue(nil), cfg.attrs...), SubscriptionKey.String(sub.Name()))
 	opt := metric.WithAttributeSet(attribute.NewSet(base...))
+	release, err := claim(meter, familyScheduler, sub, base)
+	if err != nil {
+		return nil, err
+	}
 	reg, err := meter.RegisterCallback(subCallback(in, sub, base, opt), in.observables...)
 	if err != nil {
+		release()
 		return nil, fmt.Errorf("otelkeysched: %w", err)
 	}
-	return &Registration{reg: reg}, nil
+	return &Registration{reg: reg, release: release}, nil
 }
 
 // subCallback reads a subscription's figures at collection time.
@@ -125,25 +143,33 @@ func subCallback(in *instruments, sub Subscription, base []attribute.KeyValue, o
 // ForSubscription(sub.Name()); together with its Observer (given to
 // bus.Subscribe with bus.Observe) that is the queue wait and duration
 // histograms too, and the oldest age. Unregister stops it. Errors: a nil sub
-// or a name other than ForSubscription's (wrapping keysched.ErrInvalidOption),
-// ErrRegistered, ErrUnregistered.
+// (a typed nil included) or a name other than ForSubscription's (wrapping
+// keysched.ErrInvalidOption), ErrRegistered (m has a registration, or sub is
+// registered with m's attributes on its MeterProvider), ErrUnregistered.
 func (m *Metrics[K]) RegisterSubscription(sub Subscription) error {
-	if sub == nil {
+	if m.zero() {
+		return ErrZeroMetrics
+	}
+	if isNil(sub) {
 		return fmt.Errorf("%w: otelkeysched: nil Subscription", keysched.ErrInvalidOption)
 	}
 	if m.subscription == "" || sub.Name() != m.subscription {
 		return fmt.Errorf("%w: otelkeysched: RegisterSubscription(%q) on Metrics made ForSubscription(%q)",
 			keysched.ErrInvalidOption, sub.Name(), m.subscription)
 	}
-	return m.register(subCallback(m.in, sub, m.attrs, metric.WithAttributeSet(attribute.NewSet(m.attrs...))))
+	return m.register(sub, subCallback(m.in, sub, m.attrs, metric.WithAttributeSet(attribute.NewSet(m.attrs...))))
 }
 
 // RegisterBus reports a bus's own counters at every collection:
 // keysched.bus.events.published, keysched.bus.events.unmatched and
 // keysched.bus.subscriptions, with the attributes of WithAttributes. Its
 // subscribers are registered one by one with RegisterSubscription.
+// Errors: a nil b (a typed nil *bus.Bus included: it used to be accepted and
+// panic at every collection) or a bad option (wrapping
+// keysched.ErrInvalidOption); ErrRegistered when b is registered already on
+// mp with the same attributes.
 func RegisterBus(mp metric.MeterProvider, b Bus, opts ...Option) (*Registration, error) {
-	if b == nil {
+	if isNil(b) {
 		return nil, fmt.Errorf("%w: otelkeysched: nil Bus", keysched.ErrInvalidOption)
 	}
 	cfg, err := newConfig(mp, opts)
@@ -163,6 +189,10 @@ func RegisterBus(mp metric.MeterProvider, b Bus, opts ...Option) (*Registration,
 		}
 	}
 	opt := metric.WithAttributeSet(attribute.NewSet(cfg.attrs...))
+	release, err := claim(meter, familyBus, b, cfg.attrs)
+	if err != nil {
+		return nil, err
+	}
 	reg, err := meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		st := b.Stats()
 		o.ObserveInt64(published, int64(st.Published), opt)
@@ -171,7 +201,8 @@ func RegisterBus(mp metric.MeterProvider, b Bus, opts ...Option) (*Registration,
 		return nil
 	}, published, unmatched, subs)
 	if err != nil {
+		release()
 		return nil, fmt.Errorf("otelkeysched: %w", err)
 	}
-	return &Registration{reg: reg}, nil
+	return &Registration{reg: reg, release: release}, nil
 }

@@ -61,9 +61,16 @@ var DefaultBuckets = []float64{
 
 // ErrRegistered is returned by Register on a Metrics that already has a
 // scheduler, and ErrUnregistered once Unregister was called.
+//
+// ErrZeroMetrics is returned by the methods of a nil or zero Metrics (one
+// not made by New) that return an error, and ErrZeroRegistration by
+// Unregister on a nil or zero Registration (one not returned by
+// RegisterSubscription or RegisterBus).
 var (
-	ErrRegistered   = errors.New("otelkeysched: a scheduler is already registered")
-	ErrUnregistered = errors.New("otelkeysched: unregistered")
+	ErrRegistered       = errors.New("otelkeysched: a scheduler is already registered")
+	ErrUnregistered     = errors.New("otelkeysched: unregistered")
+	ErrZeroMetrics      = errors.New("otelkeysched: nil or zero Metrics (make one with New)")
+	ErrZeroRegistration = errors.New("otelkeysched: nil or zero Registration (get one from RegisterSubscription or RegisterBus)")
 )
 
 // An Option configures New, RegisterSubscription and RegisterBus.
@@ -226,6 +233,10 @@ func withKV(base []attribute.KeyValue, kv ...attribute.KeyValue) attribute.Set {
 // No key is ever an attribute value (unbounded cardinality, personal data):
 // per-key detail is keysched.Scheduler.Keys's job. All methods are safe for
 // concurrent use.
+//
+// The zero Metrics is not usable: use New. The methods of a nil or zero
+// Metrics return ErrZeroMetrics (those with an error result) or zero values
+// (Observer returns the zero keysched.Observer, which observes nothing).
 type Metrics[K comparable] struct {
 	in           *instruments
 	meter        metric.Meter
@@ -236,10 +247,11 @@ type Metrics[K comparable] struct {
 	waitOpt []metric.RecordOption
 	durOpt  [3][]metric.RecordOption // succeeded, failed, panicked
 
-	mu    sync.Mutex
-	reg   metric.Registration
-	done  bool
-	muted atomic.Bool // Unregister was called: the observer records nothing
+	mu      sync.Mutex
+	reg     metric.Registration
+	release func() // the claim on (meter, attributes); nil when none
+	done    bool
+	muted   atomic.Bool // Unregister was called: the observer records nothing
 }
 
 // New makes the instruments for one scheduler of keys K on mp's Meter
@@ -272,6 +284,9 @@ func New[K comparable](mp metric.MeterProvider, opts ...Option) (*Metrics[K], er
 // Its cost per task: two monotonic clock reads per attempt and one at
 // acceptance (in the scheduler), plus two histogram recordings.
 func (m *Metrics[K]) Observer() keysched.Observer[K] {
+	if m.zero() {
+		return keysched.Observer[K]{}
+	}
 	return keysched.Observer[K]{
 		AttemptStarted: func(_ K, a keysched.AttemptInfo) {
 			if a.N == 1 && !m.muted.Load() {
@@ -295,12 +310,23 @@ func (m *Metrics[K]) Observer() keysched.Observer[K] {
 }
 
 // Register reports s's counters and oldest task's age at every collection,
+// under m's attributes. Registering s again on the same MeterProvider with
+// the same attributes (through another Metrics) is refused with an error
+// wrapping ErrRegistered: the SDK would sum the two into one series, every
+// task counted twice. (Two different schedulers with the same attributes
+// are summed too, which is their total; their oldest ages are then one of
+// the two: tell them apart with WithAttributes.)
+//
 // until Unregister. Each collection reads s.Stats and s.OldestAge (which
 // walks s's live keys' heads: see keysched.Scheduler.OldestAge); the age is
 // 0 unless s was made with the Observer (or keysched.WithTaskAges).
-// It returns ErrRegistered if a scheduler is registered already,
+// It returns ErrRegistered if a scheduler is registered already on m, or s
+// with m's attributes on its MeterProvider,
 // ErrUnregistered after Unregister, or the MeterProvider's error.
 func (m *Metrics[K]) Register(s *keysched.Scheduler[K]) error {
+	if m.zero() {
+		return ErrZeroMetrics
+	}
 	if s == nil {
 		return fmt.Errorf("%w: otelkeysched: Register(nil)", keysched.ErrInvalidOption)
 	}
@@ -308,13 +334,16 @@ func (m *Metrics[K]) Register(s *keysched.Scheduler[K]) error {
 		return fmt.Errorf("%w: otelkeysched: Metrics made ForSubscription(%q) registers a subscription, not a scheduler",
 			keysched.ErrInvalidOption, m.subscription)
 	}
-	return m.register(func(_ context.Context, o metric.Observer) error {
+	return m.register(s, func(_ context.Context, o metric.Observer) error {
 		m.in.observeStats(o, s.Stats(), m.attrs, s.OldestAge().Seconds())
 		return nil
 	})
 }
 
-func (m *Metrics[K]) register(f metric.Callback) error {
+// zero reports a nil Metrics or one not made by New.
+func (m *Metrics[K]) zero() bool { return m == nil || m.in == nil }
+
+func (m *Metrics[K]) register(target any, f metric.Callback) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	switch {
@@ -323,11 +352,16 @@ func (m *Metrics[K]) register(f metric.Callback) error {
 	case m.reg != nil:
 		return ErrRegistered
 	}
+	release, err := claim(m.meter, familyScheduler, target, m.attrs)
+	if err != nil {
+		return err
+	}
 	reg, err := m.meter.RegisterCallback(f, m.in.observables...)
 	if err != nil {
+		release()
 		return fmt.Errorf("otelkeysched: %w", err)
 	}
-	m.reg = reg
+	m.reg, m.release = reg, release
 	return nil
 }
 
@@ -335,6 +369,9 @@ func (m *Metrics[K]) register(f metric.Callback) error {
 // collection on (a cumulative exporter keeps the histograms' totals so far),
 // and the Observer records nothing more. It is idempotent, and final.
 func (m *Metrics[K]) Unregister() error {
+	if m.zero() {
+		return ErrZeroMetrics
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.muted.Store(true)
@@ -344,6 +381,7 @@ func (m *Metrics[K]) Unregister() error {
 	}
 	reg := m.reg
 	m.reg = nil
+	m.release()
 	if err := reg.Unregister(); err != nil {
 		return fmt.Errorf("otelkeysched: %w", err)
 	}

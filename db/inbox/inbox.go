@@ -59,6 +59,13 @@ var (
 	// ErrNilContext is returned by every method given a nil context (it
 	// is keysched.ErrNilContext).
 	ErrNilContext = keysched.ErrNilContext
+	// ErrZeroInbox is returned by the methods of a nil or zero Inbox (one
+	// not made by New) that return an error; the others return zero values.
+	ErrZeroInbox = errors.New("inbox: nil or zero Inbox (make one with New)")
+	// ErrZeroVersions is returned by the methods of a nil or zero Versions
+	// (one not made by NewVersions) that return an error; the others return
+	// zero values.
+	ErrZeroVersions = errors.New("inbox: nil or zero Versions (make one with NewVersions)")
 )
 
 // An Option configures New and NewVersions.
@@ -148,6 +155,10 @@ func validID(id string) error {
 }
 
 // An Inbox records the IDs of handled events. Safe for concurrent use.
+//
+// The zero Inbox is not usable: use New. The methods of a nil or zero Inbox
+// return ErrZeroInbox (those with an error result) or zero values, and
+// touch no database.
 type Inbox struct {
 	db                     *sql.DB
 	o                      options
@@ -171,8 +182,11 @@ func New(db *sql.DB, opts ...Option) (*Inbox, error) {
 
 // Schema returns the SQL that creates the inbox table (idempotent).
 // processed_at is TIMESTAMPTZ on PostgreSQL, INTEGER microseconds since the
-// Unix epoch on SQLite.
+// Unix epoch on SQLite. It returns nil for a nil or zero Inbox.
 func (in *Inbox) Schema() []string {
+	if in.zero() {
+		return nil
+	}
 	t := in.o.table
 	if in.o.dialect == Postgres {
 		return []string{
@@ -189,6 +203,9 @@ func (in *Inbox) Schema() []string {
 // CreateSchema runs Schema's statements in one transaction. Run it once at
 // start-up or from a migration.
 func (in *Inbox) CreateSchema(ctx context.Context) error {
+	if in.zero() {
+		return ErrZeroInbox
+	}
 	if ctx == nil {
 		return ErrNilContext
 	}
@@ -211,6 +228,9 @@ func createSchema(ctx context.Context, db *sql.DB, stmts []string) error {
 	}
 	return nil
 }
+
+// zero reports a nil Inbox or one not made by New.
+func (in *Inbox) zero() bool { return in == nil || in.db == nil }
 
 func timeArg(d Dialect, t time.Time) any {
 	if d == Postgres {
@@ -239,6 +259,9 @@ func timeArg(d Dialect, t time.Time) any {
 // way are not undone with it) and must not commit or roll it back. A panic in
 // fn rolls the transaction back and is re-raised.
 func (in *Inbox) Apply(ctx context.Context, eventID string, fn func(tx *sql.Tx) error) (applied bool, err error) {
+	if in.zero() {
+		return false, ErrZeroInbox
+	}
 	if ctx == nil {
 		return false, ErrNilContext
 	}
@@ -285,6 +308,9 @@ func runTx(ctx context.Context, db *sql.DB, body func(tx *sql.Tx) (bool, error))
 // roll tx back (or go on without the effect). Use it when you manage the
 // transaction yourself; Apply is Record plus the transaction.
 func (in *Inbox) Record(ctx context.Context, tx *sql.Tx, eventID string) (first bool, err error) {
+	if in.zero() {
+		return false, ErrZeroInbox
+	}
 	if ctx == nil {
 		return false, ErrNilContext
 	}
@@ -307,6 +333,9 @@ func (in *Inbox) Record(ctx context.Context, tx *sql.Tx, eventID string) (first 
 
 // Seen reports whether eventID is recorded (committed).
 func (in *Inbox) Seen(ctx context.Context, eventID string) (bool, error) {
+	if in.zero() {
+		return false, ErrZeroInbox
+	}
 	if ctx == nil {
 		return false, ErrNilContext
 	}
@@ -325,6 +354,9 @@ func (in *Inbox) Seen(ctx context.Context, eventID string) (bool, error) {
 // (WithRetention) and returns how many it deleted; without a retention it
 // deletes nothing. Call it periodically. See WithRetention for the risk.
 func (in *Inbox) Cleanup(ctx context.Context) (int64, error) {
+	if in.zero() {
+		return 0, ErrZeroInbox
+	}
 	if ctx == nil {
 		return 0, ErrNilContext
 	}

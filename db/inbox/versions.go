@@ -18,6 +18,10 @@ import (
 // events of one key, the source row's version column.
 //
 // Safe for concurrent use.
+//
+// The zero Versions is not usable: use NewVersions. The methods of a nil or
+// zero Versions return ErrZeroVersions (those with an error result) or zero
+// values, and touch no database.
 type Versions struct {
 	db         *sql.DB
 	o          options
@@ -44,13 +48,23 @@ func NewVersions(db *sql.DB, opts ...Option) (*Versions, error) {
 	return v, nil
 }
 
-// Schema returns the SQL that creates the versions table (idempotent).
+// Schema returns the SQL that creates the versions table (idempotent), nil
+// for a nil or zero Versions.
 func (v *Versions) Schema() []string {
+	if v.zero() {
+		return nil
+	}
 	return []string{`CREATE TABLE IF NOT EXISTS ` + v.o.table + ` (entity TEXT PRIMARY KEY, version BIGINT NOT NULL)`}
 }
 
+// zero reports a nil Versions or one not made by NewVersions.
+func (v *Versions) zero() bool { return v == nil || v.db == nil }
+
 // CreateSchema runs Schema's statements in one transaction.
 func (v *Versions) CreateSchema(ctx context.Context) error {
+	if v.zero() {
+		return ErrZeroVersions
+	}
 	if ctx == nil {
 		return ErrNilContext
 	}
@@ -70,6 +84,9 @@ func (v *Versions) CreateSchema(ctx context.Context) error {
 // wins, whatever the arrival order, and each version's fn runs at most once.
 // A panic in fn rolls back and is re-raised.
 func (v *Versions) Apply(ctx context.Context, entity string, version int64, fn func(tx *sql.Tx) error) (applied bool, err error) {
+	if v.zero() {
+		return false, ErrZeroVersions
+	}
 	if ctx == nil {
 		return false, ErrNilContext
 	}
@@ -93,6 +110,9 @@ func (v *Versions) Apply(ctx context.Context, entity string, version int64, fn f
 // the write (or roll back). On PostgreSQL it locks the entity's row until tx
 // ends.
 func (v *Versions) Gate(ctx context.Context, tx *sql.Tx, entity string, version int64) (newer bool, err error) {
+	if v.zero() {
+		return false, ErrZeroVersions
+	}
 	if ctx == nil {
 		return false, ErrNilContext
 	}
@@ -115,6 +135,9 @@ func (v *Versions) Gate(ctx context.Context, tx *sql.Tx, entity string, version 
 
 // Current returns the version stored for entity; ok is false when none is.
 func (v *Versions) Current(ctx context.Context, entity string) (version int64, ok bool, err error) {
+	if v.zero() {
+		return 0, false, ErrZeroVersions
+	}
 	if ctx == nil {
 		return 0, false, ErrNilContext
 	}

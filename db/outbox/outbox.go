@@ -56,6 +56,13 @@ var (
 	// lacks the token column (created by an older version of this
 	// package): run CreateSchema (or see Schema) first.
 	ErrSchemaOutdated = errors.New("outbox: lease table has no token column: run CreateSchema")
+	// ErrZeroOutbox is returned by the methods of a nil or zero Outbox (one
+	// not made by New) that return an error; the others return zero values.
+	ErrZeroOutbox = errors.New("outbox: nil or zero Outbox (make one with New)")
+	// ErrZeroRelay is returned by the methods of a nil or zero Relay (one
+	// not made by Outbox.NewRelay) that return an error; the others return
+	// zero values.
+	ErrZeroRelay = errors.New("outbox: nil or zero Relay (make one with Outbox.NewRelay)")
 )
 
 // MaxKeyLen and MaxTypeLen bound an event's key and type, in bytes.
@@ -95,6 +102,10 @@ type Event struct {
 // transactions, and makes the relays that publish them. It holds no
 // connection of its own: every call uses the *sql.DB it was made with, or
 // the transaction given. Safe for concurrent use.
+//
+// The zero Outbox is not usable: use New. The methods of a nil or zero
+// Outbox return ErrZeroOutbox (those with an error result) or zero values,
+// and touch no database.
 type Outbox struct {
 	db      *sql.DB
 	dialect Dialect
@@ -157,18 +168,37 @@ func New(db *sql.DB, opts ...Option) (*Outbox, error) {
 }
 
 // DB returns the database the Outbox was made with.
-func (o *Outbox) DB() *sql.DB { return o.db }
+func (o *Outbox) DB() *sql.DB {
+	if o.zero() {
+		return nil
+	}
+	return o.db
+}
 
-// Dialect returns the Outbox's database dialect (never Auto).
-func (o *Outbox) Dialect() Dialect { return o.dialect }
+// Dialect returns the Outbox's database dialect (never Auto, except for a
+// nil or zero Outbox).
+func (o *Outbox) Dialect() Dialect {
+	if o.zero() {
+		return Auto
+	}
+	return o.dialect
+}
 
-// Table returns the outbox table's name.
-func (o *Outbox) Table() string { return o.table }
+// Table returns the outbox table's name ("" for a nil or zero Outbox).
+func (o *Outbox) Table() string {
+	if o.zero() {
+		return ""
+	}
+	return o.table
+}
+
+// zero reports a nil Outbox or one not made by New.
+func (o *Outbox) zero() bool { return o == nil || o.db == nil }
 
 // Schema returns the SQL statements that create the outbox's tables, indexes
 // and (on PostgreSQL) the trigger that notifies relays of new rows, in order.
 // Each is idempotent (IF NOT EXISTS, OR REPLACE). Use it to put the schema
-// into your own migrations.
+// into your own migrations. It returns nil for a nil or zero Outbox.
 //
 // Upgrading: the lease table gained a token column (each relay's fencing
 // token, see WithOwner). On PostgreSQL Schema includes ALTER TABLE ... ADD
@@ -177,13 +207,21 @@ func (o *Outbox) Table() string { return o.table }
 // ALTER TABLE <table>_lease ADD COLUMN token TEXT once. A relay refuses to
 // run (Run returns an error wrapping ErrSchemaOutdated) on a lease table
 // without it.
-func (o *Outbox) Schema() []string { return schema(o.dialect, o.table) }
+func (o *Outbox) Schema() []string {
+	if o.zero() {
+		return nil
+	}
+	return schema(o.dialect, o.table)
+}
 
 // CreateSchema runs Schema's statements in one transaction. It is
 // idempotent, but not meant to race with itself: on PostgreSQL two concurrent
 // first runs can fail on the catalog's unique indexes; run it once at start-up
 // or from a migration.
 func (o *Outbox) CreateSchema(ctx context.Context) error {
+	if o.zero() {
+		return ErrZeroOutbox
+	}
 	if ctx == nil {
 		return keysched.ErrNilContext
 	}
@@ -231,9 +269,12 @@ func (o *Outbox) CreateSchema(ctx context.Context) error {
 // usually does. SQLite runs one write transaction at a time, so there insert
 // order is commit order.
 //
-// Errors: ErrNilTx, ErrInvalidEvent, ErrDuplicateID (wrapped), ctx's error,
+// Errors: ErrZeroOutbox, ErrNilTx, ErrInvalidEvent, ErrDuplicateID (wrapped), ctx's error,
 // or the database's. On PostgreSQL any error aborts tx.
 func (o *Outbox) Write(ctx context.Context, tx *sql.Tx, e Event) (id string, err error) {
+	if o.zero() {
+		return "", ErrZeroOutbox
+	}
 	if ctx == nil {
 		return "", keysched.ErrNilContext
 	}
@@ -340,6 +381,9 @@ type DeadEvent struct {
 // that failed for good and have been neither resumed nor skipped. Under the
 // Park policy each such row stops its key.
 func (o *Outbox) Dead(ctx context.Context, limit int) ([]DeadEvent, error) {
+	if o.zero() {
+		return nil, ErrZeroOutbox
+	}
 	if ctx == nil {
 		return nil, keysched.ErrNilContext
 	}
@@ -376,6 +420,9 @@ func (o *Outbox) Dead(ctx context.Context, limit int) ([]DeadEvent, error) {
 // Parked returns the keys that have a dead row, sorted. Under the Park
 // policy these keys are stopped until Resume or Skip.
 func (o *Outbox) Parked(ctx context.Context) ([]string, error) {
+	if o.zero() {
+		return nil, ErrZeroOutbox
+	}
 	if ctx == nil {
 		return nil, keysched.ErrNilContext
 	}
@@ -404,37 +451,69 @@ func (o *Outbox) Parked(ctx context.Context) ([]string, error) {
 // when the key has no dead row. Under the Continue policy the key's later rows
 // may have been published already: the resumed row then arrives after them.
 func (o *Outbox) Resume(ctx context.Context, key string) error {
-	return o.moveDead(ctx, key, Pending)
+	_, err := o.moveDead(ctx, key, Pending)
+	return err
 }
 
 // Skip gives up the key's oldest dead row for good (it becomes Skipped, with
 // its error and attempts kept) so that, under Park, the key goes on with its
 // next row. It returns ErrNotParked when the key has no dead row.
 func (o *Outbox) Skip(ctx context.Context, key string) error {
+	_, err := o.SkipHead(ctx, key)
+	return err
+}
+
+// SkipHead is Skip that also returns the ID of the row it gave up, moved and
+// named by one statement. (Reading the key's oldest dead row, then calling
+// Skip, can name another row than the one skipped: the head may be resumed,
+// published, and the next row die in between.) Errors as Skip's.
+func (o *Outbox) SkipHead(ctx context.Context, key string) (id string, err error) {
 	return o.moveDead(ctx, key, Skipped)
 }
 
-func (o *Outbox) moveDead(ctx context.Context, key string, to State) error {
+func (o *Outbox) moveDead(ctx context.Context, key string, to State) (string, error) {
+	if o.zero() {
+		return "", ErrZeroOutbox
+	}
 	if ctx == nil {
-		return keysched.ErrNilContext
+		return "", keysched.ErrNilContext
 	}
-	res, err := o.db.ExecContext(ctx, o.q.moveDead, int(to), key, key)
-	if err != nil {
-		return fmt.Errorf("outbox: %v key %q: %w", to, key, err)
+	// On PostgreSQL (READ COMMITTED) two concurrent moves pick the same
+	// oldest dead row; the second waits for the first's lock, then finds
+	// the row no longer dead and moves nothing, while the key may have
+	// more dead rows: ErrNotParked was reported for a key still parked.
+	// So a move of nothing is retried while the key has a dead row (each
+	// retry follows another caller's committed move: progress).
+	for range maxMoveTries {
+		var id string
+		err := o.db.QueryRowContext(ctx, o.q.moveDead, int(to), key, key).Scan(&id)
+		if err == nil {
+			return id, nil
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return "", fmt.Errorf("outbox: %v key %q: %w", to, key, err)
+		}
+		var one int
+		err = o.db.QueryRowContext(ctx, o.q.hasDead, key).Scan(&one)
+		if errors.Is(err, sql.ErrNoRows) {
+			return "", fmt.Errorf("%w: %q", ErrNotParked, key)
+		}
+		if err != nil {
+			return "", fmt.Errorf("outbox: %v key %q: %w", to, key, err)
+		}
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return fmt.Errorf("outbox: %v key %q: %w", to, key, err)
-	}
-	if n == 0 {
-		return fmt.Errorf("%w: %q", ErrNotParked, key)
-	}
-	return nil
+	return "", fmt.Errorf("outbox: %v key %q: still contended after %d tries", to, key, maxMoveTries)
 }
+
+// maxMoveTries bounds moveDead's retries under contention.
+const maxMoveTries = 1000
 
 // Count returns how many rows are in each state (rows deleted when sent are
 // not counted).
 func (o *Outbox) Count(ctx context.Context) (map[State]int64, error) {
+	if o.zero() {
+		return nil, ErrZeroOutbox
+	}
 	if ctx == nil {
 		return nil, keysched.ErrNilContext
 	}

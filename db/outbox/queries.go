@@ -87,7 +87,7 @@ type queries struct {
 	d     Dialect
 	table string
 
-	insert, listDead, parkedKeys, moveDead, countStates string
+	insert, listDead, parkedKeys, moveDead, hasDead, countStates string
 
 	// relay
 	renew, release, releaseAll         string
@@ -112,7 +112,8 @@ func newQueries(d Dialect, t string) queries {
 	q.insert = r(`INSERT INTO ` + t + ` (id, key, type, payload, headers, created_at) VALUES (?, ?, ?, ?, ?, ?)`)
 	q.listDead = r(`SELECT seq, id, key, type, payload, headers, created_at, attempts, last_error, done_at FROM ` + t + ` WHERE state = 2 ORDER BY seq LIMIT ?`)
 	q.parkedKeys = `SELECT DISTINCT key FROM ` + t + ` WHERE state = 2 ORDER BY key`
-	q.moveDead = r(`UPDATE ` + t + ` SET state = ? WHERE seq = (SELECT MIN(seq) FROM ` + t + ` WHERE key = ? AND state = 2) AND key = ? AND state = 2`)
+	q.moveDead = r(`UPDATE ` + t + ` SET state = ? WHERE seq = (SELECT MIN(seq) FROM ` + t + ` WHERE key = ? AND state = 2) AND key = ? AND state = 2 RETURNING id`)
+	q.hasDead = r(`SELECT 1 FROM ` + t + ` WHERE key = ? AND state = 2 LIMIT 1`)
 	q.countStates = `SELECT state, COUNT(*) FROM ` + t + ` GROUP BY state`
 
 	// A lease is this relay's when both its owner name and its token are

@@ -334,6 +334,10 @@ func WithSchedulerOptions(opts ...keysched.Option) RelayOption {
 // row's key. Make one with Outbox.NewRelay, start it with Run, stop it with
 // Close. Several relays (in one process or several) may run on one outbox:
 // each key is published by one relay at a time (see the package doc).
+//
+// The zero Relay is not usable: use Outbox.NewRelay. The methods of a nil or
+// zero Relay return ErrZeroRelay (those with an error result) or zero
+// values, and do nothing else.
 type Relay struct {
 	o     *Outbox
 	sink  Sink
@@ -434,8 +438,12 @@ type jobKey struct{}
 // NewRelay returns a relay that publishes this outbox's pending rows with
 // sink. It starts the relay's scheduler (and its pool of workers) but reads
 // nothing before Run. Call Close to release it. A nil sink gets ErrNilSink, a
-// bad option an error wrapping ErrInvalidOption.
+// bad option an error wrapping ErrInvalidOption, a nil or zero Outbox
+// ErrZeroOutbox.
 func (o *Outbox) NewRelay(sink Sink, opts ...RelayOption) (*Relay, error) {
+	if o.zero() {
+		return nil, ErrZeroOutbox
+	}
 	if sink == nil {
 		return nil, ErrNilSink
 	}
@@ -508,15 +516,33 @@ func (o *Outbox) NewRelay(sink Sink, opts ...RelayOption) (*Relay, error) {
 // Observer given through WithSchedulerOptions; OldestAge and Keys report
 // ages only with keysched.WithTaskAges or an observer). Do not submit to it, Close it, or Resume/Skip its
 // keys: the relay owns it (use Relay.Resume and Relay.Skip).
-func (r *Relay) Scheduler() *keysched.Scheduler[string] { return r.sched }
+func (r *Relay) Scheduler() *keysched.Scheduler[string] {
+	if r.zero() {
+		return nil
+	}
+	return r.sched
+}
 
 // Owner returns the relay's name in the lease table.
-func (r *Relay) Owner() string { return r.cfg.owner }
+func (r *Relay) Owner() string {
+	if r.zero() {
+		return ""
+	}
+	return r.cfg.owner
+}
+
+// zero reports a nil Relay or one not made by Outbox.NewRelay.
+func (r *Relay) zero() bool { return r == nil || r.sched == nil }
 
 // Token returns the relay's fencing token: a random UUID made by NewRelay,
 // unique to this Relay value, stored with its name in each lease row it
-// holds (column token). See WithOwner.
-func (r *Relay) Token() string { return r.token }
+// holds (column token). See WithOwner. "" for a nil or zero Relay.
+func (r *Relay) Token() string {
+	if r.zero() {
+		return ""
+	}
+	return r.token
+}
 
 // RelayStats is a snapshot of a relay's counters, read one by one.
 type RelayStats struct {
@@ -539,6 +565,9 @@ type RelayStats struct {
 
 // Stats returns a snapshot of the relay's counters.
 func (r *Relay) Stats() RelayStats {
+	if r.zero() {
+		return RelayStats{}
+	}
 	r.mu.Lock()
 	inflight := r.inflight
 	r.mu.Unlock()
@@ -554,11 +583,19 @@ func (r *Relay) Stats() RelayStats {
 
 // Parked returns the keys with a dead row (see Outbox.Parked): under the
 // Park policy, the keys stopped until Resume or Skip.
-func (r *Relay) Parked(ctx context.Context) ([]string, error) { return r.o.Parked(ctx) }
+func (r *Relay) Parked(ctx context.Context) ([]string, error) {
+	if r.zero() {
+		return nil, ErrZeroRelay
+	}
+	return r.o.Parked(ctx)
+}
 
 // Resume makes the key's oldest dead row pending again (Outbox.Resume) and
 // wakes the relay. Any relay of the outbox then publishes it.
 func (r *Relay) Resume(ctx context.Context, key string) error {
+	if r.zero() {
+		return ErrZeroRelay
+	}
 	if err := r.o.Resume(ctx, key); err != nil {
 		return err
 	}
@@ -569,11 +606,22 @@ func (r *Relay) Resume(ctx context.Context, key string) error {
 // Skip gives up the key's oldest dead row (Outbox.Skip) and wakes the relay,
 // so that under Park the key goes on with its next row.
 func (r *Relay) Skip(ctx context.Context, key string) error {
-	if err := r.o.Skip(ctx, key); err != nil {
-		return err
+	_, err := r.SkipHead(ctx, key)
+	return err
+}
+
+// SkipHead is Skip that also returns the ID of the row it gave up (see
+// Outbox.SkipHead).
+func (r *Relay) SkipHead(ctx context.Context, key string) (string, error) {
+	if r.zero() {
+		return "", ErrZeroRelay
+	}
+	id, err := r.o.SkipHead(ctx, key)
+	if err != nil {
+		return "", err
 	}
 	r.signal()
-	return nil
+	return id, nil
 }
 
 func (r *Relay) mono() int64 { return int64(time.Since(r.epoch)) }
@@ -597,6 +645,9 @@ func (r *Relay) signal() {
 // once they have returned. Rows given back stay pending: they are published
 // by this outbox's next relay to claim their key.
 func (r *Relay) Run(ctx context.Context) error {
+	if r.zero() {
+		return ErrZeroRelay
+	}
 	if ctx == nil {
 		return keysched.ErrNilContext
 	}
@@ -683,6 +734,9 @@ func (r *Relay) Run(ctx context.Context) error {
 // error once Run has returned). Close without Run releases the scheduler.
 // Close is idempotent; only the first call's ctx bounds the drain.
 func (r *Relay) Close(ctx context.Context) error {
+	if r.zero() {
+		return ErrZeroRelay
+	}
 	if ctx == nil {
 		return keysched.ErrNilContext
 	}

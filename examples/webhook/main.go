@@ -62,7 +62,7 @@ type options struct {
 	brkOpen       time.Duration
 }
 
-func parseFlags() (options, error) {
+func parseFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("webhook", flag.ContinueOnError)
 	fs.StringVar(&o.intake, "intake", "127.0.0.1:8080", "intake listen address (partners POST /events/{partner}); :0 picks a port")
@@ -84,17 +84,53 @@ func parseFlags() (options, error) {
 	fs.DurationVar(&o.brkOpen, "breaker-open", 10*time.Second, "how long an open breaker refuses calls before trying one")
 	fs.StringVar(&o.relayName, "relay-name", "webhook", "this instance's name in the relay's lease table: the same across restarts (a restart takes its partners back at once), distinct per instance sharing a -postgres database")
 	fs.DurationVar(&o.lease, "lease", 30*time.Second, "relay lease per partner: after a crash, how long before a new process takes a partner over; well above -timeout")
-	if err := fs.Parse(os.Args[1:]); err != nil {
+	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	// Checked here, not left to what they feed: -sim-rate 1e10 (or +Inf)
+	// made the producer's ticker interval 0, and NewTicker panicked in its
+	// goroutine, killing the service; -dest-rate +Inf made the burst an
+	// out-of-range float-to-int conversion.
+	switch {
+	case !(o.simRate >= 0 && o.simRate <= maxSimRate):
+		return o, fmt.Errorf("-sim-rate %v: need 0 to %v events per second", o.simRate, maxSimRate)
+	case !(o.rate > 0 && o.rate <= maxDestRate):
+		return o, fmt.Errorf("-dest-rate %v: need above 0, at most %v calls per second", o.rate, maxDestRate)
+	case o.endpoints == "" && (o.partners < 1 || o.partners > maxSimPartners):
+		return o, fmt.Errorf("-partners %d: need 1 to %d", o.partners, maxSimPartners)
+	}
 	return o, nil
 }
 
+// Bounds of the flags that feed arithmetic.
+const (
+	maxSimRate     = 100_000
+	maxDestRate    = 1e9
+	maxSimPartners = 1000
+)
+
+// parseEndpoints parses -endpoints: partner=URL pairs separated by commas.
+// A partner named twice is an error (the last one silently won).
+func parseEndpoints(s string) (map[string]string, error) {
+	partners := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		p, u, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok || p == "" || u == "" {
+			return nil, fmt.Errorf("-endpoints: %q is not partner=URL", kv)
+		}
+		if prev, dup := partners[p]; dup {
+			return nil, fmt.Errorf("-endpoints: partner %q given twice (%s and %s)", p, prev, u)
+		}
+		partners[p] = u
+	}
+	return partners, nil
+}
+
 func run() error {
-	o, err := parseFlags()
+	o, err := parseFlags(os.Args[1:])
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -113,12 +149,8 @@ func run() error {
 	partners := map[string]string{}
 	var endpoints []*sim.Endpoint
 	if o.endpoints != "" {
-		for _, kv := range strings.Split(o.endpoints, ",") {
-			p, u, ok := strings.Cut(strings.TrimSpace(kv), "=")
-			if !ok || p == "" || u == "" {
-				return fmt.Errorf("-endpoints: %q is not partner=URL", kv)
-			}
-			partners[p] = u
+		if partners, err = parseEndpoints(o.endpoints); err != nil {
+			return err
 		}
 	} else {
 		rec := sim.NewRecorder()

@@ -80,7 +80,9 @@ func chaos(ctx context.Context, eps []*sim.Endpoint, log *slog.Logger) {
 // produce posts events to random partners at about rate per second.
 func produce(ctx context.Context, intake string, partners []string, rate float64, log *slog.Logger) {
 	client := &http.Client{Timeout: 5 * time.Second}
-	tick := time.NewTicker(time.Duration(float64(time.Second) / rate))
+	// At least a microsecond: a rate so high that the interval rounds to
+	// 0 made NewTicker panic.
+	tick := time.NewTicker(max(time.Microsecond, time.Duration(float64(time.Second)/rate)))
 	defer tick.Stop()
 	var n, rejected int
 	for {

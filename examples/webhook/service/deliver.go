@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"time"
 
@@ -95,6 +97,10 @@ type destination struct {
 // destination's bulkhead, token bucket and circuit breaker, with a timeout.
 // It is safe for concurrent use; the ordering per partner is the caller's
 // (the relay runs one partner's events one at a time).
+//
+// The zero Deliverer is not usable: use NewDeliverer. Deliver on a nil or
+// zero Deliverer returns ErrZeroDeliverer; its other methods return zero
+// values and do nothing.
 type Deliverer struct {
 	client    *http.Client
 	timeout   time.Duration
@@ -109,7 +115,8 @@ type DelivererConfig struct {
 	Endpoints map[string]string // partner -> endpoint URL (http or https)
 	Limits    DestinationLimits // applied to every destination
 	// PerDestination overrides Limits for a destination, keyed by
-	// "scheme://host:port".
+	// "scheme://host:port" (without the port, the scheme's default). A key
+	// that is no endpoint's destination is an ErrInvalidConfig.
 	PerDestination map[string]DestinationLimits
 	Breaker        BreakerSettings
 	// Timeout bounds each call from dial to the end of the response body.
@@ -150,6 +157,25 @@ func NewDeliverer(cfg DelivererConfig) (*Deliverer, error) {
 		// A webhook endpoint that redirects is misconfigured: do not follow.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
+	// PerDestination's keys, normalised: "https://api.example.com" is
+	// "https://api.example.com:443". A key that names no partner's
+	// destination is an error: it was silently ignored (a limit written
+	// without the port, or for a host no partner uses, never applied).
+	per := map[string]DestinationLimits{}
+	for k, l := range cfg.PerDestination {
+		u, err := url.Parse(k)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("%w: PerDestination key %q: need scheme://host[:port], http or https", ErrInvalidConfig, k)
+		}
+		if err := l.validate(); err != nil {
+			return nil, fmt.Errorf("PerDestination %q: %w", k, err)
+		}
+		name := destName(u)
+		if prev, ok := per[name]; ok && prev != l {
+			return nil, fmt.Errorf("%w: PerDestination: two different limits for %s", ErrInvalidConfig, name)
+		}
+		per[name] = l
+	}
 	for partner, raw := range cfg.Endpoints {
 		u, err := url.Parse(raw)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -160,10 +186,7 @@ func NewDeliverer(cfg DelivererConfig) (*Deliverer, error) {
 		dst := d.dests[name]
 		if dst == nil {
 			lim := cfg.Limits
-			if o, ok := cfg.PerDestination[name]; ok {
-				if err := o.validate(); err != nil {
-					return nil, err
-				}
+			if o, ok := per[name]; ok {
 				lim = o
 			}
 			dst = &destination{
@@ -192,6 +215,12 @@ func NewDeliverer(cfg DelivererConfig) (*Deliverer, error) {
 		}
 		d.byPartner[partner] = dst
 	}
+	for name := range per {
+		if d.dests[name] == nil {
+			known := slices.Sorted(maps.Keys(d.dests))
+			return nil, fmt.Errorf("%w: PerDestination %s is no partner's destination (they are %v)", ErrInvalidConfig, name, known)
+		}
+	}
 	return d, nil
 }
 
@@ -206,6 +235,9 @@ func destName(u *url.URL) string {
 // Destination returns the destination name of a partner's endpoint, "" for
 // an unknown partner.
 func (d *Deliverer) Destination(partner string) string {
+	if d.zero() {
+		return ""
+	}
 	if dst := d.byPartner[partner]; dst != nil {
 		return dst.name
 	}
@@ -214,6 +246,9 @@ func (d *Deliverer) Destination(partner string) string {
 
 // BreakerState returns the state of a destination's breaker.
 func (d *Deliverer) BreakerState(dest string) (gobreaker.State, bool) {
+	if d.zero() {
+		return 0, false
+	}
 	dst := d.dests[dest]
 	if dst == nil {
 		return 0, false
@@ -236,6 +271,9 @@ type Delivery struct {
 // the configured Timeout plus the wait for a rate token (itself bounded by
 // the same deadline).
 func (d *Deliverer) Deliver(ctx context.Context, ev Delivery) error {
+	if d.zero() {
+		return ErrZeroDeliverer
+	}
 	u := d.endpoints[ev.Partner]
 	dst := d.byPartner[ev.Partner]
 	if u == nil || dst == nil {
@@ -289,4 +327,12 @@ func (d *Deliverer) post(ctx context.Context, u *url.URL, ev Delivery) error {
 }
 
 // Close releases idle connections.
-func (d *Deliverer) Close() { d.client.CloseIdleConnections() }
+func (d *Deliverer) Close() {
+	if d.zero() {
+		return
+	}
+	d.client.CloseIdleConnections()
+}
+
+// zero reports a nil Deliverer or one not made by NewDeliverer.
+func (d *Deliverer) zero() bool { return d == nil || d.client == nil }

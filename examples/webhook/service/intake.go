@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 )
@@ -76,6 +77,14 @@ func parseIntake(r *http.Request, w http.ResponseWriter) (IntakeRequest, int, er
 			return req, http.StatusRequestEntityTooLarge, fmt.Errorf("body over %d bytes", MaxBodyBytes)
 		}
 		return req, http.StatusBadRequest, fmt.Errorf("reading body: %v", err)
+	}
+	// JSON text is UTF-8 (RFC 8259 section 8.1). encoding/json accepts
+	// invalid bytes inside strings, and data is forwarded byte for byte: an
+	// event with them would reach the customer as a body its JSON parser
+	// rejects, on every attempt, until the partner is parked (a poison
+	// event). Refuse it here, where the partner can still fix it.
+	if !utf8.Valid(body) {
+		return req, http.StatusBadRequest, errors.New("body is not valid UTF-8")
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()

@@ -23,6 +23,10 @@ const (
 )
 
 type metrics struct {
+	meter      metric.Meter
+	backlog    metric.Int64ObservableGauge
+	oldest     metric.Float64ObservableGauge
+	parkedG    metric.Int64ObservableGauge
 	deliveries metric.Int64Counter
 	parks      metric.Int64Counter
 	intake     metric.Int64Counter
@@ -37,13 +41,18 @@ var (
 	attrRejected  = attribute.String("result", "rejected")
 )
 
-func newMetrics(mp metric.MeterProvider, s *Service) (*metrics, error) {
+// newMetrics makes the instruments. The gauges' callback, which reads the
+// whole service (Status), is registered by observe once the service is
+// complete: a reader may collect at any moment after registration (a
+// PeriodicReader's goroutine, a scrape), and a collection during New found
+// the relay not made yet (a nil dereference that killed the process).
+func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 	if mp == nil {
 		mp = noop.NewMeterProvider()
 	}
 	m := mp.Meter("github.com/keysched/keysched/examples/webhook")
 	var (
-		mt  metrics
+		mt  = metrics{meter: m}
 		err error
 	)
 	if mt.deliveries, err = m.Int64Counter(MetricDeliveries, metric.WithUnit("{attempt}"),
@@ -63,23 +72,27 @@ func newMetrics(mp metric.MeterProvider, s *Service) (*metrics, error) {
 		metric.WithExplicitBucketBoundaries(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)); err != nil {
 		return nil, err
 	}
-	backlog, err := m.Int64ObservableGauge(MetricBacklog, metric.WithUnit("{event}"),
-		metric.WithDescription("Accepted events not yet delivered, per partner."))
-	if err != nil {
+	if mt.backlog, err = m.Int64ObservableGauge(MetricBacklog, metric.WithUnit("{event}"),
+		metric.WithDescription("Accepted events not yet delivered, per partner.")); err != nil {
 		return nil, err
 	}
-	oldest, err := m.Float64ObservableGauge(MetricOldestAge, metric.WithUnit("s"),
-		metric.WithDescription("Age of the oldest undelivered event, per partner (0 when none)."))
-	if err != nil {
+	if mt.oldest, err = m.Float64ObservableGauge(MetricOldestAge, metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest undelivered event, per partner (0 when none).")); err != nil {
 		return nil, err
 	}
-	parked, err := m.Int64ObservableGauge(MetricParked, metric.WithUnit("{partner}"),
-		metric.WithDescription("1 when the partner is parked, else 0."))
-	if err != nil {
+	if mt.parkedG, err = m.Int64ObservableGauge(MetricParked, metric.WithUnit("{partner}"),
+		metric.WithDescription("1 when the partner is parked, else 0.")); err != nil {
 		return nil, err
 	}
-	// Read at collection time: nothing is recorded per event for these.
-	mt.reg, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+	return &mt, nil
+}
+
+// observe registers the gauges' callback, read at collection time (nothing
+// is recorded per event for these). Call it once s is complete.
+func (mt *metrics) observe(s *Service) error {
+	backlog, oldest, parked := mt.backlog, mt.oldest, mt.parkedG
+	var err error
+	mt.reg, err = mt.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		all, err := s.Status(ctx)
 		if err != nil {
 			return err
@@ -96,10 +109,7 @@ func newMetrics(mp metric.MeterProvider, s *Service) (*metrics, error) {
 		}
 		return nil
 	}, backlog, oldest, parked)
-	if err != nil {
-		return nil, err
-	}
-	return &mt, nil
+	return err
 }
 
 func partnerAttr(p string) attribute.KeyValue { return attribute.String("partner", p) }

@@ -6,6 +6,7 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 )
 
@@ -82,7 +83,7 @@ func (s *Service) handleOperatorPage(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		return
 	}
-	d := pageData{Now: now.UTC(), Partners: all, Flash: r.URL.Query().Get("done")}
+	d := pageData{Now: now.UTC(), Partners: all, Flash: s.flash(r.URL.Query().Get("done"))}
 	for _, p := range all {
 		d.Total += p.Backlog
 		if p.Parked {
@@ -118,10 +119,28 @@ func (s *Service) handleOperatorAction(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, ErrNotParked):
 		http.Error(w, fmt.Sprintf("partner %q is not parked", partner), http.StatusConflict)
 		return
+	case errors.Is(err, ErrClosed):
+		http.Error(w, "the service is shutting down", http.StatusServiceUnavailable)
+		return
 	case err != nil:
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
-	past := map[string]string{"resume": "resumed", "skip": "skipped the head event of"}[action]
-	http.Redirect(w, r, "/?done="+url.QueryEscape(past+" "+partner), http.StatusSeeOther)
+	http.Redirect(w, r, "/?done="+url.QueryEscape(actionDone[action]+" "+partner), http.StatusSeeOther)
+}
+
+// actionDone is what the page says after an action, followed by the partner.
+var actionDone = map[string]string{"resume": "resumed", "skip": "skipped the head event of"}
+
+// flash returns the page's confirmation for done (the redirect's query), or
+// "" unless it is one the actions produce for a configured partner: any
+// link could otherwise make the operator page state anything ("?done=all
+// events delivered"), in its own voice.
+func (s *Service) flash(done string) string {
+	for _, past := range actionDone {
+		if p, ok := strings.CutPrefix(done, past+" "); ok && s.known(p) {
+			return done
+		}
+	}
+	return ""
 }

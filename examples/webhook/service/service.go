@@ -53,6 +53,16 @@ var (
 	ErrNotParked = errors.New("webhook: partner is not parked")
 	// ErrClosed is returned by calls made after Close.
 	ErrClosed = errors.New("webhook: service closed")
+	// ErrZeroService is returned by the methods of a nil or zero Service
+	// (one not made by New) that return an error; its handlers answer 500
+	// with it.
+	ErrZeroService = errors.New("webhook: nil or zero Service (make one with New)")
+	// ErrZeroDeliverer is returned by Deliver on a nil or zero Deliverer
+	// (one not made by NewDeliverer); its other methods return zero values.
+	ErrZeroDeliverer = errors.New("webhook: nil or zero Deliverer (make one with NewDeliverer)")
+	// ErrZeroStore is returned by Close on a nil or zero Store (one not
+	// made by NewStore, OpenSQLite or OpenPostgres); Outbox returns nil.
+	ErrZeroStore = errors.New("webhook: nil or zero Store (make one with NewStore, OpenSQLite or OpenPostgres)")
 )
 
 // Config configures New. Zero fields take the defaults documented on each.
@@ -71,7 +81,9 @@ type Config struct {
 	Workers int
 	// Limits applies to every destination (an endpoint's scheme://host:port)
 	// unless PerDestination overrides it. Default Concurrency 8, Rate 200/s,
-	// Burst 50.
+	// Burst 50. PerDestination's keys are "scheme://host[:port]" (the port
+	// defaults to the scheme's); a key that is no partner's destination is
+	// an ErrInvalidConfig.
 	Limits         DestinationLimits
 	PerDestination map[string]DestinationLimits
 	// Breaker configures each destination's circuit breaker. Default: 5
@@ -181,6 +193,12 @@ func (c *Config) defaults() error {
 
 // Service is the running webhook delivery service. Create it with New, serve
 // IntakeHandler and AdminHandler, stop it with Close.
+//
+// The zero Service is not usable: use New. The methods of a nil or zero
+// Service return ErrZeroService (those with an error result); its
+// IntakeHandler and AdminHandler answer every request with 500 and
+// ErrZeroService's text (not nil: http.Server would serve
+// http.DefaultServeMux in place of a nil Handler).
 type Service struct {
 	cfg      Config
 	log      *slog.Logger
@@ -222,7 +240,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s.deliver = d
-	if s.metrics, err = newMetrics(cfg.MeterProvider, s); err != nil {
+	if s.metrics, err = newMetrics(cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("webhook: metrics: %w", err)
 	}
 	if err := s.store.loadPending(ctx, s.backlog); err != nil {
@@ -252,6 +270,11 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s.commit = newCommitter(s.store, s.settleIntake)
+	// Last: from here on a collection may read the whole service.
+	if err := s.metrics.observe(s); err != nil {
+		_ = s.Close(context.Background())
+		return nil, fmt.Errorf("webhook: metrics: %w", err)
+	}
 	if s.schedMet != nil {
 		if err := s.schedMet.Register(s.relay.scheduler()); err != nil {
 			_ = s.Close(context.Background())
@@ -261,6 +284,14 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	return s, nil
 }
 
+// zero reports a nil Service or one not made by New.
+func (s *Service) zero() bool { return s == nil || s.commit == nil }
+
+// zeroHandler answers every request of a nil or zero Service.
+var zeroHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	http.Error(w, ErrZeroService.Error(), http.StatusInternalServerError)
+})
+
 func (s *Service) known(partner string) bool {
 	_, ok := slices.BinarySearch(s.partners, partner)
 	return ok
@@ -268,6 +299,9 @@ func (s *Service) known(partner string) bool {
 
 // IntakeHandler serves POST /events/{partner}.
 func (s *Service) IntakeHandler() http.Handler {
+	if s.zero() {
+		return zeroHandler
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /events/{partner}", s.handleIntake)
 	return mux
@@ -277,14 +311,24 @@ func (s *Service) IntakeHandler() http.Handler {
 // /partners/{partner}/resume and /skip, each logged) and, when
 // Config.MetricsHandler is set, /metrics. Serve it on an address partners
 // cannot reach: it has no authentication of its own.
+//
+// The actions refuse cross-origin requests (403, net/http's
+// CrossOriginProtection, from the Sec-Fetch-Site and Origin headers): being
+// on loopback or an internal network is no protection against a page on
+// another site, opened in the operator's browser, posting a form to
+// /partners/{partner}/skip (cross-site request forgery: an event given up).
+// Requests without those headers (curl, scripts) are let through.
 func (s *Service) AdminHandler() http.Handler {
+	if s.zero() {
+		return zeroHandler
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", s.handleOperatorPage)
 	mux.HandleFunc("POST /partners/{partner}/{action}", s.handleOperatorAction)
 	if s.cfg.MetricsHandler != nil {
 		mux.Handle("GET /metrics", s.cfg.MetricsHandler)
 	}
-	return mux
+	return http.NewCrossOriginProtection().Handler(mux)
 }
 
 // Status returns every partner's backlog, age of its oldest undelivered
@@ -292,6 +336,9 @@ func (s *Service) AdminHandler() http.Handler {
 // first. It costs a walk of the partners (in memory) and one indexed query
 // for the parked partners.
 func (s *Service) Status(ctx context.Context) ([]PartnerStatus, error) {
+	if s.zero() {
+		return nil, ErrZeroService
+	}
 	out := s.backlog.snapshot(s.now())
 	parked := map[string]bool{}
 	keys, err := s.relay.parked(ctx)
@@ -315,6 +362,9 @@ func (s *Service) Status(ctx context.Context) ([]PartnerStatus, error) {
 // of attempts (it is kept in the database, with its error, as a dead outbox
 // row), in this process or an earlier one.
 func (s *Service) Parked(ctx context.Context) ([]string, error) {
+	if s.zero() {
+		return nil, ErrZeroService
+	}
 	p, err := s.relay.parked(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("webhook: parked partners: %w", err)
@@ -327,6 +377,9 @@ func (s *Service) Parked(ctx context.Context) ([]string, error) {
 // its later events follow in order. ErrNotParked if it is not parked,
 // ErrClosed after Close. The action is logged.
 func (s *Service) Resume(ctx context.Context, partner string) error {
+	if s.zero() {
+		return ErrZeroService
+	}
 	if s.closed.Load() {
 		return ErrClosed
 	}
@@ -342,6 +395,9 @@ func (s *Service) Resume(ctx context.Context, partner string) error {
 // ErrNotParked if it is not parked, ErrClosed after Close. The action is
 // logged with the event's ID.
 func (s *Service) Skip(ctx context.Context, partner string) error {
+	if s.zero() {
+		return ErrZeroService
+	}
 	if s.closed.Load() {
 		return ErrClosed
 	}
@@ -359,6 +415,9 @@ func (s *Service) Skip(ctx context.Context, partner string) error {
 // for the next start. It returns ctx's error if ctx ended first. Close does
 // not close the Store. Call it once the intake handler is no longer served.
 func (s *Service) Close(ctx context.Context) error {
+	if s.zero() {
+		return ErrZeroService
+	}
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
 		var unreg error

@@ -3,7 +3,6 @@ package service
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"regexp"
 	"time"
@@ -39,6 +38,9 @@ func WithTablePrefix(prefix string) StoreOption {
 // Store is the service's database: the outbox (package db/outbox) and the
 // intake records. It is safe for concurrent use. One database may hold one
 // service's tables.
+//
+// The zero Store is not usable: use NewStore, OpenSQLite or OpenPostgres.
+// Close on a nil or zero Store returns ErrZeroStore, Outbox returns nil.
 type Store struct {
 	db     *sql.DB
 	ob     *outbox.Outbox
@@ -114,10 +116,21 @@ func NewStore(ctx context.Context, db *sql.DB, opts ...StoreOption) (*Store, err
 }
 
 // Outbox returns the store's outbox.
-func (s *Store) Outbox() *outbox.Outbox { return s.ob }
+func (s *Store) Outbox() *outbox.Outbox {
+	if s.zero() {
+		return nil
+	}
+	return s.ob
+}
+
+// zero reports a nil Store or one not made by NewStore.
+func (s *Store) zero() bool { return s == nil || s.ob == nil }
 
 // Close closes the database if the Store opened it.
 func (s *Store) Close() error {
+	if s.zero() {
+		return ErrZeroStore
+	}
 	if s.ownsDB {
 		return s.db.Close()
 	}
@@ -170,15 +183,4 @@ JOIN `+s.ob.Table()+` o ON o.id = i.id WHERE o.state IN (0, 2) ORDER BY o.seq`)
 		return fmt.Errorf("webhook: loading the backlog: %w", err)
 	}
 	return nil
-}
-
-// parkedHead returns the ID of the partner's oldest dead outbox row (the one
-// Skip gives up).
-func (s *Store) parkedHead(ctx context.Context, partner string) (string, error) {
-	var id string
-	err := s.db.QueryRowContext(ctx, s.rebind(`SELECT id FROM `+s.ob.Table()+` WHERE key = ? AND state = 2 ORDER BY seq LIMIT 1`), partner).Scan(&id)
-	if errors.Is(err, sql.ErrNoRows) {
-		return "", ErrNotParked
-	}
-	return id, err
 }

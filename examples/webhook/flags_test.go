@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"math"
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Flags that feed arithmetic were taken as given: -sim-rate 1e10 or +Inf
+// made the producer's ticker interval 0 and NewTicker panicked in its
+// goroutine (the service died); -dest-rate +Inf was converted to an int
+// burst out of range; a partner named twice in -endpoints silently lost
+// its first URL.
+func TestFlagsRefuseBadValues(t *testing.T) {
+	for _, args := range [][]string{
+		{"-sim-rate", "1e10"},
+		{"-sim-rate", "+Inf"},
+		{"-sim-rate", "NaN"},
+		{"-sim-rate", "-1"},
+		{"-dest-rate", "+Inf"},
+		{"-dest-rate", "0"},
+		{"-dest-rate", "NaN"},
+		{"-partners", "0"},
+		{"-partners", "-3"},
+		{"extra"},
+	} {
+		_, err := parseFlags(args)
+		require.Error(t, err, "%q", args)
+	}
+	o, err := parseFlags([]string{"-sim-rate", "0", "-dest-rate", "50", "-partners", "3"})
+	require.NoError(t, err)
+	require.Equal(t, 3, o.partners)
+	_, err = parseFlags([]string{"-endpoints", "a=http://x", "-partners", "0"})
+	require.NoError(t, err, "-partners is the simulation's only")
+
+	_, err = parseEndpoints("a=http://x,b=http://y, a=http://z")
+	require.ErrorContains(t, err, `partner "a" given twice`)
+	for _, bad := range []string{"a", "=http://x", "a=", "a=http://x,"} {
+		_, err = parseEndpoints(bad)
+		require.Error(t, err, bad)
+	}
+	p, err := parseEndpoints(" a=http://x/h?k=v , b=http://y")
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"a": "http://x/h?k=v", "b": "http://y"}, p)
+}
+
+// The producer itself at the highest rate the flag allows, and beyond:
+// it runs (its ticker does not panic) and stops with its context.
+func TestProduceAtExtremeRates(t *testing.T) {
+	for _, rate := range []float64{maxSimRate, 1e12, math.Inf(1)} {
+		t.Run(strconv.FormatFloat(rate, 'g', -1, 64), func(t *testing.T) {
+			ctx, cancel := context.WithCancel(t.Context())
+			cancel()
+			produce(ctx, "http://127.0.0.1:1", []string{"p"}, rate, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		})
+	}
+}
