@@ -136,7 +136,9 @@
 //
 //   - keysched.Continue (the default): the key goes on with its next row.
 //   - keysched.Park: the key stops. Its dead row keeps every relay off the
-//     key (the claim query skips keys with a dead row), across restarts,
+//     key (the claim query skips keys with a dead row, and a relay that
+//     claimed the key just as its row died fetches nothing of it), across
+//     restarts,
 //     until an operator calls Resume (publish the dead row again, then the
 //     rest) or Skip (give it up and go on). Parked lists such keys, Dead the
 //     rows.

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"database/sql"
+	"fmt"
 	"strings"
 	"time"
 
@@ -96,6 +97,7 @@ type queries struct {
 	acquireInsert, acquireTakeover     string // Postgres
 	acquireUpsert                      string // SQLite: %s is the VALUES list
 	fetch                              string
+	fetchPark                          string // fetch, nothing of a key with a dead row
 	markSentDelete, markSentUpdate     string // SQLite: a prefix; the seq list and markSentSuffix are appended
 	markSentSuffix                     string
 	probeToken                         string // fails when the lease table lacks the token column
@@ -122,6 +124,11 @@ func newQueries(d Dialect, t string) queries {
 	// another token is free only once expired.
 	notLeased := `NOT EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.expires_at > ? AND (l.owner <> ? OR l.token IS NOT ?))`
 	notDead := ` AND NOT EXISTS (SELECT 1 FROM ` + t + ` x WHERE x.key = o.key AND x.state = 2)`
+	// Under Park, a key with a dead row gives nothing to fetch, whoever
+	// holds its lease: a relay may claim the key between another relay's
+	// claim walk and that relay's marking of the row dead (the walk checks
+	// dead rows, the claim cannot), and must not publish past the row.
+	notDeadFetch := ` AND NOT EXISTS (SELECT 1 FROM ` + t + ` x WHERE x.key = o.key AND x.state = 2)`
 	// Marks of this relay's rows, only on keys whose lease it still holds.
 	held := `EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.owner = ? AND l.token = ?)`
 	if d == Postgres {
@@ -136,8 +143,10 @@ func newQueries(d Dialect, t string) queries {
 	WHERE l.key = c.key RETURNING l.key`
 		q.fetch = `SELECT o.seq, o.id, o.key, o.type, o.payload, o.headers, o.created_at, o.attempts
 	FROM unnest($1::text[], $2::bigint[]) AS c(key, after)
-	CROSS JOIN LATERAL (SELECT * FROM ` + t + ` o WHERE o.key = c.key AND o.state = 0 AND o.seq > c.after ORDER BY o.seq LIMIT $3) AS o
+	CROSS JOIN LATERAL (SELECT * FROM ` + t + ` o WHERE o.key = c.key AND o.state = 0 AND o.seq > c.after%s ORDER BY o.seq LIMIT $3) AS o
 	ORDER BY o.seq LIMIT $4`
+		q.fetchPark = fmt.Sprintf(q.fetch, notDeadFetch)
+		q.fetch = fmt.Sprintf(q.fetch, "")
 		pgHeld := `EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.owner = $2 AND l.token = $3)`
 		q.markSentDelete = `DELETE FROM ` + t + ` AS o WHERE o.state = 0 AND o.seq = ANY($1) AND ` + pgHeld + ` RETURNING o.seq`
 		q.markSentUpdate = `UPDATE ` + t + ` AS o SET state = 1, done_at = now() WHERE o.state = 0 AND o.seq = ANY($1) AND ` + pgHeld + ` RETURNING o.seq`
@@ -150,7 +159,9 @@ func newQueries(d Dialect, t string) queries {
 		q.acquireUpsert = `INSERT INTO ` + l + ` (key, owner, expires_at, token) VALUES %s
 	ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at, token = excluded.token
 	WHERE ` + l + `.expires_at <= ? OR (` + l + `.owner = excluded.owner AND ` + l + `.token = excluded.token) RETURNING key`
-		q.fetch = `SELECT ` + rowCols + ` FROM ` + t + ` WHERE key = ? AND state = 0 AND seq > ? ORDER BY seq LIMIT ?`
+		fetch := `SELECT ` + rowCols + ` FROM ` + t + ` AS o WHERE o.key = ? AND o.state = 0 AND o.seq > ?%s ORDER BY o.seq LIMIT ?`
+		q.fetch = fmt.Sprintf(fetch, "")
+		q.fetchPark = fmt.Sprintf(fetch, notDeadFetch)
 		// The seq list and markSentSuffix are appended.
 		q.markSentDelete = `DELETE FROM ` + t + ` AS o WHERE o.state = 0 AND ` + held + ` AND o.seq IN `
 		q.markSentUpdate = `UPDATE ` + t + ` AS o SET state = 1, done_at = ? WHERE o.state = 0 AND ` + held + ` AND o.seq IN `

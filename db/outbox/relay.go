@@ -358,6 +358,9 @@ type Relay struct {
 	closeCtx  context.Context // set before closing is closed
 	crash     bool            // tests: leave leases and marks as a crash would
 	noMark    bool            // tests: never mark published rows (a crash right after publishing)
+	// afterWalk, for tests, is called with the free keys a claim walk
+	// found, before they are claimed (forces interleavings).
+	afterWalk func(found []string)
 
 	lastClean int64  // loop goroutine only
 	cursor    string // loop goroutine only: where the next key walk starts
@@ -694,7 +697,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.o.dialect == SQLite {
 		// One query per key and poll: parse it once (pgx caches its
 		// statements by itself).
-		if st, err := r.o.db.PrepareContext(ctx, r.o.q.fetch); err == nil {
+		q := r.o.q.fetch
+		if r.cfg.policy == keysched.Park {
+			q = r.o.q.fetchPark
+		}
+		if st, err := r.o.db.PrepareContext(ctx, q); err == nil {
 			r.fetchStmt = st
 			defer st.Close()
 		}
@@ -998,6 +1005,9 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 		r.dbError("find keys", err)
 		return
 	}
+	if r.afterWalk != nil {
+		r.afterWalk(found)
+	}
 	if visited < walk {
 		r.cursor = "" // reached the last key: start over next time
 	} else {
@@ -1110,13 +1120,17 @@ func (r *Relay) fetch(ctx context.Context, room int) int {
 	}
 	var evs []Event
 	var err error
+	fetchQ := r.o.q.fetch
+	if r.cfg.policy == keysched.Park {
+		fetchQ = r.o.q.fetchPark
+	}
 	if r.o.dialect == Postgres {
 		keys := make([]string, len(wants))
 		afters := make([]int64, len(wants))
 		for i, w := range wants {
 			keys[i], afters[i] = w.t.key, w.t.after
 		}
-		evs, err = r.scanEvents(r.o.db.QueryContext(ctx, r.o.q.fetch, keys, afters, r.cfg.keyBatch, room))
+		evs, err = r.scanEvents(r.o.db.QueryContext(ctx, fetchQ, keys, afters, r.cfg.keyBatch, room))
 	} else {
 		left := room
 		for _, w := range wants {
@@ -1128,7 +1142,7 @@ func (r *Relay) fetch(ctx context.Context, room int) int {
 			if r.fetchStmt != nil {
 				rows, e = r.fetchStmt.QueryContext(ctx, w.t.key, w.t.after, min(w.limit, left))
 			} else {
-				rows, e = r.o.db.QueryContext(ctx, r.o.q.fetch, w.t.key, w.t.after, min(w.limit, left))
+				rows, e = r.o.db.QueryContext(ctx, fetchQ, w.t.key, w.t.after, min(w.limit, left))
 			}
 			more, e := r.scanEvents(rows, e)
 			if e != nil {
