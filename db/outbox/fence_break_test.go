@@ -136,3 +136,133 @@ func TestThreeRelaysShortLeasesStreamOrder(t *testing.T) {
 		require.Empty(t, counts(t, ob))
 	})
 }
+
+// Relays come and go while events are written: relay "x" crashes (leases
+// left behind, its calls cancelled) and is restarted under its name with
+// WithTakeOverOnStart, relay "y" is closed and restarted under its name
+// (without it), relay "z" runs throughout; leases are short. Every key's
+// deliveries follow the stream model and all arrive.
+func TestRelayChurnStreamOrder(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ob := newOutbox(t, db)
+		const keys, perKey, rounds = 6, 60, 6
+		log := newStreamLog(keys * perKey)
+		mk := func(name string, extra ...outbox.RelayOption) *outbox.Relay {
+			r, err := ob.NewRelay(log.strictSink(time.Millisecond), append([]outbox.RelayOption{outbox.WithLogger(quiet), outbox.WithOwner(name),
+				outbox.WithPollInterval(2 * time.Millisecond), outbox.WithLeaseDuration(60 * time.Millisecond),
+				outbox.WithBatchSize(6), outbox.WithKeyBatch(3), outbox.WithMaxKeys(3),
+				outbox.WithRetry(keysched.RetryPolicy{MaxAttempts: 1 << 20, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})}, extra...)...)
+			require.NoError(t, err)
+			return r
+		}
+		crashable := func(r *outbox.Relay) (stop func()) {
+			outbox.Crash(r)
+			ctx, cancel := context.WithCancel(context.Background())
+			errc := make(chan error, 1)
+			go func() { errc <- r.Run(ctx) }()
+			return func() {
+				cancel()
+				require.ErrorIs(t, <-errc, context.Canceled)
+			}
+		}
+		stopZ := runRelay(t, mk("z"))
+		crashX := crashable(mk("x", outbox.WithTakeOverOnStart()))
+		stopY := runRelay(t, mk("y"))
+		ctx := context.Background()
+		for round := range rounds {
+			tx, err := db.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			for j := round * perKey / rounds; j < (round+1)*perKey/rounds; j++ {
+				for k := range keys {
+					_, err := ob.Write(ctx, tx, outbox.Event{Key: key(k), Type: "test", Payload: []byte(strconv.Itoa(j))})
+					require.NoError(t, err)
+				}
+			}
+			require.NoError(t, tx.Commit())
+			want := (round*perKey/rounds + 1) * keys / 2 // some of this round's events out
+			require.Eventually(t, func() bool {
+				log.mu.Lock()
+				defer log.mu.Unlock()
+				return len(log.ids) >= want
+			}, 30*time.Second, time.Millisecond)
+			crashX()
+			crashX = crashable(mk("x", outbox.WithTakeOverOnStart()))
+			stopY()
+			stopY = runRelay(t, mk("y"))
+		}
+		log.wait(t, 40*time.Second)
+		crashX()
+		stopY()
+		stopZ()
+		dups := log.check(t, keys, perKey)
+		t.Logf("%s: %d duplicates", dbtest.Name(db), dups)
+	})
+}
+
+// Park with three relays (two of one name), short leases, and an operator
+// resuming every parked key as fast as it can: some events fail for good on
+// their first call (the key parks), are resumed, and go out. A key never
+// publishes past its dead row: deliveries follow the stream model and all
+// arrive.
+func TestParkResumeRacingLeases(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ob := newOutbox(t, db)
+		const keys, perKey = 6, 20
+		writeEvents(t, ob, keys, perKey, 60)
+		log := newStreamLog(keys * perKey)
+		var mu sync.Mutex
+		failed := map[string]bool{}
+		strict := log.strictSink(time.Millisecond)
+		sink := func(ctx context.Context, e outbox.Event) error {
+			j, _ := strconv.Atoi(string(e.Payload))
+			mu.Lock()
+			first := !failed[e.ID]
+			failed[e.ID] = true
+			mu.Unlock()
+			if first && j%5 == 2 {
+				return keysched.Permanent(errors.New("rejected once"))
+			}
+			return strict(ctx, e)
+		}
+		var relays []*outbox.Relay
+		for _, name := range []string{"svc", "svc", "other"} {
+			r, err := ob.NewRelay(sink, outbox.WithLogger(quiet), outbox.WithOwner(name), outbox.WithFailurePolicy(keysched.Park),
+				outbox.WithPollInterval(2*time.Millisecond), outbox.WithLeaseDuration(40*time.Millisecond),
+				outbox.WithBatchSize(6), outbox.WithKeyBatch(3), outbox.WithMaxKeys(3),
+				outbox.WithRetry(keysched.RetryPolicy{MaxAttempts: 1 << 20, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}))
+			require.NoError(t, err)
+			relays = append(relays, r)
+			runRelay(t, r)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		opDone := make(chan struct{})
+		var resumed int
+		go func() {
+			defer close(opDone)
+			tick := time.NewTicker(time.Millisecond) // pacing, not synchronisation
+			defer tick.Stop()
+			for i := 0; ; i++ {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+				parked, err := ob.Parked(ctx)
+				if err != nil {
+					continue
+				}
+				for _, k := range parked {
+					if relays[i%3].Resume(ctx, k) == nil {
+						resumed++
+					}
+				}
+			}
+		}()
+		log.wait(t, 40*time.Second)
+		cancel()
+		<-opDone
+		dups := log.check(t, keys, perKey)
+		t.Logf("%s: %d duplicates, %d resumed", dbtest.Name(db), dups, resumed)
+		require.Positive(t, resumed)
+	})
+}
