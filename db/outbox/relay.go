@@ -269,9 +269,12 @@ func WithOwner(name string) RelayOption {
 // process per SQLite file, restarted by a supervisor): if the predecessor is
 // in fact still running, it is fenced out (its next renewal or mark finds
 // its leases gone: it cancels its sink calls in flight, marks nothing more
-// and stops publishing those keys), but a sink call it has in flight when
-// Run starts can overlap the new relay's first call on the same key, and
-// land after it: per-key order is then not guaranteed at that moment.
+// and stops publishing those keys), but only then: until its first mark
+// or renewal after Run's start finds a lease gone, it goes on publishing
+// that key's rows it had fetched (a fast sink can send all of them before
+// the first mark returns: 19 of 20 rows in a probe), concurrently with the
+// new relay's calls on the same key. Per-key order is not guaranteed in that
+// window (each relay's stream is in order, their interleaving is not).
 // Without this option, relays sharing a name are as safe as relays with
 // different names (see WithOwner).
 func WithTakeOverOnStart() RelayOption {
