@@ -266,3 +266,44 @@ func TestParkResumeRacingLeases(t *testing.T) {
 		require.Positive(t, resumed)
 	})
 }
+
+// Close while the relay's lease is taken and its renewal fences the key:
+// the sink call in flight (which Close waits for) is cancelled by the fence,
+// Close returns, the row stays pending and the holder's lease is untouched;
+// the relay's own other lease is released.
+func TestCloseRacingFence(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ob := newOutbox(t, db)
+		writeEvents(t, ob, 2, 1, 10)
+		started := make(chan string, 2)
+		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+			started <- e.Key
+			<-ctx.Done()
+			return ctx.Err()
+		}, outbox.WithLogger(quiet), outbox.WithOwner("svc-1"), outbox.WithPollInterval(5*time.Millisecond),
+			outbox.WithLeaseDuration(time.Hour))
+		require.NoError(t, err)
+		errc := make(chan error, 1)
+		go func() { errc <- r.Run(context.Background()) }()
+		<-started
+		<-started
+		closed := make(chan error, 1)
+		go func() { closed <- r.Close(context.Background()) }() // waits for the calls in flight
+		require.NoError(t, stealLease(ob, key(0)))
+		outbox.Renew(r) // fences k000 only
+		select {
+		case err := <-closed:
+			t.Fatalf("Close returned %v while k001's call was still running", err)
+		default:
+		}
+		// k001's call still runs: Close waits for it. Cancel it through a
+		// fence too.
+		require.NoError(t, stealLease(ob, key(1)))
+		outbox.Renew(r)
+		require.NoError(t, <-closed)
+		require.NoError(t, <-errc)
+		require.Equal(t, map[outbox.State]int64{outbox.Pending: 2}, counts(t, ob))
+		require.Equal(t, map[string]string{key(0): "intruder", key(1): "intruder"}, leaseTokens(t, ob))
+		require.EqualValues(t, 2, r.Stats().LeasesLost)
+	})
+}
