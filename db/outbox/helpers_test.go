@@ -128,21 +128,22 @@ func (r *recorder) wait(t testing.TB, timeout time.Duration) {
 }
 
 // check asserts that every key's deliveries are in order with nothing
-// skipped: each delivery's index is at most one past the highest delivered
+// skipped: each delivery's index is at most one past the delivery just
 // before it (a redelivery restarts from an earlier event and goes on in
-// order), and every index 0..perKey-1 arrived. It returns the duplicates.
+// order; two streams interleaved, such as 10 11 10 12, are out of order),
+// and every index 0..perKey-1 arrived. It returns the duplicates.
 func (r *recorder) check(t testing.TB, keys, perKey int) (dups int) {
 	t.Helper()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	require.Len(t, r.byKey, keys, "keys delivered")
 	for k, seq := range r.byKey {
-		high := -1
+		last, high := -1, -1
 		for i, j := range seq {
-			if j > high+1 {
-				t.Fatalf("key %s: delivery %d is event %d after at most %d: out of order or skipped (deliveries %v)", k, i, j, high, seq)
+			if j > last+1 {
+				t.Fatalf("key %s: delivery %d is event %d right after event %d: out of order or skipped (deliveries %v)", k, i, j, last, seq)
 			}
-			high = max(high, j)
+			last, high = j, max(high, j)
 		}
 		require.Equal(t, perKey-1, high, "key %s: last event", k)
 		dups += len(seq) - perKey
