@@ -307,3 +307,58 @@ func TestCloseRacingFence(t *testing.T) {
 		require.EqualValues(t, 2, r.Stats().LeasesLost)
 	})
 }
+
+// A lease row of the relay's token for which it holds no tenure: its
+// release failed (a database error; the relay forgets the key anyway and
+// counts on the lease expiring), or a claim committed but its answer was
+// lost. The relay's renewals used to renew every lease of its token, so
+// such a row never expired while the relay held any other key: no other
+// relay could take the key, and this one took it back only when it had
+// room. Now a renewal renews only the keys the relay holds; the orphan
+// expires, and another relay publishes the key.
+func TestRenewalLeavesOrphanLeaseToExpire(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ctx := context.Background()
+		ob := newOutbox(t, db)
+		writeEvents(t, ob, 1, 1, 1) // k000: held by a, whose sink hangs
+		started, release := make(chan struct{}), make(chan struct{})
+		a, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+			close(started)
+			select {
+			case <-release:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}, outbox.WithLogger(quiet), outbox.WithOwner("a"), outbox.WithPollInterval(5*time.Millisecond),
+			outbox.WithLeaseDuration(time.Hour), outbox.WithMaxKeys(1))
+		require.NoError(t, err)
+		stopA := runRelay(t, a)
+		<-started
+		// The orphan: a lease of a's on k001, ended a second ago.
+		ins := `INSERT INTO ` + ob.Table() + `_lease (key, owner, expires_at, token) VALUES (?, 'a', ?, ?)`
+		args := []any{key(1), time.Now().Add(-time.Second).UnixMicro(), a.Token()}
+		if ob.Dialect() == outbox.Postgres {
+			ins = `INSERT INTO ` + ob.Table() + `_lease (key, owner, expires_at, token) VALUES ($1, 'a', now() - interval '1 second', $2)`
+			args = []any{key(1), a.Token()}
+		}
+		_, err = db.ExecContext(ctx, ins, args...)
+		require.NoError(t, err)
+		outbox.Renew(a) // as a's renewer does every third of the lease
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		_, err = ob.Write(ctx, tx, outbox.Event{Key: key(1), Type: "test", Payload: []byte("0")})
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit())
+
+		rec := newRecorder(1)
+		b, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithOwner("b"), outbox.WithPollInterval(5*time.Millisecond))
+		require.NoError(t, err)
+		stopB := runRelay(t, b)
+		rec.wait(t, 10*time.Second) // before the fix: timed out, a's renewed orphan lease kept k001 from b
+		stopB()
+		close(release)
+		stopA()
+		require.Empty(t, counts(t, ob))
+	})
+}

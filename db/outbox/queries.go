@@ -91,7 +91,7 @@ type queries struct {
 	insert, listDead, parkedKeys, moveDead, hasDead, countStates string
 
 	// relay
-	renew, release, releaseAll         string
+	renew, release, releaseAll         string // renew: only the keys given (SQLite: a prefix)
 	releaseOthers                      string // WithTakeOverOnStart
 	candidates, candidatesPark         string
 	acquireInsert, acquireTakeover     string // Postgres
@@ -133,7 +133,7 @@ func newQueries(d Dialect, t string) queries {
 	held := `EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.owner = ? AND l.token = ?)`
 	if d == Postgres {
 		notLeased = `NOT EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.expires_at > now() AND (l.owner <> ? OR l.token IS DISTINCT FROM ?))`
-		q.renew = `UPDATE ` + l + ` SET expires_at = now() + $3::bigint * interval '1 microsecond' WHERE owner = $1 AND token = $2 RETURNING key`
+		q.renew = `UPDATE ` + l + ` SET expires_at = now() + $3::bigint * interval '1 microsecond' WHERE owner = $1 AND token = $2 AND key = ANY($4) RETURNING key`
 		q.release = `DELETE FROM ` + l + ` WHERE owner = $1 AND token = $2 AND key = ANY($3)`
 		q.acquireInsert = `INSERT INTO ` + l + ` (key, owner, expires_at, token)
 	SELECT k, $2, now() + $3::bigint * interval '1 microsecond', $4 FROM unnest($1::text[]) AS k ORDER BY k
@@ -154,7 +154,7 @@ func newQueries(d Dialect, t string) queries {
 		q.cleanup = `DELETE FROM ` + t + ` WHERE seq IN (SELECT seq FROM ` + t + ` WHERE state = 1 AND done_at < now() - $1::bigint * interval '1 microsecond' ORDER BY seq LIMIT $2)`
 		q.listenChannel = t
 	} else {
-		q.renew = `UPDATE ` + l + ` SET expires_at = ? WHERE owner = ? AND token = ? RETURNING key`
+		q.renew = `UPDATE ` + l + ` SET expires_at = ? WHERE owner = ? AND token = ? AND key IN ` // the key list and RETURNING key are appended
 		q.release = `DELETE FROM ` + l + ` WHERE owner = ? AND token = ? AND key IN `
 		q.acquireUpsert = `INSERT INTO ` + l + ` (key, owner, expires_at, token) VALUES %s
 	ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at, token = excluded.token

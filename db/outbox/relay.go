@@ -867,19 +867,46 @@ func (r *Relay) renewer(ctx context.Context, stop <-chan struct{}) {
 func (r *Relay) renew(ctx context.Context) {
 	r.leaseMu.Lock()
 	defer r.leaseMu.Unlock()
+	// Only the keys held: a lease row of this token without a tenure (its
+	// release failed, or a claim's answer was lost) is left to expire, so
+	// that other relays can take its key.
 	r.mu.Lock()
-	n := len(r.keys)
+	held := make([]string, 0, len(r.keys))
+	for k := range r.keys {
+		held = append(held, k)
+	}
 	r.mu.Unlock()
-	if n == 0 {
+	if len(held) == 0 {
 		return
 	}
+	sort.Strings(held) // one lock order for every relay
 	start := r.mono()
 	var keys map[string]bool
 	var err error
 	if r.o.dialect == Postgres {
-		keys, err = r.queryKeys(ctx, r.o.db, r.o.q.renew, r.cfg.owner, r.token, r.cfg.lease.Microseconds())
+		keys, err = r.queryKeys(ctx, r.o.db, r.o.q.renew, r.cfg.owner, r.token, r.cfg.lease.Microseconds(), held)
 	} else {
-		keys, err = r.queryKeys(ctx, r.o.db, r.o.q.renew, time.Now().Add(r.cfg.lease).UnixMicro(), r.cfg.owner, r.token)
+		exp := time.Now().Add(r.cfg.lease).UnixMicro()
+		keys = map[string]bool{}
+		err = r.sqliteTx(ctx, func(tx *sql.Tx) error {
+			for rest := held; len(rest) > 0; {
+				n := min(len(rest), 500)
+				args := make([]any, 0, n+3)
+				args = append(args, exp, r.cfg.owner, r.token)
+				for _, k := range rest[:n] {
+					args = append(args, k)
+				}
+				ks, err := r.queryKeys(ctx, tx, r.o.q.renew+inList(n)+" RETURNING key", args...)
+				if err != nil {
+					return err
+				}
+				for k := range ks {
+					keys[k] = true
+				}
+				rest = rest[n:]
+			}
+			return nil
+		})
 	}
 	if err != nil {
 		r.dbError("renew leases", err)
