@@ -64,8 +64,9 @@
 //     so two relays racing for one expired lease never wait for each other
 //     and only one gets it; on SQLite, which has one writer, with an upsert
 //     whose WHERE accepts only an expired lease. A lease lasts
-//     WithLeaseDuration (default 30 s) and the relay renews all of its
-//     leases every third of that.
+//     WithLeaseDuration (default 30 s) and the relay renews the leases of
+//     the keys it holds every third of that (a lease row of its own that it
+//     does not know of, say after a failed release, is left to expire).
 //   - A lease row carries the relay's name and a fencing token, unique to
 //     each Relay value (see WithOwner). Renewals, marks and releases match
 //     both, so a relay whose lease was taken over cannot renew it, mark the

@@ -250,6 +250,12 @@ func WithLogger(l *slog.Logger) RelayOption {
 // restart hands the keys over at once. A deployment that runs at most one
 // process per name can have the fast restart after a crash back with
 // WithTakeOverOnStart.
+//
+// A relay of a version before the token, still running under the same name,
+// is not fenced: it takes the leases of its name (it ignores the token) and
+// renews them, and both publish the key. Stop the older relays before
+// starting new ones under their names (relays of different names are safe
+// across versions).
 func WithOwner(name string) RelayOption {
 	return func(c *relayConfig) error {
 		if name == "" || len(name) > 256 {
