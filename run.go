@@ -127,7 +127,7 @@ func (s *Scheduler[K]) attempt(n *node[K], clk *handClock) bool {
 		// The common case: a first attempt, its context inline.
 		c.ctxBits.Or(ctxStarted)
 		s.core.running.Inc()
-		err, panicked, v = call(c.task, taskContext{c})
+		err, panicked = call(c.task, taskContext{c})
 		s.core.running.Dec()
 		s.endAttempt(c, nil)
 	} else {
@@ -139,9 +139,12 @@ func (s *Scheduler[K]) attempt(n *node[K], clk *handClock) bool {
 		}
 		x.cur.Store(a)
 		s.core.running.Inc()
-		err, panicked, v = call(c.task, attemptContext{a})
+		err, panicked = call(c.task, attemptContext{a})
 		s.core.running.Dec()
 		s.endAttempt(c, a)
+	}
+	if err != nil && !panicked {
+		v, err, panicked = judge(err)
 	}
 	if s.obs != nil {
 		s.hookEnded(n, started, err, panicked, clk)
@@ -154,39 +157,41 @@ func (s *Scheduler[K]) attempt(n *node[K], clk *handClock) bool {
 	return s.failed(n, err, panicked, v)
 }
 
-// verdict is what a failed run's error asks for (see call).
+// call runs the task, turning a panic into a *PanicError.
+func call[C context.Context](t Task, ctx C) (err error, panicked bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			err, panicked = &PanicError{Value: r, Stack: debug.Stack()}, true
+		}
+	}()
+	return t(ctx), false
+}
+
+// verdict is what a failed run's error asks for (see judge).
 type verdict struct {
 	permanent bool          // Permanent: fail now
 	snooze    bool          // Snooze: not an attempt, run again after
 	after     time.Duration // Snooze's delay argument
 }
 
-// call runs the task, turning a panic into a *PanicError. It also looks at
-// the error the task returned (errors.As runs the error's own methods, user
-// code that may panic too) under the same recover.
-func call[C context.Context](t Task, ctx C) (err error, panicked bool, v verdict) {
+// judge reads the error a run returned (not a panic): Permanent anywhere in
+// its chain wins over Snooze. errors.As runs the error's own methods, user
+// code that may panic too: such a panic is the run's, as if the task itself
+// had panicked (it replaces err).
+func judge(err error) (v verdict, out error, panicked bool) {
 	defer func() {
 		if r := recover(); r != nil {
-			err, panicked, v = &PanicError{Value: r, Stack: debug.Stack()}, true, verdict{}
+			v, out, panicked = verdict{}, &PanicError{Value: r, Stack: debug.Stack()}, true
 		}
 	}()
-	if err = t(ctx); err != nil {
-		v = judge(err)
-	}
-	return err, false, v
-}
-
-// judge reads a failed run's error: Permanent anywhere in its chain wins
-// over Snooze.
-func judge(err error) verdict {
 	if IsPermanent(err) {
-		return verdict{permanent: true}
+		return verdict{permanent: true}, err, false
 	}
 	var z *snoozeError
 	if errors.As(err, &z) {
-		return verdict{snooze: true, after: z.after}
+		return verdict{snooze: true, after: z.after}, err, false
 	}
-	return verdict{}
+	return verdict{}, err, false
 }
 
 // attemptEnded reports whether n's latest attempt has returned (its context

@@ -282,11 +282,37 @@ func TestSnoozeWrapper(t *testing.T) {
 	require.ErrorIs(t, Snooze(errBusy, 0), errBusy)
 	require.Equal(t, errBusy.Error(), Snooze(errBusy, 0).Error())
 	require.False(t, IsSnoozed(errBusy))
-	require.Equal(t, verdict{snooze: true, after: time.Second}, judge(z))
-	require.Equal(t, verdict{snooze: true, after: 2 * time.Second}, judge(Snooze(Snooze(errBusy, time.Second), 2*time.Second)))
-	require.Equal(t, verdict{permanent: true}, judge(Permanent(Snooze(errBusy, time.Second))))
-	require.Equal(t, verdict{permanent: true}, judge(Snooze(Permanent(errBusy), time.Second)))
+	judged := func(err error) verdict {
+		v, got, panicked := judge(err)
+		require.False(t, panicked)
+		require.Same(t, err, got)
+		return v
+	}
+	require.Equal(t, verdict{snooze: true, after: time.Second}, judged(z))
+	require.Equal(t, verdict{snooze: true, after: 2 * time.Second}, judged(Snooze(Snooze(errBusy, time.Second), 2*time.Second)))
+	require.Equal(t, verdict{permanent: true}, judged(Permanent(Snooze(errBusy, time.Second))))
+	require.Equal(t, verdict{permanent: true}, judged(Snooze(Permanent(errBusy), time.Second)))
 }
+
+// An error whose own methods panic while the scheduler reads it (Unwrap,
+// here) is the run's panic, as it was before Snooze: a *PanicError outcome,
+// the worker lives on.
+func TestPanickingErrorMethod(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newBubbleSched[int](t, WithDeadLetter(func(DeadLetter[int]) {}))
+		c, err := s.Submit(context.Background(), 1, func(context.Context) error { return unwrapPanics{} })
+		require.NoError(t, err)
+		var pe *PanicError
+		require.ErrorAs(t, c.Wait(context.Background()), &pe)
+		require.Equal(t, "unwrap", pe.Value)
+		require.EqualValues(t, 1, s.Stats().Panicked)
+	})
+}
+
+type unwrapPanics struct{}
+
+func (unwrapPanics) Error() string { return "unwrap panics" }
+func (unwrapPanics) Unwrap() error { panic("unwrap") }
 
 // step is one run's result in the budget tests.
 type step byte
