@@ -45,12 +45,18 @@ const (
 	DefaultVersionsTable = "keysched_versions"
 )
 
+// MaxIDLen bounds an event ID (and a Versions entity), in bytes. An outbox
+// event's ID (at most outbox.MaxIDLen, 256 bytes) always fits: it is the
+// natural ID to deduplicate on downstream. The room above it is for IDs made
+// elsewhere (a topic, partition and offset, say).
+const MaxIDLen = 1024
+
 // Sentinel errors. Compare with errors.Is.
 var (
 	// ErrInvalidOption is wrapped by New's and NewVersions' errors.
 	ErrInvalidOption = errors.New("inbox: invalid option")
 	// ErrInvalidID is returned for an empty event ID or entity, or one
-	// longer than 1024 bytes, or with a NUL byte or invalid UTF-8.
+	// longer than MaxIDLen bytes, or with a NUL byte or invalid UTF-8.
 	ErrInvalidID = errors.New("inbox: invalid event ID or entity")
 	// ErrNilFunc is returned by Apply for a nil effect function.
 	ErrNilFunc = errors.New("inbox: nil effect function")
@@ -143,8 +149,8 @@ func build(db *sql.DB, def string, opts []Option) (options, error) {
 }
 
 func validID(id string) error {
-	if id == "" || len(id) > 1024 {
-		return fmt.Errorf("%w: %d bytes", ErrInvalidID, len(id))
+	if id == "" || len(id) > MaxIDLen {
+		return fmt.Errorf("%w: %d bytes (want 1 to %d)", ErrInvalidID, len(id), MaxIDLen)
 	}
 	// PostgreSQL's TEXT refuses both (a database error on every
 	// redelivery); SQLite would store them: refuse them on both.

@@ -3,12 +3,15 @@ package outbox_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/db/inbox"
 	"github.com/keysched/keysched/db/internal/dbtest"
 	"github.com/keysched/keysched/db/outbox"
 )
@@ -91,4 +94,110 @@ func TestCloseBoundedWhenSinkIgnoresContext(t *testing.T) {
 		require.EqualValues(t, 1, st.Marked, "the call that succeeded late is marked sent")
 		require.Empty(t, counts(t, ob), "nothing left pending")
 	})
+}
+
+// Write's limits are the exported constants; each refusal is ErrInvalidEvent
+// naming the field, returned before any SQL: the same transaction (also on
+// PostgreSQL) then takes a valid event and commits. An ID of MaxIDLen bytes
+// is a valid inbox ID downstream.
+func TestEventLimits(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ctx := context.Background()
+		ob := newOutbox(t, db)
+		long := func(n int) string { return strings.Repeat("a", n) }
+		bad := []struct {
+			e     outbox.Event
+			field string
+		}{
+			{outbox.Event{Key: ""}, "empty key"},
+			{outbox.Event{Key: "k", ID: long(outbox.MaxIDLen + 1)}, fmt.Sprintf("ID of %d bytes (at most %d)", outbox.MaxIDLen+1, outbox.MaxIDLen)},
+			{outbox.Event{Key: long(outbox.MaxKeyLen + 1)}, fmt.Sprintf("key of %d bytes (at most %d)", outbox.MaxKeyLen+1, outbox.MaxKeyLen)},
+			{outbox.Event{Key: "k", Type: long(outbox.MaxTypeLen + 1)}, fmt.Sprintf("type of %d bytes (at most %d)", outbox.MaxTypeLen+1, outbox.MaxTypeLen)},
+			{outbox.Event{Key: "k", ID: "i\x00d"}, `ID "i\x00d": NUL byte`},
+			{outbox.Event{Key: "k\x00"}, `key "k\x00": NUL byte`},
+			{outbox.Event{Key: "k", Type: "t\x00"}, `type "t\x00": NUL byte`},
+			{outbox.Event{Key: "k", ID: "id\xfe"}, `ID "id\xfe": invalid UTF-8`},
+			{outbox.Event{Key: "k\xff"}, `key "k\xff": invalid UTF-8`},
+			{outbox.Event{Key: "k", Type: "t\xc3"}, `type "t\xc3": invalid UTF-8`},
+			{outbox.Event{Key: "k", Headers: map[string]string{"trace": "x\xffy"}}, `header "trace": invalid UTF-8`},
+			{outbox.Event{Key: "k", Headers: map[string]string{"tr\xffce": "x"}}, `header name "tr\xffce": invalid UTF-8`},
+		}
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		defer tx.Rollback()
+		for _, b := range bad {
+			_, err := ob.Write(ctx, tx, b.e)
+			require.ErrorIs(t, err, outbox.ErrInvalidEvent, "%+q", b.e)
+			require.ErrorContains(t, err, b.field)
+		}
+		_, err = ob.Write(nil, tx, outbox.Event{Key: "k"}) //nolint:staticcheck // a nil ctx on purpose
+		require.ErrorIs(t, err, outbox.ErrNilContext)
+		// The refusals left tx untouched: it takes events at the limits.
+		id := long(outbox.MaxIDLen)
+		_, err = ob.Write(ctx, tx, outbox.Event{ID: id, Key: long(outbox.MaxKeyLen), Type: long(outbox.MaxTypeLen)})
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit())
+		require.Equal(t, map[outbox.State]int64{outbox.Pending: 1}, counts(t, ob))
+
+		require.LessOrEqual(t, outbox.MaxIDLen, inbox.MaxIDLen)
+		in, err := inbox.New(db, inbox.WithTable(dbtest.Table(t, db, "ib")))
+		require.NoError(t, err)
+		require.NoError(t, in.CreateSchema(ctx))
+		applied, err := in.Apply(ctx, id, func(*sql.Tx) error { return nil })
+		require.NoError(t, err)
+		require.True(t, applied, "an outbox ID of MaxIDLen bytes is a valid inbox ID")
+	})
+}
+
+// Headers are text and come back unchanged (NUL and non-ASCII included);
+// invalid UTF-8 is refused (above) instead of arriving as U+FFFD.
+func TestHeadersRoundTrip(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ctx := context.Background()
+		ob := newOutbox(t, db)
+		want := map[string]string{"nul": "x\x00y", "utf8": "é€😀", "quote": `"\`, "": "empty name"}
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		_, err = ob.Write(ctx, tx, outbox.Event{Key: "k", Headers: want})
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit())
+		got := make(chan map[string]string, 1)
+		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+			got <- e.Headers
+			return nil
+		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
+		require.NoError(t, err)
+		stop := runRelay(t, r)
+		select {
+		case h := <-got:
+			require.Equal(t, want, h)
+		case <-time.After(30 * time.Second):
+			t.Fatal("not published")
+		}
+		stop()
+	})
+}
+
+// Resume, Skip and SkipHead refuse a key no event can have (ErrInvalidKey,
+// not ErrNotParked), and a closed Relay's return ErrClosed.
+func TestResumeSkipBadKeyAndAfterClose(t *testing.T) {
+	ctx := context.Background()
+	ob := newOutbox(t, dbtest.SQLite(t))
+	for _, k := range []string{"", "k\x00", "k\xff", strings.Repeat("k", outbox.MaxKeyLen+1)} {
+		require.ErrorIs(t, ob.Resume(ctx, k), outbox.ErrInvalidKey, "%q", k)
+		require.ErrorIs(t, ob.Skip(ctx, k), outbox.ErrInvalidKey, "%q", k)
+		_, err := ob.SkipHead(ctx, k)
+		require.ErrorIs(t, err, outbox.ErrInvalidKey, "%q", k)
+	}
+	require.ErrorIs(t, ob.Resume(ctx, "k"), outbox.ErrNotParked)
+
+	r, err := ob.NewRelay(func(context.Context, outbox.Event) error { return nil }, outbox.WithLogger(quiet))
+	require.NoError(t, err)
+	require.ErrorIs(t, r.Resume(ctx, ""), outbox.ErrInvalidKey)
+	require.ErrorIs(t, r.Resume(ctx, "k"), outbox.ErrNotParked)
+	require.NoError(t, r.Close(ctx))
+	require.ErrorIs(t, r.Resume(ctx, "k"), outbox.ErrClosed)
+	require.ErrorIs(t, r.Skip(ctx, "k"), outbox.ErrClosed)
+	_, err = r.SkipHead(ctx, "k")
+	require.ErrorIs(t, err, outbox.ErrClosed)
 }

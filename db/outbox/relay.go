@@ -591,10 +591,14 @@ func (r *Relay) Parked(ctx context.Context) ([]string, error) {
 }
 
 // Resume makes the key's oldest dead row pending again (Outbox.Resume) and
-// wakes the relay. Any relay of the outbox then publishes it.
+// wakes the relay. Any relay of the outbox then publishes it. After Close it
+// returns ErrClosed and moves nothing (Outbox.Resume needs no relay).
 func (r *Relay) Resume(ctx context.Context, key string) error {
 	if r.zero() {
 		return ErrZeroRelay
+	}
+	if r.closed() {
+		return ErrClosed
 	}
 	if err := r.o.Resume(ctx, key); err != nil {
 		return err
@@ -611,10 +615,14 @@ func (r *Relay) Skip(ctx context.Context, key string) error {
 }
 
 // SkipHead is Skip that also returns the ID of the row it gave up (see
-// Outbox.SkipHead).
+// Outbox.SkipHead). After Close, Skip and SkipHead return ErrClosed and move
+// nothing (Outbox.Skip needs no relay).
 func (r *Relay) SkipHead(ctx context.Context, key string) (string, error) {
 	if r.zero() {
 		return "", ErrZeroRelay
+	}
+	if r.closed() {
+		return "", ErrClosed
 	}
 	id, err := r.o.SkipHead(ctx, key)
 	if err != nil {
@@ -622,6 +630,16 @@ func (r *Relay) SkipHead(ctx context.Context, key string) (string, error) {
 	}
 	r.signal()
 	return id, nil
+}
+
+// closed reports whether Close was called.
+func (r *Relay) closed() bool {
+	select {
+	case <-r.closing:
+		return true
+	default:
+		return false
+	}
 }
 
 func (r *Relay) mono() int64 { return int64(time.Since(r.epoch)) }
