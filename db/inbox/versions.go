@@ -31,6 +31,9 @@ type Versions struct {
 // NewVersions returns a Versions on db (table DefaultVersionsTable unless
 // WithTable). It does not touch the database: create the table with
 // CreateSchema. WithRetention is refused: versions never expire.
+//
+// SQLite: db needs the settings sqldb.OpenSQLite gives (WAL, a busy timeout,
+// immediate transactions): see New.
 func NewVersions(db *sql.DB, opts ...Option) (*Versions, error) {
 	o, err := build(db, DefaultVersionsTable, opts)
 	if err != nil {

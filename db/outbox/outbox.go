@@ -168,6 +168,15 @@ func WithTable(name string) Option {
 // tables once with CreateSchema (or with the SQL that Schema returns, in your
 // own migrations). A nil db or a bad option is an error wrapping
 // ErrInvalidOption.
+//
+// SQLite: open db with sqldb.OpenSQLite, or give your own *sql.DB the same
+// settings on every connection of its pool: WAL journal, a busy timeout and
+// immediate transactions. With modernc.org/sqlite that is the DSN
+// "app.db?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate"
+// (a PRAGMA run with db.Exec reaches one pooled connection only). A plain
+// sql.Open("sqlite", path) has no busy timeout and deferred transactions:
+// concurrent writers (the relay's marks and claims among them) then fail at
+// once with SQLITE_BUSY ("database is locked") instead of waiting their turn.
 func New(db *sql.DB, opts ...Option) (*Outbox, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: nil *sql.DB", ErrInvalidOption)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -200,4 +202,54 @@ func TestResumeSkipBadKeyAndAfterClose(t *testing.T) {
 	require.ErrorIs(t, r.Skip(ctx, "k"), outbox.ErrClosed)
 	_, err = r.SkipHead(ctx, "k")
 	require.ErrorIs(t, err, outbox.ErrClosed)
+}
+
+// On a database opened with sqldb.OpenSQLite (busy timeout, WAL, immediate
+// transactions), 8 goroutines writing events concurrently, each Write its
+// own transaction, while a relay claims, fetches and marks: every Write
+// succeeds (a plain sql.Open("sqlite", path) failed nearly all with
+// SQLITE_BUSY) and every event is published.
+func TestConcurrentWritersOnOpenSQLite(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.SQLite(t) // sqldb.OpenSQLite
+	ob := newOutbox(t, db)
+	const writers, each = 8, 100
+	rec := newRecorder(writers * each)
+	r, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(time.Millisecond))
+	require.NoError(t, err)
+	stop := runRelay(t, r)
+	var wg sync.WaitGroup
+	errs := make(chan error, writers*each)
+	for w := range writers {
+		wg.Go(func() {
+			for j := range each {
+				tx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					errs <- err
+					continue
+				}
+				_, err = ob.Write(ctx, tx, outbox.Event{Key: key(w), Payload: []byte(strconv.Itoa(j))})
+				if err == nil {
+					err = tx.Commit()
+				} else {
+					tx.Rollback()
+				}
+				if err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	var failed []error
+	for err := range errs {
+		failed = append(failed, err)
+	}
+	if len(failed) > 0 {
+		t.Fatalf("%d of %d writes failed, the first with: %v", len(failed), writers*each, failed[0])
+	}
+	rec.wait(t, 60*time.Second)
+	stop()
+	require.Zero(t, rec.check(t, writers, each))
 }
