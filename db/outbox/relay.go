@@ -784,24 +784,25 @@ func (r *Relay) Close(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 	}
-	grace := time.NewTimer(keysched.CloseGrace)
+	// While no sink call runs, Run is only shutting down (marking what was
+	// published, releasing its leases: database calls bounded by a third
+	// of the lease): wait for it. Give up once a sink call outlives the
+	// grace.
+	grace := time.NewTicker(keysched.CloseGrace)
 	defer grace.Stop()
-	select {
-	case <-r.done:
-		return ctx.Err()
-	case <-grace.C:
+	for {
+		select {
+		case <-r.done:
+			return ctx.Err()
+		case <-grace.C:
+		}
+		r.mu.Lock()
+		running := r.active
+		r.mu.Unlock()
+		if running > 0 {
+			return fmt.Errorf("outbox: close: %d sink calls still running (ignoring their cancelled context), left to finish in the background: %w", running, ctx.Err())
+		}
 	}
-	r.mu.Lock()
-	running := r.active
-	r.mu.Unlock()
-	if running == 0 {
-		// Every sink call has returned: Run is marking what was published
-		// and releasing its leases (database calls bounded by a third of
-		// the lease).
-		<-r.done
-		return ctx.Err()
-	}
-	return fmt.Errorf("outbox: close: %d sink calls still running (ignoring their cancelled context), left to finish in the background: %w", running, ctx.Err())
 }
 
 func (r *Relay) beginTask() {
