@@ -304,9 +304,10 @@ func (o *Outbox) CreateSchema(ctx context.Context) error {
 // Errors: ErrZeroOutbox, ErrNilContext, ErrNilTx, ErrInvalidEvent (wrapped),
 // ErrDuplicateID (wrapped), ctx's error, or the database's. The first four
 // are returned before any SQL and leave tx untouched: it can go on (write a
-// corrected event) and commit. The others come from the INSERT: on
-// PostgreSQL they abort tx (roll it back); on SQLite tx can go on. A ctx that
-// ends during the INSERT makes database/sql roll tx back, on both.
+// corrected event) and commit. The others come from the INSERT (ctx ending
+// during it included): on PostgreSQL they abort tx (roll it back); on SQLite
+// tx can go on. (database/sql also rolls tx back when the context given to
+// BeginTx ends.)
 func (o *Outbox) Write(ctx context.Context, tx *sql.Tx, e Event) (id string, err error) {
 	if o.zero() {
 		return "", ErrZeroOutbox
