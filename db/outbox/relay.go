@@ -21,7 +21,10 @@ import (
 // A Sink publishes one event: to a broker, a bus, an HTTP endpoint. It
 // returns nil once the event is published (durably, for a broker); an error
 // makes the relay retry it with its retry policy, then mark the row dead.
-// Wrap an error with keysched.Permanent to give up at once.
+// Wrap an error with keysched.Permanent to give up at once, or with
+// keysched.Snooze to try again later without spending an attempt (the sink
+// refused locally: a full bulkhead, an open breaker, a rate limit; it still
+// counts in RelayStats.SinkErrors).
 //
 // The relay calls a Sink for one key at a time, in the key's write order,
 // and for different keys concurrently: a Sink must be safe for concurrent
