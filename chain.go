@@ -111,6 +111,7 @@ type core struct {
 	outcomes     [numOutcomes]*counter
 	rejected     atomic.Uint64
 	retried      atomic.Uint64
+	snoozed      atomic.Uint64
 	deadLettered atomic.Uint64
 	notRun       atomic.Int64 // tasks aborted before they started (or resumed)
 	// passing counts, once Close has given up, tasks whose pending slot is
@@ -695,6 +696,9 @@ type Stats struct {
 	Rejected uint64 // tasks refused: Submit and TrySubmit calls that returned an error, and the tasks of a batch not accepted
 	// Retried counts retries scheduled (attempts after the first).
 	Retried uint64
+	// Snoozed counts runs that returned a Snooze error and were scheduled
+	// to run again without spending an attempt (not counted in Retried).
+	Snoozed uint64
 	// DeadLettered counts deliveries to the dead letter (or the log).
 	DeadLettered uint64
 }
@@ -718,6 +722,7 @@ func (s *Scheduler[K]) Stats() Stats {
 		Aborted:      uint64(k.outcomes[outAborted].Value()),
 		Rejected:     k.rejected.Load(),
 		Retried:      k.retried.Load(),
+		Snoozed:      k.snoozed.Load(),
 		DeadLettered: k.deadLettered.Load(),
 	}
 }

@@ -89,7 +89,10 @@
 // worker and no goroutine: a timer puts it back in the ready queue.
 // [Attempt] tells a task which attempt it is. Never retried: errors wrapped
 // with [Permanent], panics (unless [WithRetryPanics]), and attempts whose
-// context was cancelled by [Completion.Cancel] or Close.
+// context was cancelled by [Completion.Cancel] or Close. Not attempts at
+// all: runs that return an error wrapped with [Snooze] (the task was refused
+// locally and did not start its work): they run again after the given delay
+// without spending the budget.
 //
 // Finished or dead-lettered. A task that returns nil has succeeded. One that
 // failed for good (its error with no retry policy, its attempts used up, a
@@ -218,7 +221,7 @@
 //   - counter.go and pad.go: striped counters and cache-line padding, so
 //     that submitters and workers on different cores do not share lines.
 //   - options.go and errors.go: options and their defaults; sentinel errors,
-//     [PanicError], [Permanent].
+//     [PanicError], [Permanent]; retry.go: [Snooze] too.
 //
 // # When to use something else
 //

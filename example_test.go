@@ -434,6 +434,40 @@ func ExamplePermanent() {
 	// account not found
 }
 
+// A task refused locally (a bulkhead full, a breaker open, a rate limiter
+// saying wait) did not really start its work: Snooze runs it again later
+// without spending an attempt. Here a budget of one attempt survives three
+// refusals, and the task's key keeps its order meanwhile.
+func ExampleSnooze() {
+	ctx := context.Background()
+	s, _ := keysched.New[string](
+		keysched.WithRetry(keysched.RetryPolicy{MaxAttempts: 1}), // one real attempt
+		keysched.WithDeadLetter(func(dl keysched.DeadLetter[string]) { fmt.Println("dead letter:", dl.Err) }),
+	)
+	defer s.Close(ctx)
+
+	slots := make(chan struct{}) // a bulkhead with no free slot yet
+	refusals := 0
+	c, _ := s.Submit(ctx, "partner-7", func(ctx context.Context) error {
+		select {
+		case <-slots:
+		default:
+			if refusals++; refusals == 3 {
+				close(slots) // the calls in flight ended
+			}
+			return keysched.Snooze(errors.New("bulkhead full"), time.Millisecond)
+		}
+		fmt.Println("delivered on attempt", keysched.Attempt(ctx), "after", refusals, "refusals")
+		return nil
+	})
+	next, _ := s.Submit(ctx, "partner-7", func(context.Context) error { fmt.Println("next event"); return nil })
+	fmt.Println(c.Wait(ctx), next.Wait(ctx), s.Stats().Snoozed)
+	// Output:
+	// delivered on attempt 1 after 3 refusals
+	// next event
+	// <nil> <nil> 3
+}
+
 // A panicking task is recovered on its worker: the outcome is a *PanicError
 // with the value and the stack, and the key goes on.
 func ExamplePanicError() {

@@ -69,7 +69,10 @@ type Observer[K comparable] struct {
 	// panicked), before the scheduler decides what follows (success,
 	// retry, dead letter, park). Ended-Started is the attempt's duration.
 	// (A task that calls runtime.Goexit ends its attempt unreported; it is
-	// counted as panicked, and dead-lettered, as ever.)
+	// counted as panicked, and dead-lettered, as ever.) A snoozed run (the
+	// task returned a Snooze error) is reported like any attempt, with that
+	// error as Err (IsSnoozed tells it apart); it is not counted, so the
+	// run after it has the same N.
 	AttemptEnded func(key K, a AttemptInfo)
 	// DeadLettered is called once per dead letter (see WithDeadLetter),
 	// before it is delivered, with its error (ErrAborted for a task Close
@@ -79,7 +82,7 @@ type Observer[K comparable] struct {
 
 // An AttemptInfo describes one attempt of a task, for an Observer.
 type AttemptInfo struct {
-	N        int   // which attempt of the task: 1 for the first (a resumed parked task's attempts go on counting)
+	N        int   // which attempt of the task: 1 for the first (a resumed parked task's attempts go on counting; a snoozed run does not count)
 	Accepted Mono  // when the task was accepted
 	Started  Mono  // when this attempt started
 	Ended    Mono  // when it returned (AttemptEnded only)

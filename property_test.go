@@ -28,20 +28,24 @@ import (
 
 var errFlaky = errors.New("flaky")
 
+var errSnoozed = errors.New("refused locally")
+
 type behaviour int
 
 const (
-	bOK        behaviour = iota
-	bFailN               // fails its first n attempts
-	bPanic               // always panics
-	bPermanent           // fails with a Permanent error
+	bOK          behaviour = iota
+	bFailN                 // fails its first n attempts
+	bPanic                 // always panics
+	bPermanent             // fails with a Permanent error
+	bSnoozeFailN           // snoozes its first s runs, then fails n attempts, then succeeds
 	numBehaviours
 )
 
 type ptask struct {
 	id, key   int
 	b         behaviour
-	n         int // bFailN: failures before success
+	n         int // bFailN, bSnoozeFailN: failures before success
+	snoozes   int // bSnoozeFailN: snoozed runs first
 	gate      chan struct{}
 	attempts  atomic.Int32
 	c         *Completion
@@ -152,6 +156,13 @@ func (m *psm) task(p *ptask) Task {
 			panic("boom")
 		case bPermanent:
 			return Permanent(errFlaky)
+		case bSnoozeFailN:
+			switch {
+			case a <= p.snoozes:
+				return Snooze(errSnoozed, time.Microsecond)
+			case a-p.snoozes <= p.n:
+				return errFlaky
+			}
 		}
 		return nil
 	}
@@ -164,6 +175,10 @@ func (m *psm) Submit(t *rapid.T) {
 	p := &ptask{id: m.next, key: key, gate: make(chan struct{})}
 	p.b = behaviour(rapid.IntRange(0, int(numBehaviours)-1).Draw(t, "behaviour"))
 	p.n = rapid.IntRange(1, 4).Draw(t, "failures")
+	if p.b == bSnoozeFailN {
+		p.snoozes = rapid.IntRange(1, 4).Draw(t, "snoozes")
+		p.n--
+	}
 	ctx := context.Background()
 	var wantErr error
 	switch {
@@ -323,7 +338,8 @@ func (m *psm) settle(t *rapid.T, p *ptask, made int) {
 	budget := m.maxAttempts
 	var want error
 	out := outSucceeded
-	attempts := 1 // that this run makes
+	attempts := 1 // runs that this run makes
+	snoozes := 0  // of which snoozed (not attempts)
 	switch p.b {
 	case bFailN:
 		attempts = min(p.n-made+1, budget)
@@ -334,7 +350,17 @@ func (m *psm) settle(t *rapid.T, p *ptask, made int) {
 		want, out = &PanicError{}, outPanicked
 	case bPermanent:
 		want, out = errFlaky, outFailed
+	case bSnoozeFailN:
+		snoozes = max(0, p.snoozes-made)
+		left := p.n - max(0, made-p.snoozes) // failures still to come
+		if left >= budget {
+			attempts = snoozes + budget
+			want, out = errFlaky, outFailed
+		} else {
+			attempts = snoozes + left + 1
+		}
 	}
+	m.want.Snoozed += uint64(snoozes)
 	ctx := watchdog(m.tb)
 	if out != outSucceeded && m.park {
 		// Dead-lettered, then parked: the task stays unfinished.
@@ -346,7 +372,7 @@ func (m *psm) settle(t *rapid.T, p *ptask, made int) {
 		m.want.ParkedKeys++
 		m.want.DeadLettered++
 		require.Equal(t, made+attempts, int(p.attempts.Load()), "attempts")
-		m.want.Retried += uint64(attempts - 1)
+		m.want.Retried += uint64(attempts - snoozes - 1)
 		return
 	}
 	err := p.c.Wait(ctx)
@@ -364,7 +390,7 @@ func (m *psm) settle(t *rapid.T, p *ptask, made int) {
 		m.requireLetter(t, p)
 	}
 	require.Equal(t, made+attempts, int(p.attempts.Load()), "attempts")
-	m.want.Retried += uint64(attempts - 1)
+	m.want.Retried += uint64(attempts - snoozes - 1)
 	m.count(out)
 	p.finished = true
 	m.pass(p.key)
@@ -485,6 +511,7 @@ func (m *psm) Check(t *rapid.T) {
 	require.Equal(t, w.Failed, got.Failed)
 	require.Equal(t, w.Panicked, got.Panicked)
 	require.Equal(t, w.Retried, got.Retried)
+	require.Equal(t, w.Snoozed, got.Snoozed)
 	require.GreaterOrEqual(t, got.Cancelled, w.Cancelled)
 	require.Equal(t, w.Cancelled, got.Cancelled)
 }

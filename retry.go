@@ -2,6 +2,7 @@ package keysched
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -78,7 +79,8 @@ func (p RetryPolicy) delay(n int) time.Duration {
 }
 
 // WithRetry sets the retry policy (default: none, one attempt: at-most-once
-// execution). See RetryPolicy. Errors made with Permanent, panics (unless
+// execution). See RetryPolicy. Errors made with Snooze are not attempts: they
+// run again later without spending the budget. Errors made with Permanent, panics (unless
 // WithRetryPanics) and attempts whose context was cancelled (Completion.Cancel,
 // Close's context ending) are never retried. A timed-out attempt
 // (WithTaskTimeout) is.
@@ -90,6 +92,86 @@ func WithRetry(p RetryPolicy) Option {
 		c.retry, c.retrySet = p, true
 		return nil
 	}
+}
+
+// snoozeError marks a run that did not really start its work (see Snooze).
+type snoozeError struct {
+	err   error
+	after time.Duration
+}
+
+func (z *snoozeError) Error() string { return z.err.Error() }
+func (z *snoozeError) Unwrap() error { return z.err }
+
+// Snooze wraps err, returned by a task, to say that this run did not really
+// start its work (a local refusal: a bulkhead full, a circuit breaker open,
+// a rate limiter saying wait, a lock held elsewhere) and should simply run
+// again later. The name and the semantics follow River's JobSnooze (and
+// exq's snooze): a snoozed run is not an attempt.
+//
+//   - It is not counted: it spends nothing of RetryPolicy.MaxAttempts, is
+//     not listed in DeadLetter.Errors nor counted in DeadLetter.Attempts,
+//     and Attempt(ctx) gives the next run the same number. A normal failure
+//     after any number of snoozes still has its whole budget. Stats.Snoozed
+//     counts snoozed runs (Stats.Retried does not).
+//   - It is honoured with or without a retry policy (at-most-once execution
+//     concerns attempts; a snoozed run is none).
+//   - When: exactly after (no jitter: after is a "not before", like HTTP's
+//     Retry-After or a rate limiter's reservation; add jitter to it yourself
+//     when many keys are refused at once). after <= 0 means the retry
+//     policy's first delay, full jitter on [0, RetryPolicy.InitialBackoff];
+//     without a retry policy, 1 ms.
+//   - While it waits, the task holds its key as a retry backoff does: the
+//     key's later tasks wait behind it (order holds), no worker and no
+//     goroutine are held, Completion.Cancel withdraws it (context.Canceled)
+//     and Close's abort completes it with ErrAborted. WithTaskTimeout
+//     applies to every run, snoozed or not.
+//   - It loses to everything that ends a task: Permanent anywhere in the
+//     error's chain wins (the task fails now); a panic is a panic; a run
+//     whose context was cancelled (Cancel, Close's abort) is not snoozed but
+//     ends the task with its error, counted as its last attempt.
+//   - The Observer's AttemptStarted and AttemptEnded see every run, snoozed
+//     ones too (AttemptEnded's Err is the Snooze error: test it with
+//     IsSnoozed); the run after a snooze has the same AttemptInfo.N.
+//
+// There is no cap on consecutive snoozes: a task that snoozes for ever holds
+// its key for ever (until Cancel or Close). Bounding it is the caller's
+// responsibility, because only the caller knows how long a refusal can be
+// legitimately temporary: a circuit breaker half-opens and lets one counted
+// call through, a bulkhead frees as the calls in flight end (each bounded by
+// its timeout), a token bucket refills. A core cap that turned snoozes into
+// counted failures would park a healthy key after a long busy spell, the
+// very thing Snooze exists to avoid.
+//
+// errors.Is and errors.As see err through the wrapper. When several Snoozes
+// are nested, the outermost one's delay is used (the first errors.As finds).
+// Snooze(nil, d) is nil (the task succeeded), as Permanent(nil) is.
+func Snooze(err error, after time.Duration) error {
+	if err == nil {
+		return nil
+	}
+	return &snoozeError{err: err, after: after}
+}
+
+// IsSnoozed reports whether err, or any error it wraps, was made by Snooze.
+func IsSnoozed(err error) bool {
+	var z *snoozeError
+	return errors.As(err, &z)
+}
+
+// minSnooze is a snooze's delay for after <= 0 without a retry backoff: not
+// zero, so that a task snoozing in a loop cannot spin a worker.
+const minSnooze = time.Millisecond
+
+// snoozeDelay is the wait before a snoozed task runs again (see Snooze).
+func (p RetryPolicy) snoozeDelay(after time.Duration) time.Duration {
+	if after > 0 {
+		return after
+	}
+	if p.InitialBackoff <= 0 {
+		return minSnooze
+	}
+	return p.delay(2)
 }
 
 // WithRetryPanics makes a panicking attempt count as a retryable failure
@@ -120,9 +202,10 @@ func WithTaskTimeout(d time.Duration) Option {
 type DeadLetter[K comparable] struct {
 	Key      K
 	Task     Task  // the original work, so it can be replayed on purpose
-	Attempts int   // attempts made, since the last Resume for a parked key (Errors keeps them all)
+	Attempts int   // attempts made, since the last Resume for a parked key (Errors keeps them all); snoozed runs are not attempts
 	Err      error // the last attempt's error
 	// Errors holds every attempt's error, oldest first (Err is the last).
+	// Snoozed runs (see Snooze) are not listed.
 	Errors []error
 	// FirstAttempt and LastAttempt are when the first and the last failed
 	// attempts ended (zero for a task that never ran).
@@ -214,6 +297,16 @@ type failureRecord struct {
 	first, last time.Time
 	base        int      // attempts made before the last Resume
 	wait        *backoff // the current retry wait (see wait); written before state stWaiting
+}
+
+// record adds a failed attempt's error.
+func (r *failureRecord) record(err error) {
+	now := time.Now()
+	if r.errs == nil {
+		r.first = now
+	}
+	r.last = now
+	r.errs = append(r.errs, err)
 }
 
 // parkedKeys holds the parked head of each parked key.

@@ -117,7 +117,8 @@ func (s *Scheduler[K]) step(n *node[K], clk *handClock) bool {
 func (s *Scheduler[K]) attempt(n *node[K], clk *handClock) bool {
 	c := &n.Completion
 	var err error
-	var panicked, permanent bool
+	var panicked bool
+	var v verdict
 	var started Mono
 	if s.obs != nil {
 		started = s.hookStarted(n, clk)
@@ -126,7 +127,7 @@ func (s *Scheduler[K]) attempt(n *node[K], clk *handClock) bool {
 		// The common case: a first attempt, its context inline.
 		c.ctxBits.Or(ctxStarted)
 		s.core.running.Inc()
-		err, panicked, permanent = call(c.task, taskContext{c})
+		err, panicked = call(c.task, taskContext{c})
 		s.core.running.Dec()
 		s.endAttempt(c, nil)
 	} else {
@@ -138,9 +139,12 @@ func (s *Scheduler[K]) attempt(n *node[K], clk *handClock) bool {
 		}
 		x.cur.Store(a)
 		s.core.running.Inc()
-		err, panicked, permanent = call(c.task, attemptContext{a})
+		err, panicked = call(c.task, attemptContext{a})
 		s.core.running.Dec()
 		s.endAttempt(c, a)
+	}
+	if err != nil && !panicked {
+		v, err, panicked = judge(err)
 	}
 	if s.obs != nil {
 		s.hookEnded(n, started, err, panicked, clk)
@@ -150,22 +154,44 @@ func (s *Scheduler[K]) attempt(n *node[K], clk *handClock) bool {
 		s.publishRun(c)
 		return true
 	}
-	return s.failed(n, err, panicked, permanent)
+	return s.failed(n, err, panicked, v)
 }
 
-// call runs the task, turning a panic into a *PanicError. It also looks at
-// the error the task returned (errors.As runs the error's own methods, user
-// code that may panic too) under the same recover.
-func call[C context.Context](t Task, ctx C) (err error, panicked, permanent bool) {
+// call runs the task, turning a panic into a *PanicError.
+func call[C context.Context](t Task, ctx C) (err error, panicked bool) {
 	defer func() {
 		if r := recover(); r != nil {
-			err, panicked, permanent = &PanicError{Value: r, Stack: debug.Stack()}, true, false
+			err, panicked = &PanicError{Value: r, Stack: debug.Stack()}, true
 		}
 	}()
-	if err = t(ctx); err != nil {
-		permanent = IsPermanent(err)
+	return t(ctx), false
+}
+
+// verdict is what a failed run's error asks for (see judge).
+type verdict struct {
+	permanent bool          // Permanent: fail now
+	snooze    bool          // Snooze: not an attempt, run again after
+	after     time.Duration // Snooze's delay argument
+}
+
+// judge reads the error a run returned (not a panic): Permanent anywhere in
+// its chain wins over Snooze. errors.As runs the error's own methods, user
+// code that may panic too: such a panic is the run's, as if the task itself
+// had panicked (it replaces err).
+func judge(err error) (v verdict, out error, panicked bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			v, out, panicked = verdict{}, &PanicError{Value: r, Stack: debug.Stack()}, true
+		}
+	}()
+	if IsPermanent(err) {
+		return verdict{permanent: true}, err, false
 	}
-	return err, false, permanent
+	var z *snoozeError
+	if errors.As(err, &z) {
+		return verdict{snooze: true, after: z.after}, err, false
+	}
+	return verdict{}, err, false
 }
 
 // attemptEnded reports whether n's latest attempt has returned (its context
@@ -207,16 +233,22 @@ func (s *Scheduler[K]) endAttempt(c *Completion, a *attemptState) {
 
 // failed decides what follows a failed attempt. It reports whether n is
 // finished (false: n waits for a retry or is parked, holding its key).
-func (s *Scheduler[K]) failed(n *node[K], err error, panicked, permanent bool) bool {
+func (s *Scheduler[K]) failed(n *node[K], err error, panicked bool, v verdict) bool {
 	c := &n.Completion
-	now := time.Now()
 	x := c.extra()
-	rec := &x.fail
-	if rec.errs == nil {
-		rec.first = now
+	if v.snooze && !panicked {
+		if _, stop := s.stopped(c); !stop {
+			// Not an attempt (see Snooze): give its number back, so that
+			// neither the budget, nor Attempt, nor the dead letter counts it.
+			x.attempts.Add(-1)
+			s.core.snoozed.Add(1)
+			return s.wait(n, err, s.cfg.retry.snoozeDelay(v.after), true)
+		}
+		// Cancelled or aborted while running: its error is the outcome,
+		// counted as the last attempt like any other (below).
 	}
-	rec.last = now
-	rec.errs = append(rec.errs, err)
+	rec := &x.fail
+	rec.record(err)
 
 	// Cancelled (Completion.Cancel) or aborted (Close's context ended) while
 	// running: never retried.
@@ -226,11 +258,11 @@ func (s *Scheduler[K]) failed(n *node[K], err error, panicked, permanent bool) b
 		s.publishRun(c)
 		return true
 	}
-	retryable := !permanent && (!panicked || s.cfg.retryPanics)
+	retryable := !v.permanent && (!panicked || s.cfg.retryPanics)
 	made := int(x.attempts.Load()) - rec.base
 	if retryable && made < s.cfg.retry.MaxAttempts {
 		s.core.retried.Add(1)
-		return s.wait(n, err, s.cfg.retry.delay(made+1))
+		return s.wait(n, err, s.cfg.retry.delay(made+1), false)
 	}
 	if s.cfg.failure == Park {
 		return s.parkFailed(n, err)
@@ -266,11 +298,13 @@ func (s *Scheduler[K]) stopped(c *Completion) (int, bool) {
 // again and takes the task back itself (the flags and the state are both
 // atomics: either the runner sees the flag or the Cancel sees the state).
 
-// wait puts n, which failed, into a retry backoff of d. It reports whether n
-// is finished after all (a Cancel or abort came meanwhile).
-func (s *Scheduler[K]) wait(n *node[K], err error, d time.Duration) bool {
+// wait puts n, which failed (or snoozed: its run not counted), into a
+// backoff of d. It reports whether n is finished after all (a Cancel or abort
+// came meanwhile).
+func (s *Scheduler[K]) wait(n *node[K], err error, d time.Duration, snoozed bool) bool {
 	c := &n.Completion
-	rec := &c.more.Load().fail
+	x := c.more.Load()
+	rec := &x.fail
 	w := new(backoff)
 	rec.wait = w // published by the state Store below
 	c.state.Store(stWaiting)
@@ -292,6 +326,12 @@ func (s *Scheduler[K]) wait(n *node[K], err error, d time.Duration) bool {
 	if _, stop := s.stopped(c); stop && w.back.CompareAndSwap(false, true) {
 		w.timer.Load().Stop()
 		if out, _ := s.stopped(c); c.state.CompareAndSwap(stWaiting, stFinishing) {
+			if snoozed {
+				// Stopped before it waited: like a run cancelled while
+				// running (see failed), its error ends it, as an attempt.
+				x.attempts.Add(1)
+				rec.record(err)
+			}
 			dl := s.letter(n, err)
 			s.core.decide(c, out, err)
 			s.deliver(dl)
@@ -526,7 +566,7 @@ func (s *Scheduler[K]) goexit(cur *node[K]) {
 			a = x.cur.Load()
 		}
 		s.endAttempt(c, a)
-		if s.failed(cur, &PanicError{Value: errGoexit, Stack: debug.Stack()}, true, false) {
+		if s.failed(cur, &PanicError{Value: errGoexit, Stack: debug.Stack()}, true, verdict{}) {
 			if next := s.pass(cur); next != nil {
 				s.ready.push(next)
 			}

@@ -186,11 +186,15 @@ type Bus[K comparable] struct {
 	ownPool bool
 	logger  *slog.Logger
 
-	mu     sync.Mutex           // guards names, live and the routing snapshot's replacement
-	names  map[string]*sub[K]   // subscribed and not unsubscribed
-	live   map[*sub[K]]struct{} // every subscriber whose scheduler Close must still close
-	routes atomic.Pointer[routing[K]]
-	closed atomic.Bool // set under mu when Close starts
+	mu    sync.Mutex           // guards names, live and the routing snapshot's replacement
+	names map[string]*sub[K]   // subscribed and not unsubscribed
+	live  map[*sub[K]]struct{} // every subscriber whose scheduler Close must still close
+	// lingering holds the subscribers whose Close (or Unsubscribe) gave up
+	// with work left in the background (running handlers, dead letters):
+	// Drain waits for it, then forgets them.
+	lingering map[*sub[K]]struct{}
+	routes    atomic.Pointer[routing[K]]
+	closed    atomic.Bool // set under mu when Close starts
 
 	closeOnce sync.Once
 	closeDone chan struct{}
@@ -224,6 +228,7 @@ func New[K comparable](opts ...Option) (*Bus[K], error) {
 		logger:    cfg.logger,
 		names:     make(map[string]*sub[K]),
 		live:      make(map[*sub[K]]struct{}),
+		lingering: make(map[*sub[K]]struct{}),
 		closeDone: make(chan struct{}),
 	}
 	if cfg.pool != nil {
@@ -405,6 +410,11 @@ func (b *Bus[K]) PublishEnvelope(ctx context.Context, env Envelope[K]) error {
 // or skipped. When ctx ends first it returns an error wrapping ctx's error
 // that names a subscriber with unfinished events. With a handler's context (or a DeadLetter's Context) it
 // returns keysched.ErrInsideTask.
+//
+// After a Close (or an Unsubscribe) that gave up, Drain also waits for what
+// it left in the background: handlers still running and dead letters still
+// being delivered. A process about to exit after such a Close should call
+// it, with a deadline of its own, or those dead letters are lost with it.
 func (b *Bus[K]) Drain(ctx context.Context) error {
 	if b.zero() {
 		return ErrZeroBus
@@ -422,6 +432,14 @@ func (b *Bus[K]) Drain(ctx context.Context) error {
 				return fmt.Errorf("bus: drain: subscriber %q: %w", s.name, err)
 			}
 		}
+		for _, s := range b.lingeringSubs() {
+			if err := s.sched.Drain(ctx); err != nil {
+				return fmt.Errorf("bus: drain: closed subscriber %q: %w", s.name, err)
+			}
+			b.mu.Lock()
+			delete(b.lingering, s)
+			b.mu.Unlock()
+		}
 		// A handler that published while a later subscriber was drained
 		// moved the mark: look again.
 		if b.accepted.Load() == mark {
@@ -430,11 +448,16 @@ func (b *Bus[K]) Drain(ctx context.Context) error {
 	}
 }
 
-func (b *Bus[K]) liveSubs() []*sub[K] {
+func (b *Bus[K]) liveSubs() []*sub[K] { return b.subsOf(b.live) }
+
+func (b *Bus[K]) lingeringSubs() []*sub[K] { return b.subsOf(b.lingering) }
+
+// subsOf returns m's subscribers sorted by name, read under b.mu.
+func (b *Bus[K]) subsOf(m map[*sub[K]]struct{}) []*sub[K] {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	subs := make([]*sub[K], 0, len(b.live))
-	for s := range b.live {
+	subs := make([]*sub[K], 0, len(m))
+	for s := range m {
 		subs = append(subs, s)
 	}
 	sort.Slice(subs, func(i, j int) bool { return subs[i].name < subs[j].name })

@@ -62,3 +62,41 @@ func TestCloseReturnsWithDeadLettersUndelivered(t *testing.T) {
 	require.EqualValues(t, events-4, letters.Load())
 	require.EqualValues(t, st.Aborted, st.DeadLettered, "%+v", st)
 }
+
+// After a Close that gave up, Bus.Drain waits for what Close left in the
+// background: the handlers still running and every dead letter (before, it
+// returned at once: Close had removed the subscribers Drain walks).
+func TestDrainAfterCloseWaitsForBackground(t *testing.T) {
+	ctx := guardCtx(t)
+	b, err := New[int](WithWorkers(2), WithLogger(quiet))
+	require.NoError(t, err)
+	released, release := gate(t)
+	dlGate, dlRelease := gate(t)
+	var letters atomic.Int64
+	started := make(chan struct{}, 2)
+	_, err = Subscribe(b, "s", func(ctx context.Context, env Envelope[int], ev tick) error {
+		started <- struct{}{}
+		<-released // ignores its context
+		return nil
+	}, DeadLetters(func(DeadLetter[int]) { <-dlGate; letters.Add(1) }))
+	require.NoError(t, err)
+	const events = 50
+	for i := range events {
+		require.NoError(t, b.Publish(ctx, i%10, tick{i}))
+	}
+	for range 2 {
+		recv(t, started, "a handler")
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, b.Close(cctx), keysched.ErrAborted)
+	require.Error(t, b.Drain(cctx), "an ended context: unfinished work is reported")
+
+	drained := make(chan error, 1)
+	go func() { drained <- b.Drain(ctx) }()
+	dlRelease()
+	release()
+	require.NoError(t, <-drained)
+	require.EqualValues(t, events-2, letters.Load(), "every aborted event's letter was delivered before Drain returned")
+	require.NoError(t, b.Drain(ctx), "nothing left: at once")
+}

@@ -139,6 +139,9 @@ func (s *sub[K]) shutdown(ctx context.Context) error {
 	b := s.bus
 	b.mu.Lock()
 	delete(b.live, s)
+	if err != nil {
+		b.lingering[s] = struct{}{} // Drain waits for what it left running
+	}
 	b.mu.Unlock()
 	return err
 }

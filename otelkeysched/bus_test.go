@@ -94,6 +94,7 @@ func TestBusMetricsExact(t *testing.T) {
 			"keysched.tasks.finished{" + fin("cancelled", "mailer") + "}": int64(0),
 			"keysched.tasks.finished{" + fin("aborted", "mailer") + "}":   int64(0),
 			"keysched.tasks.retried{" + sub("mailer") + "}":               int64(0),
+			"keysched.tasks.snoozed{" + sub("mailer") + "}":               int64(0),
 			"keysched.tasks.dead_lettered{" + sub("mailer") + "}":         int64(0),
 			"keysched.tasks.rejected{" + sub("mailer") + "}":              int64(0),
 			"keysched.bus.events.dropped{" + sub("mailer") + "}":          int64(0),
@@ -120,7 +121,7 @@ func TestBusMetricsExact(t *testing.T) {
 		require.NoError(t, regs[1].Unregister())
 		vals, _ = collect(t, reader)
 		require.Empty(t, only(vals, "subscription=dropper}"))
-		require.Len(t, only(vals, "subscription=mailer}"), 17)
+		require.Len(t, only(vals, "subscription=mailer}"), 18)
 		close(release)
 		for _, r := range regs {
 			require.NoError(t, r.Unregister())

@@ -19,10 +19,11 @@
 //	keysched.keys.parked          UpDownCounter {key}   parked keys
 //	keysched.tasks.finished       Counter {task}        by outcome: succeeded, failed, panicked, cancelled, aborted
 //	keysched.tasks.retried        Counter {retry}       retries scheduled
+//	keysched.tasks.snoozed        Counter {run}         runs that returned keysched.Snooze (not attempts)
 //	keysched.tasks.dead_lettered  Counter {task}        dead letters
 //	keysched.tasks.rejected       Counter {task}        refused submissions
 //	keysched.task.queue_wait      Histogram s           acceptance to first start
-//	keysched.task.duration        Histogram s           one attempt, by outcome: succeeded, failed, panicked
+//	keysched.task.duration        Histogram s           one run, by outcome: succeeded, failed, panicked, snoozed
 //	keysched.tasks.oldest_age     Gauge s               age of the oldest unfinished task
 //
 // The counters and gauges are asynchronous: they read Scheduler.Stats and

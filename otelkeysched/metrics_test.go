@@ -174,6 +174,7 @@ func TestSchedulerMetricsExact(t *testing.T) {
 			"keysched.tasks.finished{outcome=cancelled," + L + "}": int64(1),
 			"keysched.tasks.finished{outcome=aborted," + L + "}":   int64(0),
 			"keysched.tasks.retried{" + L + "}":                    int64(1),
+			"keysched.tasks.snoozed{" + L + "}":                    int64(0),
 			"keysched.tasks.dead_lettered{" + L + "}":              int64(2),
 			"keysched.tasks.rejected{" + L + "}":                   int64(1),
 			"keysched.tasks.oldest_age{" + L + "}":                 4.0,
@@ -185,7 +186,7 @@ func TestSchedulerMetricsExact(t *testing.T) {
 		require.Equal(t, map[string]string{
 			"keysched.tasks.pending": "{task}", "keysched.tasks.running": "{task}",
 			"keysched.keys.live": "{key}", "keysched.keys.parked": "{key}",
-			"keysched.tasks.finished": "{task}", "keysched.tasks.retried": "{retry}",
+			"keysched.tasks.finished": "{task}", "keysched.tasks.retried": "{retry}", "keysched.tasks.snoozed": "{run}",
 			"keysched.tasks.dead_lettered": "{task}", "keysched.tasks.rejected": "{task}",
 			"keysched.tasks.oldest_age": "s", "keysched.task.queue_wait": "s", "keysched.task.duration": "s",
 		}, units)
@@ -208,6 +209,7 @@ func TestSchedulerMetricsExact(t *testing.T) {
 			"keysched.tasks.finished{outcome=cancelled," + L + "}": int64(1),
 			"keysched.tasks.finished{outcome=aborted," + L + "}":   int64(0),
 			"keysched.tasks.retried{" + L + "}":                    int64(1),
+			"keysched.tasks.snoozed{" + L + "}":                    int64(0),
 			"keysched.tasks.dead_lettered{" + L + "}":              int64(2),
 			"keysched.tasks.rejected{" + L + "}":                   int64(1),
 			"keysched.tasks.oldest_age{" + L + "}":                 0.0,
@@ -263,6 +265,40 @@ func TestTwoSchedulersAndNoKeys(t *testing.T) {
 	for k := range vals {
 		require.NotContains(t, k, "secret")
 	}
+}
+
+// A run that returns keysched.Snooze is counted by keysched.tasks.snoozed
+// and its duration recorded with outcome=snoozed, not as a failed attempt.
+func TestSnoozedRuns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reader := sdkmetric.NewManualReader()
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		defer mp.Shutdown(context.Background())
+		m, err := otelkeysched.New[string](mp, otelkeysched.WithAttributes(attribute.String("scheduler", "z")))
+		require.NoError(t, err)
+		s, err := keysched.New[string](keysched.WithLogger(quiet), keysched.WithObserver(m.Observer()))
+		require.NoError(t, err)
+		require.NoError(t, m.Register(s))
+		defer m.Unregister()
+		ctx := context.Background()
+		runs := 0
+		c, err := s.Submit(ctx, "k", func(context.Context) error {
+			if runs++; runs <= 2 {
+				return keysched.Snooze(errFail, time.Second)
+			}
+			return nil
+		})
+		require.NoError(t, err)
+		require.NoError(t, c.Wait(ctx))
+		require.NoError(t, s.Close(ctx))
+		vals, units := collect(t, reader)
+		require.Equal(t, int64(2), vals["keysched.tasks.snoozed{scheduler=z}"])
+		require.Equal(t, "{run}", units["keysched.tasks.snoozed"])
+		require.Equal(t, uint64(2), vals["keysched.task.duration{outcome=snoozed,scheduler=z}"].(hist).Count)
+		require.Equal(t, uint64(1), vals["keysched.task.duration{outcome=succeeded,scheduler=z}"].(hist).Count)
+		require.NotContains(t, vals, "keysched.task.duration{outcome=failed,scheduler=z}")
+		require.Equal(t, int64(0), vals["keysched.tasks.retried{scheduler=z}"])
+	})
 }
 
 func TestOptionErrors(t *testing.T) {

@@ -25,10 +25,11 @@ const (
 	KeysParked        = "keysched.keys.parked"         // UpDownCounter {key}: parked keys (FailurePolicy Park)
 	TasksFinished     = "keysched.tasks.finished"      // Counter {task}, attribute outcome
 	TasksRetried      = "keysched.tasks.retried"       // Counter {retry}: retries scheduled (attempts after the first)
+	TasksSnoozed      = "keysched.tasks.snoozed"       // Counter {run}: runs that returned keysched.Snooze (not attempts)
 	TasksDeadLettered = "keysched.tasks.dead_lettered" // Counter {task}: dead letters delivered (or logged)
 	TasksRejected     = "keysched.tasks.rejected"      // Counter {task}: Submit and TrySubmit calls that failed
 	TaskQueueWait     = "keysched.task.queue_wait"     // Histogram s: acceptance to first start, attribute-free but for the constant ones
-	TaskDuration      = "keysched.task.duration"       // Histogram s: one attempt's run, attribute outcome (succeeded, failed, panicked)
+	TaskDuration      = "keysched.task.duration"       // Histogram s: one attempt's run, attribute outcome (succeeded, failed, panicked, snoozed)
 	TasksOldestAge    = "keysched.tasks.oldest_age"    // Gauge s: age of the oldest unfinished task
 )
 
@@ -36,7 +37,8 @@ const (
 const (
 	// OutcomeKey is the attribute of keysched.tasks.finished (succeeded,
 	// failed, panicked, cancelled, aborted) and keysched.task.duration
-	// (succeeded, failed, panicked: the attempt's).
+	// (succeeded, failed, panicked, snoozed: the run's; a snoozed run, see
+	// keysched.Snooze, is no attempt and no failure).
 	OutcomeKey = attribute.Key("outcome")
 	// SubscriptionKey names a bus subscriber (RegisterSubscription).
 	SubscriptionKey = attribute.Key("subscription")
@@ -49,6 +51,7 @@ const (
 	OutcomePanicked  = "panicked"
 	OutcomeCancelled = "cancelled"
 	OutcomeAborted   = "aborted"
+	OutcomeSnoozed   = "snoozed" // keysched.task.duration only
 )
 
 // DefaultBuckets are the histograms' bucket boundaries, in seconds: from
@@ -137,6 +140,7 @@ func newConfig(mp metric.MeterProvider, opts []Option) (config, error) {
 type instruments struct {
 	pending, running, keys, parked       metric.Int64ObservableUpDownCounter
 	finished, retried, dead, rejected    metric.Int64ObservableCounter
+	snoozed                              metric.Int64ObservableCounter
 	oldest                               metric.Float64ObservableGauge
 	queueWait, duration                  metric.Float64Histogram
 	observables                          []metric.Observable
@@ -164,6 +168,7 @@ func newInstruments(meter metric.Meter, bus bool) (*instruments, error) {
 	in.parked = upDown(KeysParked, "{key}", "Keys parked after a failure (FailurePolicy Park), waiting for Resume or Skip.")
 	in.finished = counter(TasksFinished, "{task}", "Tasks that reached their terminal outcome, by outcome.")
 	in.retried = counter(TasksRetried, "{retry}", "Retries scheduled (attempts after the first).")
+	in.snoozed = counter(TasksSnoozed, "{run}", "Runs that returned keysched.Snooze: refused before their work, run again without spending an attempt.")
 	in.dead = counter(TasksDeadLettered, "{task}", "Tasks delivered to the dead letter (or logged) after failing for good.")
 	in.rejected = counter(TasksRejected, "{task}", "Submissions refused (full, closed, invalid, context ended).")
 	var err error
@@ -206,6 +211,7 @@ func (in *instruments) observeStats(o metric.Observer, st keysched.Stats, base [
 		o.ObserveInt64(in.finished, int64(oc.n), metric.WithAttributeSet(withKV(base, OutcomeKey.String(oc.name))))
 	}
 	o.ObserveInt64(in.retried, int64(st.Retried), opt)
+	o.ObserveInt64(in.snoozed, int64(st.Snoozed), opt)
 	o.ObserveInt64(in.dead, int64(st.DeadLettered), opt)
 	o.ObserveInt64(in.rejected, int64(st.Rejected), opt)
 	if age >= 0 {
@@ -245,7 +251,7 @@ type Metrics[K comparable] struct {
 
 	// Per-measurement options, made once: recording allocates nothing.
 	waitOpt []metric.RecordOption
-	durOpt  [3][]metric.RecordOption // succeeded, failed, panicked
+	durOpt  [4][]metric.RecordOption // succeeded, failed, panicked, snoozed
 
 	mu      sync.Mutex
 	reg     metric.Registration
@@ -272,7 +278,7 @@ func New[K comparable](mp metric.MeterProvider, opts ...Option) (*Metrics[K], er
 	}
 	m := &Metrics[K]{in: in, meter: meter, attrs: cfg.attrs, subscription: cfg.subscription}
 	m.waitOpt = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(cfg.attrs...))}
-	for i, oc := range []string{OutcomeSucceeded, OutcomeFailed, OutcomePanicked} {
+	for i, oc := range []string{OutcomeSucceeded, OutcomeFailed, OutcomePanicked, OutcomeSnoozed} {
 		m.durOpt[i] = []metric.RecordOption{metric.WithAttributeSet(withKV(cfg.attrs, OutcomeKey.String(oc)))}
 	}
 	return m, nil
@@ -301,7 +307,10 @@ func (m *Metrics[K]) Observer() keysched.Observer[K] {
 			switch {
 			case a.Panicked:
 				i = 2
-			case a.Err != nil:
+			case a.Err == nil:
+			case keysched.IsSnoozed(a.Err) && !keysched.IsPermanent(a.Err):
+				i = 3
+			default:
 				i = 1
 			}
 			m.in.duration.Record(context.Background(), a.Ended.Sub(a.Started).Seconds(), m.durOpt[i]...)

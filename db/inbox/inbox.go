@@ -45,15 +45,28 @@ const (
 	DefaultVersionsTable = "keysched_versions"
 )
 
+// MaxIDLen bounds an event ID (and a Versions entity), in bytes. An outbox
+// event's ID (at most outbox.MaxIDLen, 256 bytes) always fits: it is the
+// natural ID to deduplicate on downstream. The room above it is for IDs made
+// elsewhere (a topic, partition and offset, say).
+const MaxIDLen = 1024
+
 // Sentinel errors. Compare with errors.Is.
 var (
 	// ErrInvalidOption is wrapped by New's and NewVersions' errors.
 	ErrInvalidOption = errors.New("inbox: invalid option")
 	// ErrInvalidID is returned for an empty event ID or entity, or one
-	// longer than 1024 bytes, or with a NUL byte or invalid UTF-8.
+	// longer than MaxIDLen bytes, or with a NUL byte or invalid UTF-8.
 	ErrInvalidID = errors.New("inbox: invalid event ID or entity")
 	// ErrNilFunc is returned by Apply for a nil effect function.
 	ErrNilFunc = errors.New("inbox: nil effect function")
+	// ErrTxEnded is wrapped by Apply's error (Inbox's and Versions') when
+	// fn committed or rolled back the transaction itself, which it must
+	// not do: Apply commits or rolls it back. The error says which
+	// happened: after fn's commit the ID (or version) and fn's writes
+	// before it are recorded, so a redelivery finds the event handled;
+	// after fn's rollback nothing is.
+	ErrTxEnded = errors.New("inbox: fn committed or rolled back the transaction itself (it must not: Apply does)")
 	// ErrNilTx is returned by Record and Gate for a nil transaction.
 	ErrNilTx = errors.New("inbox: nil transaction")
 	// ErrNilContext is returned by every method given a nil context (it
@@ -143,8 +156,8 @@ func build(db *sql.DB, def string, opts []Option) (options, error) {
 }
 
 func validID(id string) error {
-	if id == "" || len(id) > 1024 {
-		return fmt.Errorf("%w: %d bytes", ErrInvalidID, len(id))
+	if id == "" || len(id) > MaxIDLen {
+		return fmt.Errorf("%w: %d bytes (want 1 to %d)", ErrInvalidID, len(id), MaxIDLen)
 	}
 	// PostgreSQL's TEXT refuses both (a database error on every
 	// redelivery); SQLite would store them: refuse them on both.
@@ -167,6 +180,15 @@ type Inbox struct {
 
 // New returns an Inbox on db. It does not touch the database: create the
 // table with CreateSchema (or Schema's SQL).
+//
+// SQLite: open db with sqldb.OpenSQLite, or give your own *sql.DB the same
+// settings on every connection of its pool: WAL journal, a busy timeout and
+// immediate transactions. With modernc.org/sqlite that is the DSN
+// "app.db?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate"
+// (a PRAGMA run with db.Exec reaches one pooled connection only). A plain
+// sql.Open("sqlite", path) has no busy timeout and deferred transactions:
+// concurrent writers (the relay's marks and claims among them) then fail at
+// once with SQLITE_BUSY ("database is locked") instead of waiting their turn.
 func New(db *sql.DB, opts ...Option) (*Inbox, error) {
 	o, err := build(db, DefaultTable, opts)
 	if err != nil {
@@ -250,6 +272,10 @@ func timeArg(d Dialect, t time.Time) any {
 //     not run and nothing was written. Acknowledge the delivery.
 //   - (false, err): nothing was recorded, so a redelivery runs fn again:
 //     fn's error (returned as is, unwrapped), a database error, or ctx's.
+//     The one exception is an error wrapping ErrTxEnded: fn committed or
+//     rolled back tx itself (a bug in fn); if it committed, the ID and
+//     fn's writes before the commit are recorded (Seen reports true), and
+//     the error says so.
 //
 // Concurrent deliveries of one ID run fn at most once in total: the second
 // one's insert waits for the first transaction (PostgreSQL's unique index,
@@ -277,29 +303,51 @@ func (in *Inbox) Apply(ctx context.Context, eventID string, fn func(tx *sql.Tx) 
 			return false, err
 		}
 		return true, fn(tx)
+	}, func() string {
+		if seen, err := in.Seen(ctx, eventID); err != nil {
+			return fmt.Sprintf("whether the ID %q is recorded is unknown: %v", eventID, err)
+		} else if seen {
+			return fmt.Sprintf("the ID %q is recorded: fn committed", eventID)
+		}
+		return fmt.Sprintf("the ID %q is not recorded", eventID)
 	})
 }
 
 // runTx runs body in a transaction and commits when body returns (true, nil).
-func runTx(ctx context.Context, db *sql.DB, body func(tx *sql.Tx) (bool, error)) (done bool, err error) {
+// If body's fn ended the transaction itself (the commit or rollback finds it
+// done while ctx is live), the error wraps ErrTxEnded and what state says
+// (whether the transaction's writes are recorded).
+func runTx(ctx context.Context, db *sql.DB, body func(tx *sql.Tx) (bool, error), state func() string) (done bool, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return false, fmt.Errorf("inbox: begin: %w", err)
 	}
-	committed := false
+	ended := func(e error) bool { return errors.Is(e, sql.ErrTxDone) && ctx.Err() == nil }
+	finished := false
 	defer func() {
-		if !committed {
-			tx.Rollback()
+		if !finished {
+			tx.Rollback() // fn panicked: the panic goes on
 		}
 	}()
 	ok, err := body(tx)
 	if err != nil || !ok {
+		finished = true
+		if rb := tx.Rollback(); ended(rb) && ok {
+			return false, fmt.Errorf("%w (%s): %w", ErrTxEnded, state(), err)
+		}
 		return false, err
 	}
+	finished = true
 	if err := tx.Commit(); err != nil {
+		if ended(err) {
+			return false, fmt.Errorf("%w (%s)", ErrTxEnded, state())
+		}
+		if errors.Is(err, sql.ErrTxDone) && ctx.Err() != nil {
+			// database/sql rolled the transaction back when ctx ended.
+			return false, fmt.Errorf("inbox: commit: %w: %w", err, ctx.Err())
+		}
 		return false, fmt.Errorf("inbox: commit: %w", err)
 	}
-	committed = true
 	return true, nil
 }
 

@@ -31,6 +31,9 @@ type Versions struct {
 // NewVersions returns a Versions on db (table DefaultVersionsTable unless
 // WithTable). It does not touch the database: create the table with
 // CreateSchema. WithRetention is refused: versions never expire.
+//
+// SQLite: db needs the settings sqldb.OpenSQLite gives (WAL, a busy timeout,
+// immediate transactions): see New.
 func NewVersions(db *sql.DB, opts ...Option) (*Versions, error) {
 	o, err := build(db, DefaultVersionsTable, opts)
 	if err != nil {
@@ -78,7 +81,10 @@ func (v *Versions) CreateSchema(ctx context.Context) error {
 //   - (false, nil): version is not newer (a duplicate or an out-of-order
 //     redelivery): fn did not run, nothing was written.
 //   - (false, err): fn's error (as is), a database error or ctx's; nothing
-//     was written.
+//     was written. The one exception is an error wrapping ErrTxEnded: fn
+//     committed or rolled back tx itself (a bug in fn); if it committed,
+//     the version and fn's writes before the commit are stored, and the
+//     error says so.
 //
 // Concurrent Applys on one entity serialise on its row: the newest version
 // wins, whatever the arrival order, and each version's fn runs at most once.
@@ -102,6 +108,13 @@ func (v *Versions) Apply(ctx context.Context, entity string, version int64, fn f
 			return false, err
 		}
 		return true, fn(tx)
+	}, func() string {
+		if cur, ok, err := v.Current(ctx, entity); err != nil {
+			return fmt.Sprintf("whether version %d of %q is stored is unknown: %v", version, entity, err)
+		} else if ok && cur >= version {
+			return fmt.Sprintf("%q is at version %d: fn committed", entity, cur)
+		}
+		return fmt.Sprintf("version %d of %q is not stored", version, entity)
 	})
 }
 

@@ -131,7 +131,8 @@
 // DefaultRetry, 10 attempts with exponential backoff and full jitter) while
 // the key's later rows wait: other keys go on. A row that fails for good
 // (attempts exhausted, an error wrapped with keysched.Permanent, or a
-// panicking sink after its retries) is marked dead in the database with its
+// panicking sink after its retries: a panic is a failed call, counted in
+// RelayStats.SinkErrors) is marked dead in the database with its
 // error and attempt count, and logged; it is never silently skipped. Then,
 // per WithFailurePolicy:
 //
@@ -150,5 +151,8 @@
 // context ends), gives back the rows that had not started, marks what was
 // published and releases the leases; cancelling Run's context does the same
 // at once. Rows given back stay pending and are published by the next relay
-// to claim their key.
+// to claim their key. Close returns within keysched.CloseGrace of its
+// context's end even if a sink call ignores its cancelled context: it then
+// reports the calls still running, which finish in the background (see
+// Relay.Close).
 package outbox

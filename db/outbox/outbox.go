@@ -36,9 +36,20 @@ var (
 	// ErrInvalidOption is wrapped by every error New and NewRelay return
 	// for a bad option.
 	ErrInvalidOption = errors.New("outbox: invalid option")
-	// ErrInvalidEvent is wrapped by Write's error for an event it refuses
-	// (an empty key, a key or type too long). Nothing was written.
+	// ErrInvalidEvent is wrapped by Write's error for an event it refuses,
+	// the error naming the field: an empty key; an ID, key or type longer
+	// than MaxIDLen, MaxKeyLen or MaxTypeLen bytes; a NUL byte or invalid
+	// UTF-8 in the ID, key or type; invalid UTF-8 in a header's name or
+	// value. It is returned before any SQL: nothing was written and tx is
+	// untouched (still usable, also on PostgreSQL).
 	ErrInvalidEvent = errors.New("outbox: invalid event")
+	// ErrInvalidKey is wrapped by the error of Resume, Skip and SkipHead
+	// (of an Outbox or a Relay) for a key no event can have: empty, longer
+	// than MaxKeyLen bytes, or with a NUL byte or invalid UTF-8.
+	ErrInvalidKey = errors.New("outbox: invalid key")
+	// ErrNilContext is returned by every method given a nil context (it is
+	// keysched.ErrNilContext, as inbox.ErrNilContext).
+	ErrNilContext = keysched.ErrNilContext
 	// ErrDuplicateID is wrapped by Write's error when the outbox already
 	// holds a row with the event's ID. On PostgreSQL the caller's
 	// transaction is aborted by the failed insert and must be rolled back.
@@ -47,8 +58,9 @@ var (
 	ErrNilTx = errors.New("outbox: nil transaction")
 	// ErrNotParked is returned by Resume and Skip for a key with no dead row.
 	ErrNotParked = errors.New("outbox: key has no dead row")
-	// ErrClosed is returned by Run after Close, and by Run when the relay
-	// has already run: a Relay runs once.
+	// ErrClosed is returned by Run after Close, by Run when the relay has
+	// already run (a Relay runs once), and by the Relay's Resume, Skip and
+	// SkipHead after Close (use the Outbox's, which need no relay).
 	ErrClosed = errors.New("outbox: relay closed")
 	// ErrNilSink is returned by NewRelay for a nil sink.
 	ErrNilSink = errors.New("outbox: nil sink")
@@ -65,29 +77,40 @@ var (
 	ErrZeroRelay = errors.New("outbox: nil or zero Relay (make one with Outbox.NewRelay)")
 )
 
-// MaxKeyLen and MaxTypeLen bound an event's key and type, in bytes.
+// MaxIDLen, MaxKeyLen and MaxTypeLen bound an event's ID, key and type, in
+// bytes (Write refuses longer ones with ErrInvalidEvent). An outbox event's
+// ID is the natural inbox ID downstream: MaxIDLen is within inbox.MaxIDLen
+// (1024), so every outbox ID is a valid inbox ID; the inbox allows longer
+// IDs for other sources (a topic, partition and offset, say).
 const (
+	MaxIDLen   = 256
 	MaxKeyLen  = 1024
 	MaxTypeLen = 256
 )
 
 // An Event is one outbox row: what a relay hands to its Sink.
 type Event struct {
-	// ID is the producer-assigned event ID, unique in the outbox. Write
-	// fills an empty one with a UUIDv7 (time-ordered, RFC 9562). Consumers
+	// ID is the producer-assigned event ID, unique in the outbox: at most
+	// MaxIDLen bytes of valid UTF-8 without NUL. Write fills an empty one
+	// with a UUIDv7 (time-ordered, RFC 9562, 36 bytes). Consumers
 	// deduplicate on it (see package inbox).
 	ID string
 	// Key is the event's ordering key: the relay publishes a key's events
 	// one at a time, in the order they were written, and different keys
-	// in parallel. Non-empty, at most MaxKeyLen bytes.
+	// in parallel. Non-empty, at most MaxKeyLen bytes of valid UTF-8
+	// without NUL.
 	Key string
-	// Type names the kind of event (free form, at most MaxTypeLen bytes;
-	// may be empty).
+	// Type names the kind of event (free form, may be empty; at most
+	// MaxTypeLen bytes of valid UTF-8 without NUL).
 	Type string
 	// Payload is the event's body, stored as bytes (BYTEA, BLOB).
 	Payload []byte
 	// Headers is metadata (a correlation ID, a trace parent...), stored as
-	// a JSON object. nil and an empty map both read back as nil.
+	// a JSON object, so names and values are text: Write refuses invalid
+	// UTF-8 in either (ErrInvalidEvent naming the header) rather than
+	// store it altered; any other string, NUL bytes included, reads back
+	// unchanged. Put binary metadata in the payload, or encode it (base64).
+	// nil and an empty map both read back as nil.
 	Headers map[string]string
 	// CreatedAt is when the event was written; Write sets a zero one to the
 	// current time. Stored with microsecond precision, read back in UTC.
@@ -145,6 +168,15 @@ func WithTable(name string) Option {
 // tables once with CreateSchema (or with the SQL that Schema returns, in your
 // own migrations). A nil db or a bad option is an error wrapping
 // ErrInvalidOption.
+//
+// SQLite: open db with sqldb.OpenSQLite, or give your own *sql.DB the same
+// settings on every connection of its pool: WAL journal, a busy timeout and
+// immediate transactions. With modernc.org/sqlite that is the DSN
+// "app.db?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate"
+// (a PRAGMA run with db.Exec reaches one pooled connection only). A plain
+// sql.Open("sqlite", path) has no busy timeout and deferred transactions:
+// concurrent writers (the relay's marks and claims among them) then fail at
+// once with SQLITE_BUSY ("database is locked") instead of waiting their turn.
 func New(db *sql.DB, opts ...Option) (*Outbox, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: nil *sql.DB", ErrInvalidOption)
@@ -269,8 +301,13 @@ func (o *Outbox) CreateSchema(ctx context.Context) error {
 // usually does. SQLite runs one write transaction at a time, so there insert
 // order is commit order.
 //
-// Errors: ErrZeroOutbox, ErrNilTx, ErrInvalidEvent, ErrDuplicateID (wrapped), ctx's error,
-// or the database's. On PostgreSQL any error aborts tx.
+// Errors: ErrZeroOutbox, ErrNilContext, ErrNilTx, ErrInvalidEvent (wrapped),
+// ErrDuplicateID (wrapped), ctx's error, or the database's. The first four
+// are returned before any SQL and leave tx untouched: it can go on (write a
+// corrected event) and commit. The others come from the INSERT (ctx ending
+// during it included): on PostgreSQL they abort tx (roll it back); on SQLite
+// tx can go on. (database/sql also rolls tx back when the context given to
+// BeginTx ends.)
 func (o *Outbox) Write(ctx context.Context, tx *sql.Tx, e Event) (id string, err error) {
 	if o.zero() {
 		return "", ErrZeroOutbox
@@ -319,20 +356,41 @@ func (o *Outbox) Write(ctx context.Context, tx *sql.Tx, e Event) (id string, err
 }
 
 func validate(e *Event) error {
-	switch {
-	case e.Key == "":
+	if e.Key == "" {
 		return fmt.Errorf("%w: empty key", ErrInvalidEvent)
-	case len(e.Key) > MaxKeyLen:
-		return fmt.Errorf("%w: key of %d bytes (at most %d)", ErrInvalidEvent, len(e.Key), MaxKeyLen)
-	case len(e.Type) > MaxTypeLen:
-		return fmt.Errorf("%w: type of %d bytes (at most %d)", ErrInvalidEvent, len(e.Type), MaxTypeLen)
-	case len(e.ID) > 256:
-		return fmt.Errorf("%w: ID of %d bytes (at most 256)", ErrInvalidEvent, len(e.ID))
-	case strings.ContainsRune(e.Key, 0) || strings.ContainsRune(e.ID, 0) || strings.ContainsRune(e.Type, 0):
-		return fmt.Errorf("%w: NUL byte in ID, key or type", ErrInvalidEvent)
-	case !utf8.ValidString(e.Key) || !utf8.ValidString(e.ID) || !utf8.ValidString(e.Type):
-		// PostgreSQL's TEXT refuses it; SQLite would store it.
-		return fmt.Errorf("%w: invalid UTF-8 in ID, key or type", ErrInvalidEvent)
+	}
+	for _, f := range []struct {
+		name, v string
+		max     int
+	}{{"ID", e.ID, MaxIDLen}, {"key", e.Key, MaxKeyLen}, {"type", e.Type, MaxTypeLen}} {
+		if err := checkText(f.name, f.v, f.max); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidEvent, err)
+		}
+	}
+	for k, v := range e.Headers {
+		// JSON (the headers' storage) holds text: encoding/json would
+		// replace each invalid byte with U+FFFD, altering the value.
+		if !utf8.ValidString(k) {
+			return fmt.Errorf("%w: header name %q: invalid UTF-8", ErrInvalidEvent, k)
+		}
+		if !utf8.ValidString(v) {
+			return fmt.Errorf("%w: header %q: invalid UTF-8 in its value", ErrInvalidEvent, k)
+		}
+	}
+	return nil
+}
+
+// checkText checks an ID, key or type: at most max bytes, no NUL, valid
+// UTF-8 (PostgreSQL's TEXT refuses NUL and invalid UTF-8; SQLite would store
+// them: both are refused on both).
+func checkText(field, v string, max int) error {
+	switch {
+	case len(v) > max:
+		return fmt.Errorf("%s of %d bytes (at most %d)", field, len(v), max)
+	case strings.ContainsRune(v, 0):
+		return fmt.Errorf("%s %q: NUL byte", field, v)
+	case !utf8.ValidString(v):
+		return fmt.Errorf("%s %q: invalid UTF-8", field, v)
 	}
 	return nil
 }
@@ -448,7 +506,8 @@ func (o *Outbox) Parked(ctx context.Context) ([]string, error) {
 // Resume makes the key's oldest dead row pending again, so a relay publishes
 // it (and, under Park, the key's later rows after it) with a fresh attempt
 // budget. Its attempt count and last error are kept. It returns ErrNotParked
-// when the key has no dead row. Under the Continue policy the key's later rows
+// when the key has no dead row, an error wrapping ErrInvalidKey for a key no
+// event can have (see ErrInvalidKey). Under the Continue policy the key's later rows
 // may have been published already: the resumed row then arrives after them.
 func (o *Outbox) Resume(ctx context.Context, key string) error {
 	_, err := o.moveDead(ctx, key, Pending)
@@ -457,7 +516,8 @@ func (o *Outbox) Resume(ctx context.Context, key string) error {
 
 // Skip gives up the key's oldest dead row for good (it becomes Skipped, with
 // its error and attempts kept) so that, under Park, the key goes on with its
-// next row. It returns ErrNotParked when the key has no dead row.
+// next row. It returns ErrNotParked when the key has no dead row, an error
+// wrapping ErrInvalidKey for a key no event can have (see ErrInvalidKey).
 func (o *Outbox) Skip(ctx context.Context, key string) error {
 	_, err := o.SkipHead(ctx, key)
 	return err
@@ -477,6 +537,12 @@ func (o *Outbox) moveDead(ctx context.Context, key string, to State) (string, er
 	}
 	if ctx == nil {
 		return "", keysched.ErrNilContext
+	}
+	if key == "" {
+		return "", fmt.Errorf("%w: empty key", ErrInvalidKey)
+	}
+	if err := checkText("key", key, MaxKeyLen); err != nil {
+		return "", fmt.Errorf("%w: %w", ErrInvalidKey, err)
 	}
 	// On PostgreSQL (READ COMMITTED) two concurrent moves pick the same
 	// oldest dead row; the second waits for the first's lock, then finds

@@ -21,7 +21,10 @@ import (
 // A Sink publishes one event: to a broker, a bus, an HTTP endpoint. It
 // returns nil once the event is published (durably, for a broker); an error
 // makes the relay retry it with its retry policy, then mark the row dead.
-// Wrap an error with keysched.Permanent to give up at once.
+// Wrap an error with keysched.Permanent to give up at once, or with
+// keysched.Snooze to try again later without spending an attempt (the sink
+// refused locally: a full bulkhead, an open breaker, a rate limit; it still
+// counts in RelayStats.SinkErrors).
 //
 // The relay calls a Sink for one key at a time, in the key's write order,
 // and for different keys concurrently: a Sink must be safe for concurrent
@@ -603,10 +606,14 @@ func (r *Relay) Parked(ctx context.Context) ([]string, error) {
 }
 
 // Resume makes the key's oldest dead row pending again (Outbox.Resume) and
-// wakes the relay. Any relay of the outbox then publishes it.
+// wakes the relay. Any relay of the outbox then publishes it. After Close it
+// returns ErrClosed and moves nothing (Outbox.Resume needs no relay).
 func (r *Relay) Resume(ctx context.Context, key string) error {
 	if r.zero() {
 		return ErrZeroRelay
+	}
+	if r.closed() {
+		return ErrClosed
 	}
 	if err := r.o.Resume(ctx, key); err != nil {
 		return err
@@ -623,10 +630,14 @@ func (r *Relay) Skip(ctx context.Context, key string) error {
 }
 
 // SkipHead is Skip that also returns the ID of the row it gave up (see
-// Outbox.SkipHead).
+// Outbox.SkipHead). After Close, Skip and SkipHead return ErrClosed and move
+// nothing (Outbox.Skip needs no relay).
 func (r *Relay) SkipHead(ctx context.Context, key string) (string, error) {
 	if r.zero() {
 		return "", ErrZeroRelay
+	}
+	if r.closed() {
+		return "", ErrClosed
 	}
 	id, err := r.o.SkipHead(ctx, key)
 	if err != nil {
@@ -634,6 +645,16 @@ func (r *Relay) SkipHead(ctx context.Context, key string) (string, error) {
 	}
 	r.signal()
 	return id, nil
+}
+
+// closed reports whether Close was called.
+func (r *Relay) closed() bool {
+	select {
+	case <-r.closing:
+		return true
+	default:
+		return false
+	}
 }
 
 func (r *Relay) mono() int64 { return int64(time.Since(r.epoch)) }
@@ -746,9 +767,22 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 // Close stops the relay: see Run. It waits for Run to return, or for ctx to
-// end (then the rows still in flight are given back and Close returns ctx's
-// error once Run has returned). Close without Run releases the scheduler.
-// Close is idempotent; only the first call's ctx bounds the drain.
+// end: then the sink calls in progress see their context cancelled, the rows
+// not started are given back, and Close returns within keysched.CloseGrace
+// (100 ms) of ctx's end, whatever the sink does, plus the database calls
+// that mark the published rows and release the leases once every sink call
+// has returned (each bounded by a third of the lease). If a sink call still
+// runs after the grace (it ignores its cancelled context), Close returns an error
+// wrapping ctx's error that counts the sink calls still running; they finish
+// in the background and Run returns once they have: a call that then
+// succeeds is marked sent (the relay keeps the key's lease until then, so no
+// other relay publishes the key meanwhile), one that fails leaves its row
+// pending, and the relay then releases its leases. If the process exits
+// first, those rows stay pending and are published again (duplicates) once
+// the leases expire. Close returns nil when Run finished in time, ctx's error
+// (wrapped) otherwise. Close without Run releases the scheduler. Close is
+// idempotent; only the first call's ctx bounds the drain. A nil ctx gets
+// ErrNilContext.
 func (r *Relay) Close(ctx context.Context) error {
 	if r.zero() {
 		return ErrZeroRelay
@@ -768,8 +802,25 @@ func (r *Relay) Close(ctx context.Context) error {
 	case <-r.done:
 		return nil
 	case <-ctx.Done():
-		<-r.done
-		return ctx.Err()
+	}
+	// While no sink call runs, Run is only shutting down (marking what was
+	// published, releasing its leases: database calls bounded by a third
+	// of the lease): wait for it. Give up once a sink call outlives the
+	// grace.
+	grace := time.NewTicker(keysched.CloseGrace)
+	defer grace.Stop()
+	for {
+		select {
+		case <-r.done:
+			return ctx.Err()
+		case <-grace.C:
+		}
+		r.mu.Lock()
+		running := r.active
+		r.mu.Unlock()
+		if running > 0 {
+			return fmt.Errorf("outbox: close: %d sink calls still running (ignoring their cancelled context), left to finish in the background: %w", running, ctx.Err())
+		}
 	}
 }
 
@@ -1280,8 +1331,17 @@ func (r *Relay) runJob(ctx context.Context, j *job) error {
 		return nil
 	}
 	sctx, cancel := context.WithDeadline(ctx, r.epoch.Add(time.Duration(dl)))
+	defer cancel()
 	unhook := context.AfterFunc(t.fenced, cancel) // the lease was taken: stop the call
+	defer unhook()
+	returned := false
+	defer func() {
+		if !returned { // the sink panicked (or called runtime.Goexit): a failed call
+			r.st.sinkErrors.Add(1)
+		}
+	}()
 	err := r.sink(sctx, j.e)
+	returned = true
 	unhook()
 	cancel()
 	if err == nil {

@@ -30,7 +30,7 @@ func simulate(n int, rec *sim.Recorder, partners map[string]string) ([]*sim.Endp
 		b := sim.Behavior{Delay: time.Duration(5+rand.IntN(15)) * time.Millisecond}
 		switch i {
 		case 0:
-			b = sim.Behavior{Delay: 800 * time.Millisecond}
+			b = sim.Behavior{Delay: 400 * time.Millisecond} // slow, yet above its share of -sim-rate 20 (1.7 events/s of 2.5)
 		case 1:
 			b.FailRate = 0.3
 		}

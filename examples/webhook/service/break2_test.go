@@ -13,17 +13,13 @@ import (
 
 // Two partners share a destination whose bulkhead is 1 and whose endpoint
 // is healthy but slow: the second partner's attempts are refused locally
-// (ErrBulkheadFull) while the first's call is in flight, each refusal counts
-// against Retry.MaxAttempts like a failed call, and the partner is parked
-// although its endpoint never failed. (Likewise an open breaker's or the
-// rate limiter's refusals.) With the defaults (8 attempts, backoff 250 ms
-// doubling, bulkhead 8) it takes more than 8 partners keeping one slow
-// destination busy for some seconds.
+// (ErrBulkheadFull) while the first's call is in flight. A refusal made no
+// call, so the sink returns it wrapped in keysched.Snooze and it does not
+// count against Retry.MaxAttempts: nobody is parked, every event arrives.
+// (Before, each refusal counted like a failed call and the partner was
+// parked although its endpoint never failed; likewise an open breaker's or
+// the rate limiter's refusals.)
 func TestBusySharedDestinationDoesNotParkHealthyPartner(t *testing.T) {
-	t.Skip("KNOWN LIMITATION (not fixed): local refusals (bulkhead full, breaker open, rate limit) consume the " +
-		"retry budget, so a partner on a busy but healthy shared destination is parked. Fixing it needs the core " +
-		"to retry an error without counting it as an attempt (keysched has Permanent but no 'not an attempt'), " +
-		"or the sink to wait for the bulkhead while holding a worker, which the bulkhead exists to avoid")
 	h := newHarness(t, map[string]sim.Behavior{"a": {Delay: 100 * time.Millisecond}}, func(c *Config) {
 		c.Partners["b"] = c.Partners["a"]
 		c.Limits.Concurrency = 1
@@ -35,6 +31,12 @@ func TestBusySharedDestinationDoesNotParkHealthyPartner(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return h.delivered("a") && h.delivered("b") || len(h.parked()) > 0 }, waitLong, 5*time.Millisecond)
 	require.Empty(t, h.parked(), "no endpoint call failed")
+	h.checkOrder("a")
+	h.checkOrder("b")
+	require.Positive(t, h.svc.relay.scheduler().Stats().Snoozed, "the bulkhead refused some attempts (else the test shows nothing)")
+	for _, p := range []string{"a", "b"} {
+		require.Zero(t, h.status(p).Failed, "partner %s: a refusal is no failed attempt", p)
+	}
 }
 
 // Posts racing Close, then a restart: every event answered 202 is in the

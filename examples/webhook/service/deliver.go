@@ -28,8 +28,12 @@ const (
 	HeaderPartner   = "Webhook-Partner"   // the partner (the scheduler key)
 )
 
-// Errors a delivery attempt can end with. All of them are retryable: the
-// relay retries with backoff and full jitter, then parks the partner.
+// Errors a delivery attempt can end with. All of them are retryable. The
+// local refusals (ErrBulkheadFull, ErrRateLimited, and gobreaker's
+// ErrOpenState and ErrTooManyRequests: see Refused) made no call: the relay
+// runs the event again later without counting an attempt (keysched.Snooze).
+// The others are failed attempts: the relay retries them with backoff and
+// full jitter, then parks the partner.
 var (
 	// ErrBulkheadFull means the destination already has its concurrency
 	// budget of calls in flight (a slow or hanging endpoint): the attempt
@@ -42,6 +46,16 @@ var (
 	// endpoint configured.
 	ErrUnknownPartner = errors.New("webhook: unknown partner")
 )
+
+// Refused reports whether err is a local refusal: the attempt made no call
+// because the destination's bulkhead was full, its rate limit had no token
+// in time, or its circuit breaker was open (or half-open with its trial
+// call in flight). Such an attempt says nothing about the partner's
+// endpoint; the relay does not count it against Retry.MaxAttempts.
+func Refused(err error) bool {
+	return errors.Is(err, ErrBulkheadFull) || errors.Is(err, ErrRateLimited) ||
+		errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests)
+}
 
 // StatusError is the error of a delivery the endpoint answered with a non-2xx
 // status. Retrieve it with errors.As.

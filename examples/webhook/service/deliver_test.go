@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -146,5 +147,26 @@ func TestDeliverTimesOut(t *testing.T) {
 	var ne net.Error
 	if !errors.Is(err, context.DeadlineExceeded) && !(errors.As(err, &ne) && ne.Timeout()) {
 		t.Fatalf("want a timeout, got %v", err)
+	}
+}
+
+// Refused tells the local refusals (no call made) from failed calls: only
+// the former are snoozed by the sink instead of counted as attempts.
+func TestRefused(t *testing.T) {
+	for _, err := range []error{
+		fmt.Errorf("x: %w", ErrBulkheadFull),
+		fmt.Errorf("x: %w", ErrRateLimited),
+		fmt.Errorf("deliver: %w", gobreaker.ErrOpenState),
+		fmt.Errorf("deliver: %w", gobreaker.ErrTooManyRequests),
+	} {
+		require.True(t, Refused(err), "%v", err)
+	}
+	for _, err := range []error{
+		&StatusError{Code: 503},
+		context.DeadlineExceeded,
+		errors.New("connection refused"),
+		nil,
+	} {
+		require.False(t, Refused(err), "%v", err)
 	}
 }

@@ -16,7 +16,7 @@ const (
 	MetricBacklog    = "webhook.partner.backlog"    // {event}, gauge: accepted, undelivered
 	MetricOldestAge  = "webhook.partner.oldest_age" // s, gauge: age of the oldest undelivered event
 	MetricParked     = "webhook.partner.parked"     // {partner}, gauge: 1 when parked
-	MetricDeliveries = "webhook.deliveries"         // {attempt}, counter, attribute result: delivered|failed
+	MetricDeliveries = "webhook.deliveries"         // {attempt}, counter, attribute result: delivered|failed|refused (a local refusal: no call, not counted as an attempt)
 	MetricParks      = "webhook.partner.parks"      // {park}, counter
 	MetricIntake     = "webhook.intake.events"      // {event}, counter, attribute result: accepted|rejected
 	MetricLatency    = "webhook.delivery.latency"   // s, histogram: intake to successful delivery
@@ -37,6 +37,7 @@ type metrics struct {
 var (
 	attrDelivered = attribute.String("result", "delivered")
 	attrFailed    = attribute.String("result", "failed")
+	attrRefused   = attribute.String("result", "refused")
 	attrAccepted  = attribute.String("result", "accepted")
 	attrRejected  = attribute.String("result", "rejected")
 )
@@ -121,6 +122,10 @@ func (m *metrics) delivered(ctx context.Context, partner string, latency time.Du
 
 func (m *metrics) failed(ctx context.Context, partner string) {
 	m.deliveries.Add(ctx, 1, metric.WithAttributes(partnerAttr(partner), attrFailed))
+}
+
+func (m *metrics) refused(ctx context.Context, partner string) {
+	m.deliveries.Add(ctx, 1, metric.WithAttributes(partnerAttr(partner), attrRefused))
 }
 
 func (m *metrics) parked(ctx context.Context, partner string) {

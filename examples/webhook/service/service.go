@@ -442,8 +442,22 @@ func (s *Service) settleIntake(env Envelope, err error) {
 }
 
 // sink is the relay's publish function: one delivery attempt.
+//
+// A local refusal (Refused: bulkhead full, breaker open, no rate token) made
+// no call, so it is no attempt: it is returned wrapped in keysched.Snooze,
+// which runs the event again after the retry policy's first delay (full
+// jitter on [0, Retry.InitialBackoff]) without spending Retry.MaxAttempts,
+// and it counts as "refused", not as a failed attempt. The partner keeps its
+// order meanwhile. Refusals are bounded where they come from: the bulkhead
+// frees as calls in flight end (each within Timeout), the token bucket
+// refills, an open breaker half-opens after OpenFor and lets one counted
+// call through.
 func (s *Service) sink(ctx context.Context, partner, id string, received time.Time, body []byte) error {
 	err := s.deliver.Deliver(ctx, Delivery{Partner: partner, ID: id, Received: received, Body: body})
+	if err != nil && Refused(err) {
+		s.metrics.refused(ctx, partner)
+		return keysched.Snooze(err, 0)
+	}
 	if err != nil {
 		s.backlog.failedAttempt(partner, err)
 		s.metrics.failed(ctx, partner)

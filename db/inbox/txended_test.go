@@ -1,0 +1,70 @@
+package inbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keysched/keysched/db/inbox"
+	"github.com/keysched/keysched/db/internal/dbtest"
+)
+
+// An fn that commits or rolls back Apply's transaction itself gets an error
+// wrapping ErrTxEnded that says whether the ID was recorded, and Seen and a
+// redelivery agree with it. (Before, a commit by fn gave (false, "commit:
+// transaction has already been committed") while the ID was recorded,
+// against the doc's "nothing was recorded".)
+func TestApplyFnEndsTx(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ctx := context.Background()
+		in, effects := setup(t, db)
+		errFn := errors.New("fn failed")
+		for _, c := range []struct {
+			name     string
+			end      func(tx *sql.Tx) error
+			fnErr    error
+			recorded bool
+			says     string
+		}{
+			{"commit", (*sql.Tx).Commit, nil, true, "is recorded: fn committed"},
+			{"commit-then-error", (*sql.Tx).Commit, errFn, true, "is recorded: fn committed"},
+			{"rollback", (*sql.Tx).Rollback, nil, false, "is not recorded"},
+		} {
+			id := "evt-" + c.name
+			ok, err := in.Apply(ctx, id, func(tx *sql.Tx) error {
+				if err := effect(ctx, db, effects, id)(tx); err != nil {
+					return err
+				}
+				if err := c.end(tx); err != nil {
+					return err
+				}
+				return c.fnErr
+			})
+			require.False(t, ok, c.name)
+			require.ErrorIs(t, err, inbox.ErrTxEnded, c.name)
+			require.ErrorContains(t, err, c.says, c.name)
+			if c.fnErr != nil {
+				require.ErrorIs(t, err, c.fnErr, c.name)
+			}
+			seen, err := in.Seen(ctx, id)
+			require.NoError(t, err)
+			require.Equal(t, c.recorded, seen, c.name)
+			// A redelivery with a well-behaved fn agrees.
+			again, err := in.Apply(ctx, id, effect(ctx, db, effects, id))
+			require.NoError(t, err, c.name)
+			require.Equal(t, !c.recorded, again, c.name)
+			require.Equal(t, 1, applied(t, db, effects, id), c.name)
+		}
+
+		v, err := inbox.NewVersions(db, inbox.WithTable(dbtest.Table(t, db, "ver")))
+		require.NoError(t, err)
+		require.NoError(t, v.CreateSchema(ctx))
+		ok, err := v.Apply(ctx, "acct-1", 3, (*sql.Tx).Commit)
+		require.False(t, ok)
+		require.ErrorIs(t, err, inbox.ErrTxEnded)
+		require.ErrorContains(t, err, "is at version 3: fn committed")
+	})
+}

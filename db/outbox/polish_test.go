@@ -1,0 +1,255 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/db/inbox"
+	"github.com/keysched/keysched/db/internal/dbtest"
+	"github.com/keysched/keysched/db/outbox"
+)
+
+// A sink that panics is a failed call like one that returns an error:
+// SinkErrors counts every panicking call, the row dies after MaxAttempts with
+// the panic as its error.
+func TestSinkPanicCountsAsSinkError(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ctx := context.Background()
+		ob := newOutbox(t, db)
+		writeEvents(t, ob, 1, 1, 1)
+		died := make(chan struct{})
+		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+			panic("sink bug")
+		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond),
+			outbox.WithRetry(keysched.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond}),
+			outbox.WithOnDead(func(outbox.DeadEvent) { close(died) }))
+		require.NoError(t, err)
+		stop := runRelay(t, r)
+		select {
+		case <-died:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the panicking row was not marked dead")
+		}
+		stop()
+		st := r.Stats()
+		require.EqualValues(t, 2, st.SinkErrors, "each panicking call counts")
+		require.EqualValues(t, 1, st.Dead)
+		require.Zero(t, st.Published)
+		dead, err := ob.Dead(ctx, 10)
+		require.NoError(t, err)
+		require.Len(t, dead, 1)
+		require.Equal(t, 2, dead[0].Attempts)
+		require.Contains(t, dead[0].Err, "sink bug")
+	})
+}
+
+// Close is bounded by its context even when a sink call ignores its own:
+// it returns (within keysched.CloseGrace) an error wrapping ctx's that counts
+// the call still running; the call finishes in the background, its success
+// is marked (the relay kept the lease), and Run returns after it.
+func TestCloseBoundedWhenSinkIgnoresContext(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ob := newOutbox(t, db)
+		writeEvents(t, ob, 1, 1, 1)
+		started, release := make(chan struct{}), make(chan struct{})
+		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+			close(started)
+			<-release // ignores ctx
+			return nil
+		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
+		require.NoError(t, err)
+		errc := make(chan error, 1)
+		go func() { errc <- r.Run(context.Background()) }()
+		<-started
+		cctx, cancel := context.WithCancel(context.Background())
+		cancel() // Close gives up at once: the bound is CloseGrace
+		closed := make(chan error, 1)
+		go func() { closed <- r.Close(cctx) }()
+		var cerr error
+		select {
+		case cerr = <-closed:
+		case <-time.After(30 * time.Second):
+			close(release)
+			<-closed
+			t.Fatal("Close waited for a sink call that ignores its context")
+		}
+		require.ErrorIs(t, cerr, context.Canceled)
+		require.ErrorContains(t, cerr, "1 sink calls still running")
+		select {
+		case err := <-errc:
+			t.Fatalf("Run returned (%v) while its sink call still ran", err)
+		default:
+		}
+		close(release)
+		require.NoError(t, <-errc)
+		st := r.Stats()
+		require.EqualValues(t, 1, st.Published)
+		require.EqualValues(t, 1, st.Marked, "the call that succeeded late is marked sent")
+		require.Empty(t, counts(t, ob), "nothing left pending")
+	})
+}
+
+// Write's limits are the exported constants; each refusal is ErrInvalidEvent
+// naming the field, returned before any SQL: the same transaction (also on
+// PostgreSQL) then takes a valid event and commits. An ID of MaxIDLen bytes
+// is a valid inbox ID downstream.
+func TestEventLimits(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ctx := context.Background()
+		ob := newOutbox(t, db)
+		long := func(n int) string { return strings.Repeat("a", n) }
+		bad := []struct {
+			e     outbox.Event
+			field string
+		}{
+			{outbox.Event{Key: ""}, "empty key"},
+			{outbox.Event{Key: "k", ID: long(outbox.MaxIDLen + 1)}, fmt.Sprintf("ID of %d bytes (at most %d)", outbox.MaxIDLen+1, outbox.MaxIDLen)},
+			{outbox.Event{Key: long(outbox.MaxKeyLen + 1)}, fmt.Sprintf("key of %d bytes (at most %d)", outbox.MaxKeyLen+1, outbox.MaxKeyLen)},
+			{outbox.Event{Key: "k", Type: long(outbox.MaxTypeLen + 1)}, fmt.Sprintf("type of %d bytes (at most %d)", outbox.MaxTypeLen+1, outbox.MaxTypeLen)},
+			{outbox.Event{Key: "k", ID: "i\x00d"}, `ID "i\x00d": NUL byte`},
+			{outbox.Event{Key: "k\x00"}, `key "k\x00": NUL byte`},
+			{outbox.Event{Key: "k", Type: "t\x00"}, `type "t\x00": NUL byte`},
+			{outbox.Event{Key: "k", ID: "id\xfe"}, `ID "id\xfe": invalid UTF-8`},
+			{outbox.Event{Key: "k\xff"}, `key "k\xff": invalid UTF-8`},
+			{outbox.Event{Key: "k", Type: "t\xc3"}, `type "t\xc3": invalid UTF-8`},
+			{outbox.Event{Key: "k", Headers: map[string]string{"trace": "x\xffy"}}, `header "trace": invalid UTF-8`},
+			{outbox.Event{Key: "k", Headers: map[string]string{"tr\xffce": "x"}}, `header name "tr\xffce": invalid UTF-8`},
+		}
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		defer tx.Rollback()
+		for _, b := range bad {
+			_, err := ob.Write(ctx, tx, b.e)
+			require.ErrorIs(t, err, outbox.ErrInvalidEvent, "%+q", b.e)
+			require.ErrorContains(t, err, b.field)
+		}
+		_, err = ob.Write(nil, tx, outbox.Event{Key: "k"}) //nolint:staticcheck // a nil ctx on purpose
+		require.ErrorIs(t, err, outbox.ErrNilContext)
+		// The refusals left tx untouched: it takes events at the limits.
+		id := long(outbox.MaxIDLen)
+		_, err = ob.Write(ctx, tx, outbox.Event{ID: id, Key: long(outbox.MaxKeyLen), Type: long(outbox.MaxTypeLen)})
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit())
+		require.Equal(t, map[outbox.State]int64{outbox.Pending: 1}, counts(t, ob))
+
+		require.LessOrEqual(t, outbox.MaxIDLen, inbox.MaxIDLen)
+		in, err := inbox.New(db, inbox.WithTable(dbtest.Table(t, db, "ib")))
+		require.NoError(t, err)
+		require.NoError(t, in.CreateSchema(ctx))
+		applied, err := in.Apply(ctx, id, func(*sql.Tx) error { return nil })
+		require.NoError(t, err)
+		require.True(t, applied, "an outbox ID of MaxIDLen bytes is a valid inbox ID")
+	})
+}
+
+// Headers are text and come back unchanged (NUL and non-ASCII included);
+// invalid UTF-8 is refused (above) instead of arriving as U+FFFD.
+func TestHeadersRoundTrip(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ctx := context.Background()
+		ob := newOutbox(t, db)
+		want := map[string]string{"nul": "x\x00y", "utf8": "é€😀", "quote": `"\`, "": "empty name"}
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		_, err = ob.Write(ctx, tx, outbox.Event{Key: "k", Headers: want})
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit())
+		got := make(chan map[string]string, 1)
+		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+			got <- e.Headers
+			return nil
+		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
+		require.NoError(t, err)
+		stop := runRelay(t, r)
+		select {
+		case h := <-got:
+			require.Equal(t, want, h)
+		case <-time.After(30 * time.Second):
+			t.Fatal("not published")
+		}
+		stop()
+	})
+}
+
+// Resume, Skip and SkipHead refuse a key no event can have (ErrInvalidKey,
+// not ErrNotParked), and a closed Relay's return ErrClosed.
+func TestResumeSkipBadKeyAndAfterClose(t *testing.T) {
+	ctx := context.Background()
+	ob := newOutbox(t, dbtest.SQLite(t))
+	for _, k := range []string{"", "k\x00", "k\xff", strings.Repeat("k", outbox.MaxKeyLen+1)} {
+		require.ErrorIs(t, ob.Resume(ctx, k), outbox.ErrInvalidKey, "%q", k)
+		require.ErrorIs(t, ob.Skip(ctx, k), outbox.ErrInvalidKey, "%q", k)
+		_, err := ob.SkipHead(ctx, k)
+		require.ErrorIs(t, err, outbox.ErrInvalidKey, "%q", k)
+	}
+	require.ErrorIs(t, ob.Resume(ctx, "k"), outbox.ErrNotParked)
+
+	r, err := ob.NewRelay(func(context.Context, outbox.Event) error { return nil }, outbox.WithLogger(quiet))
+	require.NoError(t, err)
+	require.ErrorIs(t, r.Resume(ctx, ""), outbox.ErrInvalidKey)
+	require.ErrorIs(t, r.Resume(ctx, "k"), outbox.ErrNotParked)
+	require.NoError(t, r.Close(ctx))
+	require.ErrorIs(t, r.Resume(ctx, "k"), outbox.ErrClosed)
+	require.ErrorIs(t, r.Skip(ctx, "k"), outbox.ErrClosed)
+	_, err = r.SkipHead(ctx, "k")
+	require.ErrorIs(t, err, outbox.ErrClosed)
+}
+
+// On a database opened with sqldb.OpenSQLite (busy timeout, WAL, immediate
+// transactions), 8 goroutines writing events concurrently, each Write its
+// own transaction, while a relay claims, fetches and marks: every Write
+// succeeds (a plain sql.Open("sqlite", path) failed nearly all with
+// SQLITE_BUSY) and every event is published.
+func TestConcurrentWritersOnOpenSQLite(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.SQLite(t) // sqldb.OpenSQLite
+	ob := newOutbox(t, db)
+	const writers, each = 8, 100
+	rec := newRecorder(writers * each)
+	r, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(time.Millisecond))
+	require.NoError(t, err)
+	stop := runRelay(t, r)
+	var wg sync.WaitGroup
+	errs := make(chan error, writers*each)
+	for w := range writers {
+		wg.Go(func() {
+			for j := range each {
+				tx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					errs <- err
+					continue
+				}
+				_, err = ob.Write(ctx, tx, outbox.Event{Key: key(w), Payload: []byte(strconv.Itoa(j))})
+				if err == nil {
+					err = tx.Commit()
+				} else {
+					tx.Rollback()
+				}
+				if err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	var failed []error
+	for err := range errs {
+		failed = append(failed, err)
+	}
+	if len(failed) > 0 {
+		t.Fatalf("%d of %d writes failed, the first with: %v", len(failed), writers*each, failed[0])
+	}
+	rec.wait(t, 60*time.Second)
+	stop()
+	require.Zero(t, rec.check(t, writers, each))
+}
