@@ -362,3 +362,41 @@ func TestRenewalLeavesOrphanLeaseToExpire(t *testing.T) {
 		require.Empty(t, counts(t, ob))
 	})
 }
+
+// Instances of a service starting at once each run CreateSchema: on an
+// existing schema, and on one of the version before the token column (the
+// upgrade). On PostgreSQL 8 concurrent calls deadlocked on the tables' locks
+// (40P01) in 5 runs of 5, whether or not the schema was already there; now
+// they take turns, and the upgraded lease table has its token column.
+func TestConcurrentCreateSchema(t *testing.T) {
+	for _, old := range []bool{false, true} {
+		t.Run(map[bool]string{false: "current", true: "upgrade"}[old], func(t *testing.T) {
+			dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+				ctx := context.Background()
+				ob, err := outbox.New(db, outbox.WithTable(dbtest.Table(t, db, "ob")))
+				require.NoError(t, err)
+				if old {
+					for _, s := range oldSchema(ob) {
+						_, err := db.ExecContext(ctx, s)
+						require.NoError(t, err, s)
+					}
+				} else {
+					require.NoError(t, ob.CreateSchema(ctx))
+				}
+				var wg sync.WaitGroup
+				errs := make(chan error, 8)
+				for range 8 {
+					wg.Add(1)
+					go func() { defer wg.Done(); errs <- ob.CreateSchema(ctx) }()
+				}
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					require.NoError(t, err)
+				}
+				_, err = db.ExecContext(ctx, `SELECT token FROM `+ob.Table()+`_lease`)
+				require.NoError(t, err)
+			})
+		})
+	}
+}

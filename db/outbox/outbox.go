@@ -247,9 +247,12 @@ func (o *Outbox) Schema() []string {
 }
 
 // CreateSchema runs Schema's statements in one transaction. It is
-// idempotent, but not meant to race with itself: on PostgreSQL two concurrent
-// first runs can fail on the catalog's unique indexes; run it once at start-up
-// or from a migration.
+// idempotent, and concurrent calls (instances of a service starting at once)
+// take turns: on PostgreSQL the transaction first takes a transaction-level
+// advisory lock on the table's name (pg_advisory_xact_lock), without which
+// concurrent runs deadlocked on the tables' locks (40P01) even on an
+// existing schema; SQLite's write transactions are serialised anyway (with
+// the immediate transactions OpenSQLite sets up).
 func (o *Outbox) CreateSchema(ctx context.Context) error {
 	if o.zero() {
 		return ErrZeroOutbox
@@ -262,6 +265,11 @@ func (o *Outbox) CreateSchema(ctx context.Context) error {
 		return fmt.Errorf("outbox: create schema: %w", err)
 	}
 	defer tx.Rollback()
+	if o.dialect == Postgres {
+		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "keysched_outbox_schema:"+o.table); err != nil {
+			return fmt.Errorf("outbox: create schema: %w", err)
+		}
+	}
 	for _, stmt := range o.Schema() {
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
 			return fmt.Errorf("outbox: create schema: %w\n%s", err, stmt)
