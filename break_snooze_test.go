@@ -267,3 +267,53 @@ func TestBreakSnoozeCloseManyKeys(t *testing.T) {
 }
 
 type seqKey struct{}
+
+// Drain whose context ends while a key snoozes for ever says so: its error
+// counts the tasks waiting to run again (before, it said "1 tasks
+// unfinished, 0 keys parked", nothing about why). The count follows every
+// way a wait ends: the timer, Cancel, Close's abort.
+func TestBreakSnoozeDrainReportsWaiting(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, err := New[int](WithLogger(quiet), WithRetry(RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Hour, MaxBackoff: time.Hour}))
+		require.NoError(t, err)
+		t.Cleanup(func() { // a failed assertion must not leave the bubble blocked
+			gone, cancel := context.WithCancel(context.Background())
+			cancel()
+			_ = s.Close(gone)
+		})
+		ctx := context.Background()
+		forever := func(context.Context) error { return Snooze(errBusy, time.Hour) }
+		drainErr := func() string {
+			dctx, cancel := context.WithTimeout(ctx, time.Millisecond)
+			defer cancel()
+			err := s.Drain(dctx)
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			return err.Error()
+		}
+		a, err := s.Submit(ctx, 1, forever)
+		require.NoError(t, err)
+		_, err = s.Submit(ctx, 1, forever) // behind a: queued, not waiting
+		require.NoError(t, err)
+		var once atomic.Bool
+		_, err = s.Submit(ctx, 2, func(context.Context) error { // a retry wait of up to an hour, then success
+			if once.CompareAndSwap(false, true) {
+				return errBusy
+			}
+			return nil
+		})
+		require.NoError(t, err)
+		synctest.Wait()
+		require.Contains(t, drainErr(), "3 tasks unfinished, 0 keys parked, 2 tasks waiting to run again")
+		a.Cancel()
+		synctest.Wait()
+		require.Contains(t, drainErr(), "2 tasks unfinished, 0 keys parked, 2 tasks waiting to run again") // b snoozes now, and key 2 waits
+		time.Sleep(time.Hour + time.Second)                                                                // key 2's retry ran and b's snooze fired once and snoozes again
+		synctest.Wait()
+		require.Contains(t, drainErr(), "1 tasks unfinished, 0 keys parked, 1 tasks waiting to run again")
+		ended, cancel := context.WithCancel(ctx)
+		cancel()
+		require.ErrorIs(t, s.Close(ended), ErrAborted)
+		require.NoError(t, s.Drain(ctx))
+		require.Zero(t, s.core.waiting.Load())
+	})
+}
