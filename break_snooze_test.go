@@ -306,8 +306,10 @@ func TestBreakSnoozeDrainReportsWaiting(t *testing.T) {
 		require.Contains(t, drainErr(), "3 tasks unfinished, 0 keys parked, 2 tasks waiting to run again")
 		a.Cancel()
 		synctest.Wait()
-		require.Contains(t, drainErr(), "2 tasks unfinished, 0 keys parked, 2 tasks waiting to run again") // b snoozes now, and key 2 waits
-		time.Sleep(time.Hour + time.Second)                                                                // key 2's retry ran and b's snooze fired once and snoozes again
+		// b snoozes now, and key 2 waits.
+		require.Contains(t, drainErr(), "2 tasks unfinished, 0 keys parked, 2 tasks waiting to run again")
+		// Key 2's retry ran, and b's snooze fired once and snoozes again.
+		time.Sleep(time.Hour + time.Second)
 		synctest.Wait()
 		require.Contains(t, drainErr(), "1 tasks unfinished, 0 keys parked, 1 tasks waiting to run again")
 		ended, cancel := context.WithCancel(ctx)
@@ -316,4 +318,84 @@ func TestBreakSnoozeDrainReportsWaiting(t *testing.T) {
 		require.NoError(t, s.Drain(ctx))
 		require.Zero(t, s.core.waiting.Load())
 	})
+}
+
+// SubmitBatch's tasks snooze like any: each key keeps its order behind its
+// snoozing head, none spends an attempt.
+func TestBreakSnoozeBatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var dl recorder[int]
+		s := newBubbleSched[int](t, WithDeadLetter(dl.fn), WithWorkers(2))
+		ctx := context.Background()
+		var mu sync.Mutex
+		order := map[int][]int{}
+		var items []BatchItem[int]
+		for i := range 60 {
+			var snoozes int
+			items = append(items, BatchItem[int]{Key: i % 3, Task: func(ctx context.Context) error {
+				if snoozes < i%4 {
+					snoozes++
+					return Snooze(errBusy, time.Duration(i)*time.Millisecond)
+				}
+				require.Equal(t, 1, Attempt(ctx))
+				mu.Lock()
+				order[i%3] = append(order[i%3], i)
+				mu.Unlock()
+				return nil
+			}})
+		}
+		cs, err := s.SubmitBatch(ctx, items)
+		require.NoError(t, err)
+		for _, c := range cs {
+			require.NoError(t, c.Wait(ctx))
+		}
+		require.NoError(t, s.Drain(ctx))
+		for k := range 3 {
+			for j := 1; j < len(order[k]); j++ {
+				require.Less(t, order[k][j-1], order[k][j], "key %d", k)
+			}
+			require.Len(t, order[k], 20)
+		}
+		require.Empty(t, dl.all())
+		st := s.Stats()
+		require.EqualValues(t, 90, st.Snoozed) // 15 of each i%4: 15*(0+1+2+3)
+		assertAccounting(t, st)
+	})
+}
+
+// After a Close that gave up on a task that ignores its context, a second
+// Close and a Drain race: the second Close returns the first's *CloseError
+// at once, Drain waits for the task and the letters behind it, and then
+// Stats are settled.
+func TestBreakSecondCloseRacesDrain(t *testing.T) {
+	var letters atomic.Int64
+	s, err := New[int](WithLogger(quiet), WithWorkers(2), WithDeadLetter(func(DeadLetter[int]) { letters.Add(1) }))
+	require.NoError(t, err)
+	ctx := context.Background()
+	gate := make(chan struct{})
+	started := make(chan struct{})
+	_, err = s.Submit(ctx, 1, func(context.Context) error { close(started); <-gate; return nil })
+	require.NoError(t, err)
+	for range 10 {
+		_, err = s.Submit(ctx, 1, func(context.Context) error { return Snooze(errBusy, time.Hour) })
+		require.NoError(t, err)
+	}
+	<-started
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	var first *CloseError
+	require.ErrorAs(t, s.Close(ended), &first)
+	require.Equal(t, 1, first.Running)
+	drained := make(chan error, 1)
+	go func() { drained <- s.Drain(ctx) }()
+	var second *CloseError
+	require.ErrorAs(t, s.Close(ctx), &second)
+	require.Same(t, first, second)
+	close(gate)
+	require.NoError(t, <-drained)
+	require.EqualValues(t, 10, letters.Load())
+	st := s.Stats()
+	require.EqualValues(t, 1, st.Succeeded)
+	require.EqualValues(t, 10, st.Aborted)
+	assertAccounting(t, st)
 }

@@ -69,3 +69,36 @@ func TestSnoozedRecordParkedAttempts(t *testing.T) {
 		t.Errorf("parked a0: Attempts %d, want 1 (3 snoozes are not attempts)", k.Attempts)
 	}
 }
+
+// The same within a group: x0 fails once then succeeds, so x1's snooze in
+// the same group is handed on to a group of its own (its error stashed);
+// x1 then snoozes again and fails twice: its dead letter counts 2 attempts.
+func TestSnoozedRecordHandedOnInAGroup(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	tc.produce(t, rec("t", 0, "x", "x0"), rec("t", 0, "x", "x1"))
+	var x0, x1 atomic.Int32
+	h := func(ctx context.Context, r *kgo.Record) error {
+		switch string(r.Value) {
+		case "x0":
+			if x0.Add(1) == 1 {
+				return errors.New("fails once")
+			}
+			return nil
+		default:
+			if x1.Add(1) <= 2 {
+				return keysched.Snooze(errors.New("busy"), time.Millisecond)
+			}
+			return errors.New("fails x1")
+		}
+	}
+	startConsumer(t, h, WithLogger(quiet), WithDeadLetterTopic("dlq"), WithCommitInterval(5*time.Millisecond),
+		WithSchedulerOptions(keysched.WithRetry(keysched.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond})),
+		WithClientOptions(tc.clientOpts(groupName(t), "t")...))
+	d := tc.readAll(t, "dlq", 1)[0]
+	if n, _ := header(d, HeaderAttempts); n != "2" || string(d.Value) != "x1" {
+		t.Errorf("dead letter of %s: %s=%s, want x1 with 2", d.Value, HeaderAttempts, n)
+	}
+	if n := x1.Load(); n != 4 {
+		t.Errorf("x1's handler ran %d times, want 4 (2 snoozes, 2 attempts)", n)
+	}
+}
