@@ -113,7 +113,10 @@ type core struct {
 	retried      atomic.Uint64
 	snoozed      atomic.Uint64
 	deadLettered atomic.Uint64
-	notRun       atomic.Int64 // tasks aborted before they started (or resumed)
+	// waiting counts the tasks waiting out a retry backoff or a Snooze (a
+	// wait whose hand-back token is not yet taken: see backoff).
+	waiting atomic.Int64
+	notRun  atomic.Int64 // tasks aborted before they started (or resumed)
 	// passing counts, once Close has given up, tasks whose pending slot is
 	// released and whose Completion is about to be done (see pass).
 	passing atomic.Int64
@@ -420,7 +423,10 @@ func (s *Scheduler[K]) KeyDepth(key K) int {
 // waits: it returns when none is pending. Parked keys (FailurePolicy Park)
 // hold unfinished tasks: Drain waits for them to be resumed or skipped.
 // When ctx ends first it returns an error wrapping ctx's error that says how
-// many tasks are unfinished. With a task's context it returns ErrInsideTask.
+// many tasks are unfinished, how many keys are parked and how many tasks are
+// waiting to run again (a retry backoff, or a Snooze: a task that snoozes for
+// ever holds its key for ever, and Drain waits for it). With a task's context
+// it returns ErrInsideTask.
 func (s *Scheduler[K]) Drain(ctx context.Context) error {
 	if s.zero() {
 		return ErrZeroScheduler
@@ -432,8 +438,8 @@ func (s *Scheduler[K]) Drain(ctx context.Context) error {
 		return ErrInsideTask
 	}
 	if err := s.pending.waitIdle(ctx, nil); err != nil {
-		return fmt.Errorf("keysched: drain: %d tasks unfinished, %d keys parked: %w",
-			s.pending.count(), s.parkedCount(), err)
+		return fmt.Errorf("keysched: drain: %d tasks unfinished, %d keys parked, %d tasks waiting to run again (retry backoff or Snooze): %w",
+			s.pending.count(), s.parkedCount(), s.core.waiting.Load(), err)
 	}
 	s.awaitPassing()
 	return nil

@@ -305,11 +305,12 @@ func (s *Scheduler[K]) wait(n *node[K], err error, d time.Duration, snoozed bool
 	c := &n.Completion
 	x := c.more.Load()
 	rec := &x.fail
-	w := new(backoff)
+	w := &backoff{k: &s.core}
 	rec.wait = w // published by the state Store below
+	s.core.waiting.Add(1)
 	c.state.Store(stWaiting)
 	w.timer.Store(time.AfterFunc(d, func() {
-		if w.back.CompareAndSwap(false, true) {
+		if w.take() {
 			s.requeue(n)
 		}
 	}))
@@ -323,7 +324,7 @@ func (s *Scheduler[K]) wait(n *node[K], err error, d time.Duration, snoozed bool
 	// Cancel's wakeStalled will put n back, so n cannot move on (or run
 	// again) while this runner decides. If the timer has taken it already,
 	// n is someone else's now: leave it (step honours the flags).
-	if _, stop := s.stopped(c); stop && w.back.CompareAndSwap(false, true) {
+	if _, stop := s.stopped(c); stop && w.take() {
 		w.timer.Load().Stop()
 		if out, _ := s.stopped(c); c.state.CompareAndSwap(stWaiting, stFinishing) {
 			if snoozed {
@@ -345,10 +346,21 @@ func (s *Scheduler[K]) wait(n *node[K], err error, d time.Duration, snoozed bool
 	return false
 }
 
-// backoff is one retry wait: its timer and its hand-back token.
+// backoff is one retry (or snooze) wait: its timer and its hand-back token.
 type backoff struct {
 	back  atomic.Bool
 	timer atomic.Pointer[time.Timer]
+	k     *core // its waiting count
+}
+
+// take takes the hand-back token; the one caller it reports true to ends
+// the wait (core.waiting no longer counts it).
+func (w *backoff) take() bool {
+	if w.back.CompareAndSwap(false, true) {
+		w.k.waiting.Add(-1)
+		return true
+	}
+	return false
 }
 
 // parkFailed parks n's key with n, which failed for good, at its head, then
@@ -541,7 +553,7 @@ func (s *Scheduler[K]) wakeStalled(c *Completion, from uint32) {
 	switch from {
 	case stWaiting:
 		w := c.more.Load().fail.wait
-		if w.back.CompareAndSwap(false, true) {
+		if w.take() {
 			if t := w.timer.Load(); t != nil {
 				t.Stop() // else wait stops it once it has published it
 			}

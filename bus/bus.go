@@ -480,6 +480,11 @@ func (b *Bus[K]) subsOf(m map[*sub[K]]struct{}) []*sub[K] {
 // and counted in the error. A handler that ignores its context keeps its
 // worker until it returns.
 //
+// Close also waits, up to ctx's end, for what an earlier Unsubscribe that
+// gave up left in the background (handlers still running, dead letters
+// still being delivered); if ctx ends first, its error names that
+// subscriber and wraps ctx's error.
+//
 // Close is idempotent: later calls wait for the first to finish (or their
 // own ctx to end) and return its result. With a handler's context (or a DeadLetter's Context) it returns
 // keysched.ErrInsideTask and does nothing.
@@ -506,14 +511,26 @@ func (b *Bus[K]) Close(ctx context.Context) error {
 	b.mu.Lock()
 	b.closed.Store(true)
 	b.mu.Unlock()
+	// Subscribers whose Unsubscribe gave up: their background work (running
+	// handlers, dead letters) is waited for too, as Drain does.
+	gone := b.lingeringSubs()
 	subs := b.liveSubs()
-	errs := make([]error, len(subs))
+	errs := make([]error, len(subs), len(subs)+len(gone))
 	var wg sync.WaitGroup
 	for i, s := range subs {
 		wg.Go(func() { errs[i] = s.shutdown(ctx) })
 	}
 	wg.Wait()
 	b.helpers.Wait()
+	for _, s := range gone {
+		if err := s.sched.Drain(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("unsubscribed subscriber %q: %w", s.name, err))
+			continue
+		}
+		b.mu.Lock()
+		delete(b.lingering, s)
+		b.mu.Unlock()
+	}
 	err := errors.Join(errs...)
 	if b.ownPool {
 		if err != nil || ctx.Err() != nil {

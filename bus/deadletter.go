@@ -17,9 +17,10 @@ import (
 type DeadLetter[K comparable] struct {
 	Subscriber string
 	Envelope   Envelope[K]
-	// Attempts is how many times the handler ran for the event (since the
-	// last Resume, for a parked key); 0 for an event that never ran (Close
-	// aborted it, or the subscriber was ejected first).
+	// Attempts is how many attempts the handler made for the event (since
+	// the last Resume, for a parked key); 0 for an event that never ran
+	// (Close aborted it, or the subscriber was ejected first). A run whose
+	// handler returned keysched.Snooze is not an attempt: it is not counted.
 	Attempts int
 	// Err is the last attempt's error, or the reason the event never ran:
 	// ErrEjected, keysched.ErrAborted. A panic is a *keysched.PanicError.

@@ -63,7 +63,10 @@
 //
 // A handler's error or panic is a failed attempt, retried by the scheduler's
 // retry policy (keysched.WithRetry through WithSchedulerOptions; panics are
-// retried too, the consumer adds keysched.WithRetryPanics). When the attempts
+// retried too, the consumer adds keysched.WithRetryPanics). An error made
+// with keysched.Snooze is not an attempt: the record runs again after its
+// delay, holding its key, without spending the budget, and neither
+// HeaderAttempts nor ParkedKey.Attempts counts it. When the attempts
 // are spent (or the error is keysched.Permanent) the record is produced to
 // the dead-letter topic (WithDeadLetterTopic) and finished once the broker
 // acknowledges it; a failing produce is retried while the key waits, and the

@@ -107,7 +107,8 @@ func (g *group) run(ctx context.Context) error {
 		}
 		it := g.items[g.cur]
 		var err error
-		if it.stash != nil {
+		called := it.stash == nil
+		if !called {
 			err, it.stash = it.stash, nil // the failure a predecessor saw: this attempt
 		} else {
 			it.attempts.Add(1)
@@ -130,6 +131,13 @@ func (g *group) run(ctx context.Context) error {
 			p.c.fail(g)
 			returned = true
 			return err
+		}
+		if called && keysched.IsSnoozed(err) && !keysched.IsPermanent(err) {
+			// A snoozed run is not an attempt (see keysched.Snooze): the
+			// scheduler does not count it, nor does the record (a stashed
+			// error was judged when its handler call returned). A run
+			// interrupted above is counted, as the scheduler counts it.
+			it.attempts.Add(-1)
 		}
 		if g.failAt < 0 || g.failAt == g.cur {
 			g.failAt = g.cur // the scheduler's attempts are this record's
