@@ -62,7 +62,7 @@ func TestScrapeOverHTTP(t *testing.T) {
 		"keysched_tasks_pending",
 		"keysched_tasks_rejected_total",
 		"keysched_tasks_retried_total",
-		"keysched_tasks_running",
+		"keysched_tasks_running", "keysched_tasks_snoozed_total",
 	}, names)
 
 	// value returns the sample of family name whose labels include want.
