@@ -39,8 +39,8 @@ type BatchItem[K comparable] struct {
 //
 // Bad input refuses the whole batch, before anything is accepted: a nil ctx
 // (ErrNilContext), no items (ErrEmptyBatch), a nil task (ErrNilTask) or an
-// invalid key (ErrInvalidKey), the error naming the item's index; and a ctx
-// already ended (its error).
+// invalid key (ErrInvalidKey), the error naming the item's index; a ctx
+// already ended (its error); a Scheduler not made by New (ErrZeroScheduler).
 //
 // The batch's tasks share one allocation: a Completion kept after its task
 // finished keeps its batch's nodes (about 80 bytes a task, without their

@@ -294,7 +294,8 @@ func New[K comparable](opts ...Option) (*Scheduler[K], error) {
 // waiting on the scheduler the task runs on can deadlock.
 //
 // Other errors: ErrNilTask, ErrInvalidKey, ErrNilContext, ErrClosed (once
-// Close has started), or ctx's error when it had ended already.
+// Close has started), ErrZeroScheduler (s not made by New), or ctx's error
+// when it had ended already.
 func (s *Scheduler[K]) Submit(ctx context.Context, key K, task Task) (*Completion, error) {
 	return s.submit(ctx, key, task, true)
 }
@@ -693,7 +694,7 @@ type Stats struct {
 	Panicked  uint64 // tasks whose last attempt panicked
 	Cancelled uint64 // tasks withdrawn by Completion.Cancel
 	// Aborted counts tasks Close gave up on: queued, waiting out a retry
-	// backoff or parked (outcome ErrAborted, never run again), and running
+	// backoff or a Snooze, or parked (outcome ErrAborted, never run again), and running
 	// tasks whose attempt failed after Close cancelled their context (their
 	// own error, dead-lettered like any failure). A running task that
 	// returns nil counts in Succeeded.

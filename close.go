@@ -35,7 +35,7 @@ const maxDeliverers = 64
 // each such task's Completion is done once its dead letter was delivered.
 type CloseError struct {
 	// NotRun counts the accepted tasks this Close completed with
-	// ErrAborted: queued, waiting out a retry backoff, or parked.
+	// ErrAborted: queued, waiting out a retry backoff or a Snooze, or parked.
 	NotRun int
 	// Running counts the tasks still running when Close returned (a task
 	// that ignores its cancelled context keeps its worker until it returns).

@@ -145,7 +145,8 @@
 // started is aborted and dead-lettered, and Close returns within
 // [CloseGrace] with a [*CloseError] saying what did not run and what was
 // still running or being delivered (that goes on in the background;
-// nothing is dropped).
+// nothing is dropped; Drain after such a Close waits for it, so call it
+// before the process exits).
 //
 // # What each call costs
 //

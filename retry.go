@@ -332,7 +332,8 @@ func (s *Scheduler[K]) Parked() []K {
 // Resume runs a parked key's head task again, with a fresh attempt budget;
 // if it then succeeds the key goes on. It returns ErrNotParked when the key is
 // not parked (or a concurrent Cancel took its head), ErrClosed once Close has
-// given up on unfinished tasks, ErrInvalidKey for an unusable key.
+// given up on unfinished tasks, ErrInvalidKey for an unusable key,
+// ErrZeroScheduler for a Scheduler not made by New.
 func (s *Scheduler[K]) Resume(key K) error {
 	n, err := s.unpark(key)
 	if err != nil {
@@ -375,7 +376,8 @@ func (s *Scheduler[K]) Resume(key K) error {
 // Skip gives up a parked key's head task (its outcome: failed, or panicked,
 // with its last error; it was dead-lettered when it parked) and moves the key
 // on to its next task. It returns ErrNotParked when the key is not parked,
-// ErrClosed once Close has given up on unfinished tasks.
+// ErrClosed once Close has given up on unfinished tasks, ErrInvalidKey and
+// ErrZeroScheduler as Resume does.
 func (s *Scheduler[K]) Skip(key K) error {
 	n, err := s.unpark(key)
 	if err != nil {

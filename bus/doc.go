@@ -92,7 +92,9 @@
 // the envelope and the event as an E. A nil error acknowledges the event.
 // With [Retry] a failed attempt is retried with exponential backoff and full
 // jitter, holding the key (order) but no worker; errors wrapped with
-// keysched.Permanent and panics are not retried.
+// keysched.Permanent and panics are not retried. An error wrapped with
+// keysched.Snooze runs the event again after its delay without spending an
+// attempt (SubStats.Snoozed counts it).
 //
 // Delivered or dead-lettered. An event that failed for good goes to the
 // subscriber's [DeadLetters] function as a [DeadLetter] carrying the
@@ -143,7 +145,10 @@
 // keysched.ErrAborted, and Close returns within keysched.CloseGrace with an
 // error that says how many, per subscriber (each one's *keysched.CloseError);
 // dead letters not yet delivered then are delivered in the background.
-// [Subscription.Unsubscribe] does the same for one subscriber.
+// [Subscription.Unsubscribe] does the same for one subscriber. [Bus.Drain]
+// after such a Close (or Unsubscribe), and a later Close, wait for that
+// background work: a process about to exit should call Drain with a deadline
+// of its own, or the dead letters still being delivered are lost with it.
 //
 // # What it costs
 //

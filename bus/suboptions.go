@@ -153,7 +153,7 @@ func Timeout(d time.Duration) SubOption {
 // EjectAfter ejects the subscriber after n consecutive timed-out attempts.
 // An attempt timed out when its ctx's deadline (Timeout) had passed by the
 // time it returned, or when its error wraps context.DeadlineExceeded; any
-// other attempt resets the count. Once ejected, the subscriber receives
+// other run, a snoozed one (keysched.Snooze) included, resets the count. Once ejected, the subscriber receives
 // nothing new (Publish skips it and counts SubStats.Skipped), every event
 // still queued for it is dead-lettered with ErrEjected without running the
 // handler (as its key's chain reaches it: an event waiting out a retry

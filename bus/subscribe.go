@@ -60,7 +60,7 @@ type sub[K comparable] struct {
 // Errors: keysched.ErrInvalidOption (wrapped) for an empty name, a nil
 // handler, a nil or bad option, a DeadLetters function for another key type,
 // EjectAfter without Timeout; ErrDuplicateName; ErrClosed once Close has
-// started.
+// started; ErrZeroBus (with keysched.ErrInvalidOption) for a nil or zero b.
 func Subscribe[K comparable, E any](b *Bus[K], name string, h Handler[K, E], opts ...SubOption) (*Subscription[K], error) {
 	if b.zero() {
 		// Both: a bad argument, as before ErrZeroBus existed.

@@ -34,7 +34,9 @@ func (s *Subscription[K]) Name() string {
 // and closes its scheduler. If ctx ends first, the running handlers' contexts
 // are cancelled and the events that did not run are dead-lettered with
 // keysched.ErrAborted; it returns an error wrapping keysched.ErrAborted and
-// ctx's error. Idempotent: later calls wait for the first one's result. With
+// ctx's error; handlers still running and dead letters not yet delivered go
+// on in the background, and Bus.Drain and Bus.Close wait for them.
+// Idempotent: later calls wait for the first one's result. With
 // a handler's context (or a DeadLetter's Context) it returns
 // keysched.ErrInsideTask and does nothing.
 func (s *Subscription[K]) Unsubscribe(ctx context.Context) error {

@@ -126,7 +126,7 @@
 // 1.43.0 (the semconv package of go.opentelemetry.io/otel v1.46.0):
 //
 //	messaging.client.consumed.messages  Counter {message}  records handed to the scheduler (after the ones an earlier owner's commit metadata marks finished)
-//	messaging.process.duration          Histogram s        one handler run (one attempt), error.type=_OTHER when it failed
+//	messaging.process.duration          Histogram s        one handler run, error.type=_OTHER when it returned an error (a keysched.Snooze too, though it is not an attempt)
 //
 // with messaging.system=kafka, messaging.operation.name (poll, process),
 // messaging.destination.name (the topic), messaging.destination.partition.id

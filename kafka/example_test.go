@@ -158,7 +158,7 @@ func ExampleConsumer_Parked() {
 }
 
 // Stats is cheap: poll it for metrics. Partitions lists only the partitions
-// owned now.
+// owned now. (Compiled, not run: it needs a running consumer.)
 func ExampleConsumer_Stats() {
 	var c *kafka.Consumer // from NewConsumer
 	if c == nil {

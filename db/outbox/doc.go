@@ -99,7 +99,8 @@
 //
 // What happens when a relay dies holding a lease: its keys stay claimed
 // until their leases expire (at most the lease duration), so their rows wait
-// that long; then any relay claims them and publishes from each key's oldest
+// that long (unless the restarted relay, under the same WithOwner name, uses
+// WithTakeOverOnStart: see its window); then any relay claims them and publishes from each key's oldest
 // pending row. Rows the dead relay had published but not yet marked sent are
 // published again: duplicates, in order (the key's stream restarts from an
 // earlier row and goes on in order; no row is skipped). No row is lost and no
@@ -129,7 +130,10 @@
 //
 // A sink error is retried with the relay's retry policy (WithRetry; default
 // DefaultRetry, 10 attempts with exponential backoff and full jitter) while
-// the key's later rows wait: other keys go on. A row that fails for good
+// the key's later rows wait: other keys go on. A sink may return
+// keysched.Snooze(err, d) for a local refusal (a full bulkhead, an open
+// breaker, a rate limit): the row runs again after d without spending an
+// attempt (still counted in RelayStats.SinkErrors). A row that fails for good
 // (attempts exhausted, an error wrapped with keysched.Permanent, or a
 // panicking sink after its retries: a panic is a failed call, counted in
 // RelayStats.SinkErrors) is marked dead in the database with its
@@ -142,8 +146,8 @@
 //     claimed the key just as its row died fetches nothing of it), across
 //     restarts,
 //     until an operator calls Resume (publish the dead row again, then the
-//     rest) or Skip (give it up and go on). Parked lists such keys, Dead the
-//     rows.
+//     rest) or Skip (give it up and go on; SkipHead also returns the ID of
+//     the row it gave up). Parked lists such keys, Dead the rows.
 //
 // # Shutdown
 //

@@ -37,7 +37,8 @@ const (
 var (
 	// ErrBulkheadFull means the destination already has its concurrency
 	// budget of calls in flight (a slow or hanging endpoint): the attempt
-	// fails at once instead of holding a worker.
+	// is refused at once instead of holding a worker (a local refusal, see
+	// Refused: it runs again later without spending an attempt).
 	ErrBulkheadFull = errors.New("webhook: destination's concurrency budget is in use")
 	// ErrRateLimited means the destination's token bucket had no token
 	// within the attempt's deadline.

@@ -12,7 +12,8 @@
 //   - the relay (package db/outbox): reads pending outbox rows and runs them
 //     on keysched with the partner as the key: one partner's events one at
 //     a time in order, partners in parallel on one bounded worker pool.
-//     Failed attempts are retried with exponential backoff and full jitter;
+//     Failed attempts are retried with exponential backoff and full jitter
+//     (local refusals, Refused, run again later without spending one);
 //     after the last attempt the partner is parked: its later events wait,
 //     none is dropped, until an operator resumes or skips it.
 //   - delivery (Deliverer): one POST per attempt to the endpoint, through the
@@ -115,8 +116,9 @@ type Config struct {
 	// (after a crash, another name waits for the leases to expire;
 	// outbox.WithTakeOverOnStart). Two processes sharing a PostgreSQL
 	// database need different names: a second live process of the same
-	// name fences the first out of its partners, at the cost of an overlap
-	// of the calls in flight when it starts.
+	// name fences the first out of its partners, at the cost of a window in
+	// which both publish a partner's events, out of order (see
+	// outbox.WithTakeOverOnStart).
 	// Default "webhook".
 	RelayName string
 	// LeaseDuration is how long the relay's claim on a partner lasts
