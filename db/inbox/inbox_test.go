@@ -25,8 +25,7 @@ func TestMain(m *testing.M) {
 	if dsn := os.Getenv("INBOX_CRASH_DSN"); dsn != "" {
 		crashChild(dsn)
 	}
-	goleak.VerifyTestMain(m, goleak.IgnoreCurrent(),
-		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
+	goleak.VerifyTestMain(m, dbtest.LeakOptions()...)
 }
 
 // setup makes an inbox on a fresh table and an effects table (id, n): the

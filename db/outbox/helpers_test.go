@@ -20,10 +20,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreCurrent(), // ants's default pool
-		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
-		goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgconn/ctxwatch.(*ContextWatcher).Watch.func1"),
-	)
+	goleak.VerifyTestMain(m, dbtest.LeakOptions()...)
 }
 
 var quiet = slog.New(slog.DiscardHandler)

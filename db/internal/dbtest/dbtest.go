@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/keysched/keysched/db/sqldb"
 )
 
@@ -107,4 +109,21 @@ func Each(t *testing.T, f func(t *testing.T, db *sql.DB)) {
 func Name(db *sql.DB) string {
 	d, _ := sqldb.Detect(db)
 	return strings.ToLower(d.String())
+}
+
+// LeakOptions are the goleak options of the db module's TestMains: the
+// goroutines that exist before the tests (ants's default pool), and the
+// per-connection goroutines of database/sql and pgx that belong to the
+// shared PostgreSQL pool (Postgres), which stays open for the whole test
+// process: its connection opener, pgx's context watcher, and pgx's
+// background reader, which a connection runs while a cancelled query's
+// answer is still being read (seen once leaking past the last test under
+// load, with every test passed).
+func LeakOptions() []goleak.Option {
+	return []goleak.Option{
+		goleak.IgnoreCurrent(),
+		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+		goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgconn/ctxwatch.(*ContextWatcher).Watch.func1"),
+		goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgconn/internal/bgreader.(*BGReader).bgRead"),
+	}
 }

@@ -21,8 +21,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreCurrent(),
-		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
+	goleak.VerifyTestMain(m, dbtest.LeakOptions()...)
 }
 
 var quiet = slog.New(slog.DiscardHandler)

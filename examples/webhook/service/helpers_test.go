@@ -25,7 +25,12 @@ func TestMain(m *testing.M) {
 	// Every service, store, endpoint and browser a test starts is stopped:
 	// nothing may outlive the tests. (ants starts a default pool when it is
 	// imported: those goroutines exist before any test and are ignored.)
-	goleak.VerifyTestMain(m, goleak.IgnoreCurrent())
+	goleak.VerifyTestMain(m, goleak.IgnoreCurrent(),
+		// pgx's per-connection goroutines of a connection still closing
+		// (as in db/internal/dbtest.LeakOptions); a *sql.DB left open would
+		// still show as its connectionOpener.
+		goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgconn/ctxwatch.(*ContextWatcher).Watch.func1"),
+		goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgconn/internal/bgreader.(*BGReader).bgRead"))
 }
 
 // harness is a running service on a fresh SQLite file, its intake and admin
