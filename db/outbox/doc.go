@@ -103,7 +103,9 @@
 // WithTakeOverOnStart: see its window); then any relay claims them and publishes from each key's oldest
 // pending row. Rows the dead relay had published but not yet marked sent are
 // published again: duplicates, in order (the key's stream restarts from an
-// earlier row and goes on in order; no row is skipped). No row is lost and no
+// earlier row and goes on in order; no row is skipped; one exception under
+// Park with Resume racing lease moves, where a redelivered row can come
+// after later ones: db/README.md, Known limits). No row is lost and no
 // key is published by two relays at once, on one condition: a sink call
 // started before the lease ended must not land after it. The sink's context
 // ends with the lease; a sink that ignores it (or a broker that completes a
