@@ -200,23 +200,8 @@ func waitPolls(t *testing.T, r *outbox.Relay, n uint64) {
 // nothing lost.
 func TestRestartWithSameOwnerWaitsForLeases(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
-		ob := newOutbox(t, db)
 		const keys, perKey = 5, 4
-		writeEvents(t, ob, keys, perKey, 50)
-		opts := []outbox.RelayOption{outbox.WithLogger(quiet), outbox.WithPollInterval(10 * time.Millisecond),
-			outbox.WithLeaseDuration(time.Hour), outbox.WithOwner("orders-relay-1")}
-		first := newRecorder(keys * perKey)
-		a, err := ob.NewRelay(first.sink, opts...)
-		require.NoError(t, err)
-		outbox.NoMark(a)
-		outbox.Crash(a)
-		ctx, cancel := context.WithCancel(context.Background())
-		errc := make(chan error, 1)
-		go func() { errc <- a.Run(ctx) }()
-		first.wait(t, 30*time.Second)
-		cancel()
-		require.ErrorIs(t, <-errc, context.Canceled)
-		require.Len(t, leaseTokens(t, ob), keys, "the crashed relay left its leases")
+		ob, opts := crashedWithLiveLeases(t, db, keys, perKey)
 
 		second := newRecorder(keys * perKey)
 		b, err := ob.NewRelay(second.sink, opts...)
@@ -384,23 +369,8 @@ func TestUpgradeFromSchemaWithoutToken(t *testing.T) {
 // publishes everything from each key's oldest pending row, in order.
 func TestTakeOverOnStartAfterCrash(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
-		ob := newOutbox(t, db)
 		const keys, perKey = 5, 4
-		writeEvents(t, ob, keys, perKey, 50)
-		opts := []outbox.RelayOption{outbox.WithLogger(quiet), outbox.WithPollInterval(10 * time.Millisecond),
-			outbox.WithLeaseDuration(time.Hour), outbox.WithOwner("orders-relay-1")}
-		first := newRecorder(keys * perKey)
-		a, err := ob.NewRelay(first.sink, opts...)
-		require.NoError(t, err)
-		outbox.NoMark(a)
-		outbox.Crash(a)
-		ctx, cancel := context.WithCancel(context.Background())
-		errc := make(chan error, 1)
-		go func() { errc <- a.Run(ctx) }()
-		first.wait(t, 30*time.Second)
-		cancel()
-		require.ErrorIs(t, <-errc, context.Canceled)
-		require.Len(t, leaseTokens(t, ob), keys, "the crashed relay left its leases")
+		ob, opts := crashedWithLiveLeases(t, db, keys, perKey)
 
 		second := newRecorder(keys * perKey)
 		b, err := ob.NewRelay(second.sink, append(opts, outbox.WithTakeOverOnStart())...)
@@ -467,4 +437,29 @@ func TestTakeOverOnStartNeedsOwner(t *testing.T) {
 	ob := newOutbox(t, dbtest.SQLite(t))
 	_, err := ob.NewRelay(func(context.Context, outbox.Event) error { return nil }, outbox.WithTakeOverOnStart())
 	require.ErrorIs(t, err, outbox.ErrInvalidOption)
+}
+
+// crashedWithLiveLeases writes keys×perKey events, runs a relay under the
+// owner name "orders-relay-1" with hour-long leases that publishes every
+// event without marking any, and crashes it (its leases stay, live). It
+// returns the outbox and that relay's options, for its successor.
+func crashedWithLiveLeases(t *testing.T, db *sql.DB, keys, perKey int) (*outbox.Outbox, []outbox.RelayOption) {
+	t.Helper()
+	ob := newOutbox(t, db)
+	writeEvents(t, ob, keys, perKey, 50)
+	opts := []outbox.RelayOption{outbox.WithLogger(quiet), outbox.WithPollInterval(10 * time.Millisecond),
+		outbox.WithLeaseDuration(time.Hour), outbox.WithOwner("orders-relay-1")}
+	first := newRecorder(keys * perKey)
+	a, err := ob.NewRelay(first.sink, opts...)
+	require.NoError(t, err)
+	outbox.NoMark(a)
+	outbox.Crash(a)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- a.Run(ctx) }()
+	first.wait(t, 30*time.Second)
+	cancel()
+	require.ErrorIs(t, <-errc, context.Canceled)
+	require.Len(t, leaseTokens(t, ob), keys, "the crashed relay left its leases")
+	return ob, opts
 }
