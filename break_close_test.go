@@ -108,18 +108,7 @@ func TestBreakCloseRacesParkResume(t *testing.T) {
 			cancel()
 			close(stop)
 			wg.Wait()
-			if cerr != nil {
-				var ce *CloseError
-				require.ErrorAs(t, cerr, &ce)
-			}
-			wd := watchdog(t)
-			for i, c := range all {
-				select {
-				case <-c.Done():
-				case <-wd.Done():
-					t.Fatalf("completion %d of %d never done (state %d, stats %+v)", i, len(all), c.state.Load(), s.Stats())
-				}
-			}
+			requireCloseSettles(t, s, cerr, all)
 			require.Zero(t, dlAfterDone.Load(), "a dead letter delivered after its Completion was done")
 			st := s.Stats()
 			assertAccounting(t, st)

@@ -384,18 +384,7 @@ func TestBreakCloseUnderLoad(t *testing.T) {
 			cancel()
 			close(stopSub)
 			wg.Wait()
-			if err != nil {
-				var ce *CloseError
-				require.ErrorAs(t, err, &ce)
-			}
-			wd := watchdog(t)
-			for i, c := range all {
-				select {
-				case <-c.Done():
-				case <-wd.Done():
-					t.Fatalf("completion %d of %d never done (state %d, stats %+v)", i, len(all), c.state.Load(), s.Stats())
-				}
-			}
+			requireCloseSettles(t, s, err, all)
 			require.Empty(t, rec.orderErr)
 			require.Zero(t, rec.overlap.Load())
 			st := s.Stats()
@@ -404,5 +393,24 @@ func TestBreakCloseUnderLoad(t *testing.T) {
 			require.Equal(t, uint64(letters.Load()), st.DeadLettered)
 			require.Equal(t, uint64(len(all)), st.Submitted)
 		})
+	}
+}
+
+// requireCloseSettles asserts that Close's error, if any, is a *CloseError,
+// and that every Completion in all becomes done (a watchdog turns one that
+// never does into a failure naming its state).
+func requireCloseSettles[K comparable](t *testing.T, s *Scheduler[K], err error, all []*Completion) {
+	t.Helper()
+	if err != nil {
+		var ce *CloseError
+		require.ErrorAs(t, err, &ce)
+	}
+	wd := watchdog(t)
+	for i, c := range all {
+		select {
+		case <-c.Done():
+		case <-wd.Done():
+			t.Fatalf("completion %d of %d never done (state %d, stats %+v)", i, len(all), c.state.Load(), s.Stats())
+		}
 	}
 }
