@@ -21,9 +21,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/db/sqldb"
@@ -156,13 +154,13 @@ func build(db *sql.DB, def string, opts []Option) (options, error) {
 }
 
 func validID(id string) error {
-	if id == "" || len(id) > MaxIDLen {
-		return fmt.Errorf("%w: %d bytes (want 1 to %d)", ErrInvalidID, len(id), MaxIDLen)
+	if id == "" {
+		return fmt.Errorf("%w: empty", ErrInvalidID)
 	}
-	// PostgreSQL's TEXT refuses both (a database error on every
-	// redelivery); SQLite would store them: refuse them on both.
-	if strings.ContainsRune(id, 0) || !utf8.ValidString(id) {
-		return fmt.Errorf("%w: NUL byte or invalid UTF-8", ErrInvalidID)
+	// PostgreSQL's TEXT refuses NUL and invalid UTF-8 (a database error
+	// on every redelivery); SQLite would store them: refused on both.
+	if err := sqldb.CheckText("ID", id, MaxIDLen); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidID, err)
 	}
 	return nil
 }

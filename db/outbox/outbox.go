@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -371,7 +370,7 @@ func validate(e *Event) error {
 		name, v string
 		max     int
 	}{{"ID", e.ID, MaxIDLen}, {"key", e.Key, MaxKeyLen}, {"type", e.Type, MaxTypeLen}} {
-		if err := checkText(f.name, f.v, f.max); err != nil {
+		if err := sqldb.CheckText(f.name, f.v, f.max); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidEvent, err)
 		}
 	}
@@ -384,21 +383,6 @@ func validate(e *Event) error {
 		if !utf8.ValidString(v) {
 			return fmt.Errorf("%w: header %q: invalid UTF-8 in its value", ErrInvalidEvent, k)
 		}
-	}
-	return nil
-}
-
-// checkText checks an ID, key or type: at most max bytes, no NUL, valid
-// UTF-8 (PostgreSQL's TEXT refuses NUL and invalid UTF-8; SQLite would store
-// them: both are refused on both).
-func checkText(field, v string, max int) error {
-	switch {
-	case len(v) > max:
-		return fmt.Errorf("%s of %d bytes (at most %d)", field, len(v), max)
-	case strings.ContainsRune(v, 0):
-		return fmt.Errorf("%s %q: NUL byte", field, v)
-	case !utf8.ValidString(v):
-		return fmt.Errorf("%s %q: invalid UTF-8", field, v)
 	}
 	return nil
 }
@@ -549,7 +533,7 @@ func (o *Outbox) moveDead(ctx context.Context, key string, to State) (string, er
 	if key == "" {
 		return "", fmt.Errorf("%w: empty key", ErrInvalidKey)
 	}
-	if err := checkText("key", key, MaxKeyLen); err != nil {
+	if err := sqldb.CheckText("key", key, MaxKeyLen); err != nil {
 		return "", fmt.Errorf("%w: %w", ErrInvalidKey, err)
 	}
 	// On PostgreSQL (READ COMMITTED) two concurrent moves pick the same

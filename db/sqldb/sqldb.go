@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -224,3 +225,20 @@ func IsRetryable(err error) bool {
 // microseconds (PostgreSQL's timestamp precision), so a time read back from
 // either database equals the one written.
 func Now() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
+
+// CheckText checks a string bound for a TEXT column that must read back as
+// written on both databases: at most max bytes, no NUL byte, valid UTF-8
+// (PostgreSQL's TEXT refuses NUL and invalid UTF-8 with a database error;
+// SQLite would store them). The error names field and says what is wrong;
+// callers wrap their package's sentinel around it.
+func CheckText(field, v string, max int) error {
+	switch {
+	case len(v) > max:
+		return fmt.Errorf("%s of %d bytes (at most %d)", field, len(v), max)
+	case strings.ContainsRune(v, 0):
+		return fmt.Errorf("%s %q: NUL byte", field, v)
+	case !utf8.ValidString(v):
+		return fmt.Errorf("%s %q: invalid UTF-8", field, v)
+	}
+	return nil
+}
