@@ -1,0 +1,566 @@
+package kafka
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// DefaultMaxReplays is ReplayOptions.MaxReplays's default: a record already
+// replayed 3 times is refused.
+const DefaultMaxReplays = 3
+
+// Replay's sentinel errors; compare with errors.Is.
+var (
+	// ErrUnknownTopic: the dead-letter topic, or a selected record's
+	// original topic or partition, does not exist.
+	ErrUnknownTopic = errors.New("kafka: unknown topic or partition")
+	// ErrReplayLimit: a selected record was replayed MaxReplays times
+	// already.
+	ErrReplayLimit = errors.New("kafka: replay limit reached")
+	// ErrNothingToReplay: the filters matched no dead letter.
+	ErrNothingToReplay = errors.New("kafka: no dead letter matches")
+	// ErrReplayIncomplete: some selected records were not written (the
+	// report's Records say which).
+	ErrReplayIncomplete = errors.New("kafka: replay incomplete")
+)
+
+// TimeOf says which time ReplayOptions.Since and Until filter on.
+type TimeOf int
+
+const (
+	// RecordTime is the failed record's own timestamp (the dead letter's
+	// HeaderTimestamp).
+	RecordTime TimeOf = iota
+	// FailureTime is the dead letter's timestamp: when it was written.
+	FailureTime
+)
+
+// ReplayOptions choose the dead letters Replay republishes. Every filter
+// left at its zero value selects everything; the filters are ANDed.
+type ReplayOptions struct {
+	// DeadLetterTopic is the topic to read (required).
+	DeadLetterTopic string
+	// DeadLetterPartitions are its partitions to read; none: all.
+	DeadLetterPartitions []int32
+	// StartOffset and EndOffset bound the offsets read in each
+	// dead-letter partition: [StartOffset, EndOffset). EndOffset 0 means
+	// the partition's end when Replay starts (records written meanwhile
+	// are not read). Offsets below a partition's log start are skipped.
+	StartOffset, EndOffset int64
+
+	// Topics and Partitions select by the failed record's original topic
+	// and partition; none: any.
+	Topics     []string
+	Partitions []int32
+	// Since (inclusive) and Until (exclusive) bound the time chosen by
+	// TimeOf; zero: unbounded.
+	Since, Until time.Time
+	TimeOf       TimeOf
+	// Keys selects records whose key equals one of these (bytes.Equal:
+	// an empty or nil element matches an empty or nil key); none: any.
+	Keys [][]byte
+	// ErrorContains selects records whose error message
+	// (HeaderMessage) contains it; "": any.
+	ErrorContains string
+
+	// MaxReplays refuses records already replayed that many times
+	// (HeaderReplayCount >= MaxReplays); 0 means DefaultMaxReplays.
+	MaxReplays int
+	// DryRun selects and validates, and writes nothing.
+	DryRun bool
+}
+
+// A ReplayReport is what Replay selected and what it wrote.
+type ReplayReport struct {
+	// Scanned is the number of dead-letter records read.
+	Scanned int
+	// Records are the selected records, in the order they are (or would
+	// be) produced.
+	Records []ReplayRecord
+	// Duplicates are selected dead letters left out because another one
+	// of the same original record (the same topic, partition and
+	// OriginOffset: dead-lettered twice, or replayed and dead-lettered
+	// again) was kept: the one replayed most, then the last written.
+	Duplicates []Position
+	// Problems are the selected records that made Replay refuse to write
+	// anything (empty unless Replay returned a *ReplayRefusedError).
+	Problems []ReplayProblem
+	// Written is the number of records written (0 under DryRun).
+	Written int
+	DryRun  bool
+}
+
+// A ReplayRecord is one selected dead letter.
+type ReplayRecord struct {
+	// From is the dead letter's position.
+	From Position
+	// FailedAt is the dead letter's timestamp.
+	FailedAt time.Time
+	Key      []byte
+	Value    []byte
+	// DeadLetter is its parsed headers.
+	DeadLetter DeadLetter
+	// Replay is the replay count the republished record carries
+	// (DeadLetter.Replays + 1).
+	Replay int
+	// Written is where the record was written (Offset -1 when it was not:
+	// a dry run, or a produce failure, then in Err).
+	Written Position
+	Err     error
+}
+
+// A ReplayProblem is a selected dead letter Replay refuses: Err wraps
+// ErrNotDeadLetter, ErrUnknownTopic or ErrReplayLimit.
+type ReplayProblem struct {
+	At  Position
+	Err error
+}
+
+// A ReplayRefusedError is returned when some selected records cannot be
+// replayed; nothing was written. errors.Is matches each problem's sentinel.
+type ReplayRefusedError struct {
+	Problems []ReplayProblem
+}
+
+func (e *ReplayRefusedError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "kafka: replay refused, nothing written: %d selected dead letters cannot be replayed:", len(e.Problems))
+	for i, p := range e.Problems {
+		if i == 10 {
+			fmt.Fprintf(&b, "; and %d more", len(e.Problems)-i)
+			break
+		}
+		fmt.Fprintf(&b, "; %s: %v", p.At, p.Err)
+	}
+	return b.String()
+}
+
+// Unwrap returns the problems' errors.
+func (e *ReplayRefusedError) Unwrap() []error {
+	out := make([]error, len(e.Problems))
+	for i, p := range e.Problems {
+		out[i] = p.Err
+	}
+	return out
+}
+
+// Replay republishes chosen dead letters written by this adapter to their
+// original topic and partition. It is an operator's tool: nothing calls it
+// automatically.
+//
+// It reads the dead-letter topic's chosen partitions and offset range to
+// their end as it was when Replay started, selects the records that match
+// opts, drops duplicates (see ReplayReport.Duplicates), and validates every
+// selected record before writing any: a record in the range that passes the
+// filters Replay can apply without its headers (dead-letter partition and
+// offsets, key, failure time) and is not an adapter dead letter, an original
+// topic or partition that does not exist, a record replayed MaxReplays times
+// already: each is a problem, and Replay writes nothing and returns a
+// *ReplayRefusedError listing them all. A filter that matches nothing gives
+// ErrNothingToReplay.
+//
+// Each republished record has the dead letter's key and value, the failed
+// record's own headers (without the __connect.errors.* ones and the previous
+// replay headers), the replay headers (HeaderReplayCount ...), the
+// timestamp of the replay, and goes to the original partition (where the
+// key's other records are). The records of one original partition are
+// produced in the order they were first produced (HeaderReplayOriginOffset),
+// with franz-go's idempotent producer, all at once, waiting for every
+// acknowledgement. franz-go fails a partition's later records after a failed
+// one, so a failure leaves, per partition, a written prefix: the report's
+// Records say which were written (Written) and which not (Err), and Replay
+// returns an error wrapping ErrReplayIncomplete and the first produce error.
+//
+// A replayed record goes to every consumer group of its topic, not only the
+// one that dead-lettered it. Replaying the same dead letters twice writes them
+// twice (each carries the dead letter's position: a handler can tell).
+//
+// clientOpts are franz-go options: seed brokers, TLS, SASL, timeouts. Replay
+// adds its own (direct consumption of the dead-letter topic, the manual
+// partitioner); a consumer group, kgo.DisableIdempotentWrite or
+// kgo.TransactionalID make it fail with ErrInvalidOption, as do bad opts.
+// Memory: the selected records. ctx bounds the whole run; the report is
+// returned with every error (nil only for an invalid option).
+func Replay(ctx context.Context, opts ReplayOptions, clientOpts ...kgo.Opt) (*ReplayReport, error) {
+	if ctx == nil {
+		return nil, ErrNilContext
+	}
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	if opts.MaxReplays == 0 {
+		opts.MaxReplays = DefaultMaxReplays
+	}
+	cl, err := kgo.NewClient(append(slices.Clip(clientOpts), kgo.RecordPartitioner(kgo.ManualPartitioner()))...)
+	if err != nil {
+		return nil, optionError("replay: client options: %w", err)
+	}
+	defer cl.Close()
+	if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g != "" {
+		return nil, optionError("replay: client options: kgo.ConsumerGroup %q: Replay reads the dead-letter topic without a group", g)
+	}
+	if v, _ := cl.OptValue(kgo.DisableIdempotentWrite).(bool); v {
+		return nil, optionError("replay: client options: kgo.DisableIdempotentWrite: Replay produces idempotently")
+	}
+	if vs := cl.OptValues(kgo.TransactionalID); len(vs) == 2 && vs[1] == true {
+		return nil, optionError("replay: client options: kgo.TransactionalID: Replay does not produce in a transaction")
+	}
+	rep := &ReplayReport{DryRun: opts.DryRun}
+
+	topics, err := partitionsOf(ctx, cl)
+	if err != nil {
+		return rep, err
+	}
+	dlqParts, ok := topics[opts.DeadLetterTopic]
+	if !ok {
+		return rep, fmt.Errorf("%w: dead-letter topic %q", ErrUnknownTopic, opts.DeadLetterTopic)
+	}
+	parts := opts.DeadLetterPartitions
+	if len(parts) == 0 {
+		parts = make([]int32, dlqParts)
+		for i := range parts {
+			parts[i] = int32(i)
+		}
+	}
+	for _, p := range parts {
+		if p >= dlqParts {
+			return rep, fmt.Errorf("%w: dead-letter topic %q has %d partitions, no partition %d", ErrUnknownTopic, opts.DeadLetterTopic, dlqParts, p)
+		}
+	}
+	ranges, err := readRanges(ctx, cl, opts, parts)
+	if err != nil {
+		return rep, err
+	}
+	selected, problems, err := scan(ctx, clientOpts, opts, ranges, rep)
+	if err != nil {
+		return rep, err
+	}
+	selected, rep.Duplicates = dedupe(selected)
+	for _, r := range selected {
+		d := &r.DeadLetter
+		if n, ok := topics[d.Topic]; !ok || d.Partition >= n {
+			problems = append(problems, ReplayProblem{r.From, fmt.Errorf("%w: original %s/%d (the dead letter of %s/%d@%d)",
+				ErrUnknownTopic, d.Topic, d.Partition, d.Topic, d.Partition, d.Offset)})
+		}
+		if d.Replays >= opts.MaxReplays {
+			problems = append(problems, ReplayProblem{r.From, fmt.Errorf("%w: %s/%d@%d was replayed %d times already (limit %d)",
+				ErrReplayLimit, d.Topic, d.Partition, d.Offset, d.Replays, opts.MaxReplays)})
+		}
+	}
+	// Produce order: per original partition, first-produced order.
+	slices.SortStableFunc(selected, func(a, b ReplayRecord) int {
+		return cmp.Or(strings.Compare(a.DeadLetter.Topic, b.DeadLetter.Topic),
+			cmp.Compare(a.DeadLetter.Partition, b.DeadLetter.Partition),
+			cmp.Compare(a.DeadLetter.OriginOffset, b.DeadLetter.OriginOffset))
+	})
+	rep.Records = selected
+	if len(problems) > 0 {
+		slices.SortStableFunc(problems, func(a, b ReplayProblem) int {
+			return cmp.Or(cmp.Compare(a.At.Partition, b.At.Partition), cmp.Compare(a.At.Offset, b.At.Offset))
+		})
+		rep.Problems = problems
+		return rep, &ReplayRefusedError{Problems: problems}
+	}
+	if len(selected) == 0 {
+		return rep, fmt.Errorf("%w: %d dead letters read in %s (%s), none selected by the filters",
+			ErrNothingToReplay, rep.Scanned, opts.DeadLetterTopic, describeRanges(ranges))
+	}
+	if opts.DryRun {
+		return rep, nil
+	}
+	return rep, produceReplays(ctx, cl, rep)
+}
+
+func (o *ReplayOptions) validate() error {
+	switch {
+	case o.DeadLetterTopic == "":
+		return optionError("replay: no dead-letter topic")
+	case o.StartOffset < 0 || o.EndOffset < 0:
+		return optionError("replay: negative offset range %d-%d", o.StartOffset, o.EndOffset)
+	case o.EndOffset != 0 && o.EndOffset <= o.StartOffset:
+		return optionError("replay: empty offset range [%d, %d)", o.StartOffset, o.EndOffset)
+	case !o.Since.IsZero() && !o.Until.IsZero() && !o.Since.Before(o.Until):
+		return optionError("replay: empty time range [%s, %s)", o.Since.Format(time.RFC3339Nano), o.Until.Format(time.RFC3339Nano))
+	case o.TimeOf != RecordTime && o.TimeOf != FailureTime:
+		return optionError("replay: TimeOf(%d)", o.TimeOf)
+	case o.MaxReplays < 0:
+		return optionError("replay: MaxReplays %d", o.MaxReplays)
+	}
+	for _, p := range append(slices.Clip(o.DeadLetterPartitions), o.Partitions...) {
+		if p < 0 {
+			return optionError("replay: negative partition %d", p)
+		}
+	}
+	for _, t := range o.Topics {
+		if t == "" {
+			return optionError("replay: empty topic name")
+		}
+	}
+	return nil
+}
+
+// partitionsOf returns every topic's partition count.
+func partitionsOf(ctx context.Context, cl *kgo.Client) (map[string]int32, error) {
+	req := kmsg.NewPtrMetadataRequest() // Topics nil: all topics
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: replay: metadata: %w", err)
+	}
+	out := make(map[string]int32, len(resp.Topics))
+	for _, t := range resp.Topics {
+		if t.Topic == nil {
+			continue
+		}
+		if err := kerr.ErrorForCode(t.ErrorCode); err != nil {
+			if errors.Is(err, kerr.UnknownTopicOrPartition) {
+				continue
+			}
+			return nil, fmt.Errorf("kafka: replay: metadata of %q: %w", *t.Topic, err)
+		}
+		out[*t.Topic] = int32(len(t.Partitions))
+	}
+	return out, nil
+}
+
+// offsetRange is what Replay reads of one dead-letter partition: [start, end).
+type offsetRange struct {
+	partition  int32
+	start, end int64
+}
+
+func describeRanges(rs []offsetRange) string {
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		parts[i] = fmt.Sprintf("partition %d offsets [%d, %d)", r.partition, r.start, r.end)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// readRanges lists the dead-letter partitions' start and end offsets and
+// narrows them to opts's range; empty ranges are left out.
+func readRanges(ctx context.Context, cl *kgo.Client, opts ReplayOptions, parts []int32) ([]offsetRange, error) {
+	list := func(ts int64) (map[int32]int64, error) {
+		req := kmsg.NewPtrListOffsetsRequest()
+		rt := kmsg.NewListOffsetsRequestTopic()
+		rt.Topic = opts.DeadLetterTopic
+		for _, p := range parts {
+			rp := kmsg.NewListOffsetsRequestTopicPartition()
+			rp.Partition, rp.Timestamp = p, ts
+			rt.Partitions = append(rt.Partitions, rp)
+		}
+		req.Topics = append(req.Topics, rt)
+		shards := cl.RequestSharded(ctx, req)
+		out := make(map[int32]int64, len(parts))
+		for _, sh := range shards {
+			if sh.Err != nil {
+				return nil, fmt.Errorf("kafka: replay: list offsets of %q: %w", opts.DeadLetterTopic, sh.Err)
+			}
+			for _, t := range sh.Resp.(*kmsg.ListOffsetsResponse).Topics {
+				for _, p := range t.Partitions {
+					if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+						return nil, fmt.Errorf("kafka: replay: list offsets of %s/%d: %w", opts.DeadLetterTopic, p.Partition, err)
+					}
+					out[p.Partition] = p.Offset
+				}
+			}
+		}
+		for _, p := range parts {
+			if _, ok := out[p]; !ok {
+				return nil, fmt.Errorf("kafka: replay: list offsets of %s/%d: no answer", opts.DeadLetterTopic, p)
+			}
+		}
+		return out, nil
+	}
+	starts, err := list(-2)
+	if err != nil {
+		return nil, err
+	}
+	ends, err := list(-1)
+	if err != nil {
+		return nil, err
+	}
+	var out []offsetRange
+	for _, p := range parts {
+		r := offsetRange{p, max(starts[p], opts.StartOffset), ends[p]}
+		if opts.EndOffset > 0 {
+			r.end = min(r.end, opts.EndOffset)
+		}
+		if r.start < r.end {
+			out = append(out, r)
+		}
+	}
+	slices.SortFunc(out, func(a, b offsetRange) int { return cmp.Compare(a.partition, b.partition) })
+	return out, nil
+}
+
+// scan reads the ranges and returns the records that pass the filters and
+// the problems found; it counts rep.Scanned.
+func scan(ctx context.Context, clientOpts []kgo.Opt, opts ReplayOptions, ranges []offsetRange, rep *ReplayReport) ([]ReplayRecord, []ReplayProblem, error) {
+	if len(ranges) == 0 {
+		return nil, nil, nil
+	}
+	at := make(map[int32]kgo.Offset, len(ranges))
+	left := make(map[int32]int64, len(ranges)) // partition -> end
+	for _, r := range ranges {
+		at[r.partition] = kgo.NewOffset().At(r.start)
+		left[r.partition] = r.end
+	}
+	cl, err := kgo.NewClient(append(slices.Clip(clientOpts),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{opts.DeadLetterTopic: at}),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), // records deleted meanwhile: go on from the log start
+		kgo.KeepControlRecords(), // their offsets count towards the end
+	)...)
+	if err != nil {
+		return nil, nil, optionError("replay: client options: %w", err)
+	}
+	defer cl.Close()
+	var (
+		selected []ReplayRecord
+		problems []ReplayProblem
+	)
+	for len(left) > 0 {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return nil, nil, fmt.Errorf("kafka: replay: reading %q (%d partitions not read to their end): %w", opts.DeadLetterTopic, len(left), err)
+		}
+		var ferr error
+		fs.EachError(func(t string, p int32, err error) {
+			if ferr == nil {
+				ferr = fmt.Errorf("kafka: replay: reading %s/%d: %w", t, p, err)
+			}
+		})
+		if ferr != nil {
+			return nil, nil, ferr
+		}
+		for it := fs.RecordIter(); !it.Done(); {
+			r := it.Next()
+			end, ok := left[r.Partition]
+			if !ok || r.Offset >= end {
+				continue
+			}
+			if r.Offset+1 >= end {
+				delete(left, r.Partition)
+				cl.PauseFetchPartitions(map[string][]int32{opts.DeadLetterTopic: {r.Partition}})
+			}
+			if r.Attrs.IsControl() {
+				continue
+			}
+			rep.Scanned++
+			if rr, p, ok := selectRecord(opts, r); ok {
+				if p != nil {
+					problems = append(problems, *p)
+				} else {
+					selected = append(selected, rr)
+				}
+			}
+		}
+	}
+	return selected, problems, nil
+}
+
+// selectRecord applies opts's filters to the dead letter r: ok reports
+// whether it is selected; p is set for a selected record that is not a dead
+// letter.
+func selectRecord(opts ReplayOptions, r *kgo.Record) (rr ReplayRecord, p *ReplayProblem, ok bool) {
+	from := Position{r.Topic, r.Partition, r.Offset}
+	if len(opts.Keys) > 0 && !slices.ContainsFunc(opts.Keys, func(k []byte) bool { return bytes.Equal(k, r.Key) }) {
+		return rr, nil, false
+	}
+	if opts.TimeOf == FailureTime && !inTime(opts, r.Timestamp) {
+		return rr, nil, false
+	}
+	d, err := ParseDeadLetter(r.Headers)
+	if err != nil {
+		return rr, &ReplayProblem{from, err}, true
+	}
+	if len(opts.Topics) > 0 && !slices.Contains(opts.Topics, d.Topic) ||
+		len(opts.Partitions) > 0 && !slices.Contains(opts.Partitions, d.Partition) ||
+		opts.TimeOf == RecordTime && !inTime(opts, d.Timestamp) ||
+		!strings.Contains(d.Error, opts.ErrorContains) {
+		return rr, nil, false
+	}
+	return ReplayRecord{From: from, FailedAt: r.Timestamp, Key: r.Key, DeadLetter: d, Replay: d.Replays + 1,
+		Value: r.Value, Written: Position{d.Topic, d.Partition, -1}}, nil, true
+}
+
+func inTime(opts ReplayOptions, t time.Time) bool {
+	return (opts.Since.IsZero() || !t.Before(opts.Since)) && (opts.Until.IsZero() || t.Before(opts.Until))
+}
+
+// dedupe keeps one dead letter per original record (topic, partition,
+// origin offset): the one replayed most, then the last written (the highest
+// failure time, then the highest position).
+func dedupe(rs []ReplayRecord) (kept []ReplayRecord, dropped []Position) {
+	type origin struct {
+		topic     string
+		partition int32
+		offset    int64
+	}
+	best := make(map[origin]int, len(rs))
+	later := func(a, b *ReplayRecord) bool { // a supersedes b
+		if a.DeadLetter.Replays != b.DeadLetter.Replays {
+			return a.DeadLetter.Replays > b.DeadLetter.Replays
+		}
+		if !a.FailedAt.Equal(b.FailedAt) {
+			return a.FailedAt.After(b.FailedAt)
+		}
+		return cmp.Or(cmp.Compare(a.From.Partition, b.From.Partition), cmp.Compare(a.From.Offset, b.From.Offset)) > 0
+	}
+	for i := range rs {
+		o := origin{rs[i].DeadLetter.Topic, rs[i].DeadLetter.Partition, rs[i].DeadLetter.OriginOffset}
+		j, ok := best[o]
+		if !ok || later(&rs[i], &rs[j]) {
+			best[o] = i
+		}
+	}
+	for i := range rs {
+		o := origin{rs[i].DeadLetter.Topic, rs[i].DeadLetter.Partition, rs[i].DeadLetter.OriginOffset}
+		if best[o] == i {
+			kept = append(kept, rs[i])
+		} else {
+			dropped = append(dropped, rs[i].From)
+		}
+	}
+	return kept, dropped
+}
+
+// produceReplays writes rep.Records, in order, and waits for every
+// acknowledgement.
+func produceReplays(ctx context.Context, cl *kgo.Client, rep *ReplayReport) error {
+	recs := make([]*kgo.Record, len(rep.Records))
+	for i := range rep.Records {
+		r := &rep.Records[i]
+		recs[i] = &kgo.Record{Topic: r.DeadLetter.Topic, Partition: r.DeadLetter.Partition, Key: r.Key, Value: r.Value,
+			Headers: r.DeadLetter.replayHeaders(r.From)}
+	}
+	index := make(map[*kgo.Record]int, len(recs))
+	for i, r := range recs {
+		index[r] = i
+	}
+	res := cl.ProduceSync(ctx, recs...) // results in completion order
+	var first error
+	for _, pr := range res {
+		r := &rep.Records[index[pr.Record]]
+		if pr.Err != nil {
+			r.Err = pr.Err
+			first = cmp.Or(first, pr.Err)
+			continue
+		}
+		r.Written.Offset = pr.Record.Offset
+		rep.Written++
+	}
+	if first != nil {
+		return fmt.Errorf("%w: %d of %d records written (see the report): %w", ErrReplayIncomplete, rep.Written, len(rep.Records), first)
+	}
+	return nil
+}
