@@ -52,6 +52,9 @@ func FuzzParseDeadLetter(f *testing.F) {
 			}
 			return
 		}
+		if hasStack := hs[len(hs)-1].Key == HeaderStacktrace; hasStack != (d.Stack != nil) {
+			t.Fatalf("stack trace header present %v, Stack %q", hasStack, d.Stack)
+		}
 		d2, err := ParseDeadLetter(d.headers())
 		if err != nil {
 			t.Fatalf("%+v encodes to headers that do not parse: %v", d, err)
@@ -62,7 +65,7 @@ func FuzzParseDeadLetter(f *testing.F) {
 	})
 }
 
-func TestParseDeadLetterRefusesOtherShapes(t *testing.T) {
+func TestParseDeadLetterAcceptsOnlyTheAdaptersShape(t *testing.T) {
 	gd := dl("t", 0, 1, "boom")
 	good := gd.headers()
 	with := func(key, value string) []kgo.RecordHeader {
@@ -113,7 +116,13 @@ func TestParseDeadLetterRefusesOtherShapes(t *testing.T) {
 			t.Errorf("%s: %v, want ErrNotDeadLetter saying %q", c.name, err, c.want)
 		}
 	}
-	d, err := ParseDeadLetter(good)
+	// A stack trace header with a nil value (as a fetch may decode an
+	// empty one) is a panic's stack all the same.
+	d, err := ParseDeadLetter(append(good[:len(good):len(good)], kgo.RecordHeader{Key: HeaderStacktrace}))
+	if err != nil || d.Stack == nil || len(d.headers()) != len(good)+1 {
+		t.Errorf("empty stack trace: %+v, %v", d, err)
+	}
+	d, err = ParseDeadLetter(good)
 	if err != nil || d.Topic != "t" || d.Offset != 1 || d.OriginOffset != 1 || d.Timestamp != time.UnixMilli(1e12+1) || d.Stack != nil {
 		t.Errorf("good: %+v, %v", d, err)
 	}
