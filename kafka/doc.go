@@ -84,6 +84,12 @@
 // HeaderAttempts, HeaderExceptionClass (the error's Go type),
 // HeaderMessage, and HeaderStacktrace for a panic.
 //
+// Replay (and the command kafka/cmd/kafkareplay) republishes chosen dead
+// letters to their original partition, on purpose: filtered, validated
+// before anything is written, in their first-produced order, with the
+// replay headers (HeaderReplayCount ...) and up to a replay limit.
+// ParseDeadLetter reads a dead letter's headers.
+//
 // # Rebalances
 //
 // The client runs with kgo.BlockRebalanceOnPoll (rebalances wait until the
