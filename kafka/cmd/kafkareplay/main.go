@@ -241,12 +241,12 @@ func print(w io.Writer, rep *kafka.ReplayReport) {
 	for _, p := range rep.Duplicates {
 		fmt.Fprintf(w, "duplicate %s left out (another dead letter of the same record is selected)\n", p)
 	}
-	verb := "replayed"
+	counts := fmt.Sprintf("(read %d dead letters, %d duplicates left out, %d refused)", rep.Scanned, len(rep.Duplicates), len(rep.Problems))
 	if rep.DryRun || len(rep.Problems) > 0 {
-		verb = "would replay"
+		fmt.Fprintf(w, "would replay %d records, wrote none %s\n", len(rep.Records), counts)
+	} else {
+		fmt.Fprintf(w, "replayed %d of %d records %s\n", rep.Written, len(rep.Records), counts)
 	}
-	fmt.Fprintf(w, "%s %d records, wrote %d (read %d dead letters, %d duplicates left out, %d refused)\n",
-		verb, len(rep.Records), rep.Written, rep.Scanned, len(rep.Duplicates), len(rep.Problems))
 }
 
 func quoteKey(k []byte) string {

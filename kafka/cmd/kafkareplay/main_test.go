@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/keysched/keysched/kafka"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -56,6 +57,12 @@ func deadLetter(dlq string, key, value, topic string, part int32, off int64, att
 // replayed 3 times).
 func cluster(t *testing.T) []string {
 	t.Helper()
+	_, addrs := clusterWith(t)
+	return addrs
+}
+
+func clusterWith(t *testing.T) (*kfake.Cluster, []string) {
+	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "dlq", "junk", "over"))
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +92,7 @@ func cluster(t *testing.T) []string {
 	).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	return addrs
+	return c, addrs
 }
 
 // records reads topic t.
@@ -127,7 +134,7 @@ func TestDryRunListsAndWritesNothing(t *testing.T) {
 		`would replay t/0@10 key="a" attempts=5 replays=0 error="timeout calling billing" from=dlq/0@0 failed=`,
 		`would replay t/0@12 key="a" attempts=5 replays=1 error="timeout\ncalling billing" from=dlq/0@2 failed=`,
 		`would replay t/1@11 key="b" attempts=2 replays=0 error="boom" from=dlq/0@1 failed=`,
-		`would replay 3 records, wrote 0 (read 3 dead letters, 0 duplicates left out, 0 refused)`,
+		`would replay 3 records, wrote none (read 3 dead letters, 0 duplicates left out, 0 refused)`,
 	}
 	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 	if len(lines) != len(want) {
@@ -150,13 +157,34 @@ func TestReplayWritesAndReportsEachRecord(t *testing.T) {
 	}
 	want := "wrote t/0@0 key=\"a\" replay=1 from=dlq/0@0 (failed as t/0@10)\n" +
 		"wrote t/0@1 key=\"a\" replay=2 from=dlq/0@2 (failed as t/0@12)\n" +
-		"replayed 2 records, wrote 2 (read 3 dead letters, 0 duplicates left out, 0 refused)\n"
+		"replayed 2 of 2 records (read 3 dead letters, 0 duplicates left out, 0 refused)\n"
 	if out != want {
 		t.Errorf("output:\n%s\nwant\n%s", out, want)
 	}
 	for i, r := range records(t, addrs, 2) {
 		if string(r.Value) != []string{"a1", "a2"}[i] || r.Headers[0].Key != "trace" {
 			t.Errorf("record %d: %s %v", i, r.Value, r.Headers)
+		}
+	}
+}
+
+// A produce that fails for one partition: the output says which records
+// were written and which not, and the status is 1.
+func TestPartialWriteIsReported(t *testing.T) {
+	c, addrs := clusterWith(t)
+	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "t", Partitions: []int32{1}, Err: kerr.InvalidRecord, Count: -1})
+	out, errOut, status := runArgs(t, "--brokers", strings.Join(addrs, ","), "--dlq", "dlq")
+	if status != exitFailed || !strings.Contains(errOut, "2 of 3 records written") {
+		t.Errorf("status %d, stderr %q", status, errOut)
+	}
+	for _, want := range []string{
+		"wrote t/0@0 key=\"a\" replay=1 from=dlq/0@0 (failed as t/0@10)\n",
+		"wrote t/0@1 key=\"a\" replay=2 from=dlq/0@2 (failed as t/0@12)\n",
+		"NOT written t/1@11 key=\"b\" from=dlq/0@1: INVALID_RECORD",
+		"replayed 2 of 3 records ",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
 }
@@ -216,7 +244,7 @@ func TestCommandExitStatus(t *testing.T) {
 		status int
 		out    string
 	}{
-		{"--brokers " + b + " --dlq dlq --dry-run", exitOK, "would replay 3 records, wrote 0"},
+		{"--brokers " + b + " --dlq dlq --dry-run", exitOK, "would replay 3 records, wrote none"},
 		{"--brokers " + b + " --dlq dlq --key b", exitOK, "wrote t/1@0 key=\"b\" replay=1 from=dlq/0@1 (failed as t/1@11)"},
 		{"--brokers " + b + " --dlq junk", exitRefused, "refused: nothing written: 1 selected dead letters cannot be replayed"},
 		{"--brokers " + b + " --dlq dlq --offsets x", exitUsage, "usage: --offsets"},
