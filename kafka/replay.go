@@ -189,8 +189,16 @@ func (e *ReplayRefusedError) Unwrap() []error {
 // adds its own (direct consumption of the dead-letter topic, the manual
 // partitioner); a consumer group, kgo.DisableIdempotentWrite or
 // kgo.TransactionalID make it fail with ErrInvalidOption, as do bad opts.
-// Memory: the selected records. ctx bounds the whole run; the report is
-// returned with every error (nil only for an invalid option).
+// Memory: the selected records. ctx bounds the whole run (reading too: a
+// dead-letter partition whose records below its end were deleted while
+// Replay read it is waited for until ctx ends). The report is returned with
+// every error but an invalid option or a nil ctx. Replay is safe for
+// concurrent use (each call has its own clients); two concurrent replays of
+// the same dead letters write them twice.
+//
+// The replay count is read from the selected dead letter: an older dead
+// letter of a record replayed since, selected without its later ones (by an
+// offset range), starts again from its own count.
 func Replay(ctx context.Context, opts ReplayOptions, clientOpts ...kgo.Opt) (*ReplayReport, error) {
 	if ctx == nil {
 		return nil, ErrNilContext
