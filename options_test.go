@@ -1,10 +1,15 @@
+// Options: each refusal an *OptionError naming the option, and how options
+// meet (the rule on Option).
+
 package keysched
 
 import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"testing"
+	"time"
 
 	"github.com/panjf2000/ants/v2"
 	"github.com/stretchr/testify/require"
@@ -106,5 +111,41 @@ func TestOptionsMeetByOneRule(t *testing.T) {
 			require.ErrorIs(t, err, ErrFull)
 			require.False(t, errors.Is(err, ErrKeyFull), "the key's depth was never reached: %v", err)
 		})
+	}
+}
+
+// Found by attacking the code (adversarial review: first written as a failing reproducer).
+//
+// TestRegressionWithWorkersAboveInt32: options are "checked when New runs: a bad
+// value makes New return an error wrapping ErrInvalidOption". WithWorkers(n)
+// accepts any n >= 1, but workers.max is an int32 (pool.go newWorkers:
+// w.max = int32(size)), and ants' capacity is an int32 too. WithWorkers(
+// math.MaxInt) (a natural way to say "as many as needed") gives max == -1: no
+// runner is ever started, every accepted task waits forever, Drain and Close
+// hang. Expected: New fails with ErrInvalidOption, or the tasks run. Fix:
+// reject n > math.MaxInt32 in WithWorkers (options.go) / clamp in newWorkers.
+// The same holds for WithPool with a pool whose Cap() is clamped by ants.
+//
+// Status: failed on every run when found (deterministic); fixed since
+// (WithWorkers rejects n > math.MaxInt32).
+func TestRegressionWithWorkersAboveInt32(t *testing.T) {
+	guard := breakGuard(t, 5*time.Second)
+	for _, n := range []int{math.MaxInt, 1 << 32} {
+		s, err := New[int](WithLogger(quiet), WithWorkers(n))
+		if err != nil {
+			if !errors.Is(err, ErrInvalidOption) {
+				t.Fatalf("WithWorkers(%d): %v", n, err)
+			}
+			continue
+		}
+		c, err := s.Submit(context.Background(), 1, func(context.Context) error { return nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = c.Wait(guard)
+		_ = abortClose(s)
+		if err != nil {
+			t.Fatalf("WithWorkers(%d): New accepted it, but a submitted task never ran: %v", n, err)
+		}
 	}
 }
