@@ -226,8 +226,9 @@ func (k *core) cancelWatched() {
 }
 
 // New returns a scheduler for keys of type K, configured by opts.
-// It fails (with an error wrapping ErrInvalidOption) for a bad or
-// contradictory option. The scheduler starts its own ants pool of
+// It fails with an *OptionError (errors.Is(err, ErrInvalidOption) holds)
+// for a bad option or two that cannot both hold; see Option for how options
+// meet. The scheduler starts its own ants pool of
 // DefaultWorkers workers unless WithWorkers or WithPool says otherwise; call
 // Close to release it.
 func New[K comparable](opts ...Option) (*Scheduler[K], error) {
