@@ -226,22 +226,23 @@ func (k *core) cancelWatched() {
 }
 
 // New returns a scheduler for keys of type K, configured by opts.
-// It fails (with an error wrapping ErrInvalidOption) for a bad or
-// contradictory option. The scheduler starts its own ants pool of
+// It fails with an *OptionError (errors.Is(err, ErrInvalidOption) holds)
+// for a bad option or two that cannot both hold; see Option for how options
+// meet. The scheduler starts its own ants pool of
 // DefaultWorkers workers unless WithWorkers or WithPool says otherwise; call
 // Close to release it.
 func New[K comparable](opts ...Option) (*Scheduler[K], error) {
 	cfg := defaultConfig()
 	for i, o := range opts {
 		if o == nil {
-			return nil, optionError("option %d is nil", i)
+			return nil, optionError(fmt.Sprintf("opts[%d]", i), nil, "nil Option")
 		}
 		if err := o(&cfg); err != nil {
 			return nil, err
 		}
 	}
-	if cfg.pool != nil && cfg.workers != 0 {
-		return nil, optionError("WithWorkers and WithPool both given: the pool's size is the caller's")
+	if err := cfg.resolve(); err != nil {
+		return nil, err
 	}
 	s := &Scheduler[K]{
 		cfg:         cfg,
@@ -256,7 +257,7 @@ func New[K comparable](opts ...Option) (*Scheduler[K], error) {
 	if cfg.deadLetter != nil {
 		fn, ok := cfg.deadLetter.(func(DeadLetter[K]))
 		if !ok {
-			return nil, optionError("WithDeadLetter's function takes %s, the scheduler's keys are %s",
+			return nil, optionError("WithDeadLetter", nil, "the function takes %s, the scheduler's keys are %s",
 				reflect.TypeOf(cfg.deadLetter).In(0), reflect.TypeFor[K]())
 		}
 		s.dlq = fn

@@ -234,9 +234,8 @@
 // Your handlers are tiny and uniform and no key is ever slow: striped lanes
 // (hash the key onto one of N goroutines, each with its own queue) cost a
 // fraction of keysched's time per task (a fifth to a third on a
-// no-op handler, measured in the repository's docs/benchmarks.md and
-// docs/performance.md). They pay
-// for it with head-of-line blocking: one slow key stalls every key that
+// no-op handler, measured in the repository's docs/performance.md). They
+// pay for it with head-of-line blocking: one slow key stalls every key that
 // hashes onto its lane.
 //
 // A goroutine per key gives order and isolation but neither a worker bound

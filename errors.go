@@ -70,7 +70,8 @@ var (
 	ErrDeadlock = errors.New("keysched: wait could never end (deadlock)")
 	// ErrNotParked is returned by Resume and Skip for a key that is not parked.
 	ErrNotParked = errors.New("keysched: key is not parked")
-	// ErrInvalidOption is wrapped by every error New returns for a bad option.
+	// ErrInvalidOption is matched (errors.Is) by every error New returns for
+	// a bad option: each is an *OptionError, which names the option.
 	ErrInvalidOption = errors.New("keysched: invalid option")
 )
 
@@ -123,6 +124,56 @@ func IsPermanent(err error) bool {
 	return errors.As(err, &p)
 }
 
-func optionError(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
+// OptionError is the error New returns for an option it refuses: a value out
+// of its range, a function or observer for another key type, or two options
+// that cannot both hold (see Option for which those are). errors.Is(err,
+// ErrInvalidOption) holds for it; errors.As retrieves it, so that code that
+// passes options on to New (the bus, the Kafka adapter, the outbox relay)
+// can tell which one was refused, by its name, and say so in its own terms
+// rather than matching the error's text.
+type OptionError struct {
+	// Option names the refused option as the caller writes it, without its
+	// arguments: "WithWorkers", "WithRetry", "WithDeadLetter"; for a nil
+	// Option, "opts[i]" with its index in New's arguments.
+	Option string
+	// Value is the refused argument as given (fmt's %v), or "" where the
+	// reason says it (a RetryPolicy's field, say).
+	Value string
+	// With names the other option when the two cannot both hold
+	// ("WithPool" for WithWorkers given with WithPool); otherwise "".
+	With string
+	// Reason says what is wrong, with the value given.
+	Reason string
+	// Err is the cause when a library below refused the value (the error
+	// of ants.NewPool), or nil.
+	Err error
+}
+
+// Error reads "keysched: invalid option: Option(Value): Reason".
+func (e *OptionError) Error() string {
+	msg := "keysched: invalid option: " + e.Option
+	if e.Value != "" {
+		msg += "(" + e.Value + ")"
+	}
+	msg += ": " + e.Reason
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Is reports whether target is ErrInvalidOption, which every OptionError is.
+func (e *OptionError) Is(target error) bool { return target == ErrInvalidOption }
+
+// Unwrap returns the cause (Err), or nil.
+func (e *OptionError) Unwrap() error { return e.Err }
+
+// optionError makes the *OptionError refusing option's argument value (nil:
+// none shown) for the reason format and args say.
+func optionError(option string, value any, format string, args ...any) error {
+	e := &OptionError{Option: option, Reason: fmt.Sprintf(format, args...)}
+	if value != nil {
+		e.Value = fmt.Sprint(value)
+	}
+	return e
 }

@@ -120,7 +120,7 @@ func (s *Scheduler[K]) setObserver(o any) error {
 	}
 	obs, ok := o.(*Observer[K])
 	if !ok {
-		return optionError("WithObserver's Observer is a %s, the scheduler's keys are %s",
+		return optionError("WithObserver", nil, "the Observer is a %s, the scheduler's keys are %s",
 			reflect.TypeOf(o).Elem(), reflect.TypeFor[K]())
 	}
 	if obs.Accepted != nil || obs.AttemptStarted != nil || obs.AttemptEnded != nil || obs.DeadLettered != nil {

@@ -29,14 +29,42 @@ const (
 const keyBudget = 32
 
 // An Option configures New. Options are checked when New runs: a bad value
-// makes New return an error wrapping ErrInvalidOption.
+// makes New return an *OptionError (errors.Is(err, ErrInvalidOption) holds).
+//
+// How options meet. This is the one rule for options that bear on each
+// other; the bus, the Kafka adapter, the outbox relay and the webhook
+// service follow it for theirs, and say so.
+//
+//   - Options apply in order, and a later option replaces an earlier one of
+//     the same name: WithWorkers(2), WithWorkers(3) means 3 workers. Code
+//     that wraps New can so put its own defaults first and its caller's
+//     options after them.
+//   - Bounds nest: tasks running at once (WithMaxConcurrency) within the
+//     workers (WithWorkers, or the size of WithPool's pool); one key's tasks
+//     (WithMaxKeyDepth) within all tasks (WithMaxPending). When both bounds
+//     of a pair are given and the inner one is larger, the outer one applies
+//     first (it is the resource: workers, memory) and the inner one is never
+//     reached: WithMaxKeyDepth(100) with WithMaxPending(10) holds at most 10
+//     tasks of a key, and TrySubmit then fails with ErrFull, not ErrKeyFull;
+//     WithMaxConcurrency(1000) with WithWorkers(4) runs at most 4 at once.
+//   - A default gives way to a bound given: WithMaxKeyDepth(n) alone, with
+//     n above DefaultMaxPending, raises the pending bound to n;
+//     WithMaxConcurrency(n) alone, with n above DefaultWorkers (or with an
+//     unbounded pool), sizes the scheduler's pool to n. A default inner
+//     bound above a given outer one stays, unreachable: WithMaxPending(10)
+//     alone holds at most 10 tasks of any key.
+//   - Options that set the same thing two ways are refused: WithWorkers
+//     with WithPool (both set the pool) makes New fail with an *OptionError
+//     naming both (Option "WithWorkers", With "WithPool").
 type Option func(*config) error
 
 type config struct {
-	workers        int
+	workers        int // 0: not given
 	pool           *ants.Pool
 	maxKeyDepth    int
 	maxPending     int
+	depthSet       bool // WithMaxKeyDepth given
+	pendingSet     bool // WithMaxPending given
 	maxConcurrency int
 	retry          RetryPolicy
 	retrySet       bool
@@ -58,12 +86,13 @@ func defaultConfig() config {
 }
 
 // WithWorkers sets the size of the scheduler's own ants pool: at most n tasks
-// run at once (default DefaultWorkers). Close releases that pool. n must be at
-// least 1; it cannot be combined with WithPool.
+// run at once (default DefaultWorkers, or a larger WithMaxConcurrency). Close
+// releases that pool. n must be at least 1; with WithPool, New fails (see
+// Option for how options meet).
 func WithWorkers(n int) Option {
 	return func(c *config) error {
 		if n < 1 || n > math.MaxInt32 {
-			return optionError("WithWorkers(%d): need 1 to %d workers (ants sizes pools with an int32)", n, math.MaxInt32)
+			return optionError("WithWorkers", n, "need 1 to %d workers (ants sizes pools with an int32)", math.MaxInt32)
 		}
 		c.workers = n
 		return nil
@@ -81,10 +110,10 @@ func WithWorkers(n int) Option {
 func WithPool(p *ants.Pool) Option {
 	return func(c *config) error {
 		if p == nil {
-			return optionError("WithPool(nil)")
+			return optionError("WithPool", "nil", "need a pool")
 		}
 		if p.IsClosed() {
-			return optionError("WithPool: the pool is already released")
+			return optionError("WithPool", nil, "the pool is already released")
 		}
 		c.pool = p
 		return nil
@@ -94,37 +123,44 @@ func WithPool(p *ants.Pool) Option {
 // WithMaxKeyDepth bounds the tasks one key may hold, queued plus running
 // (default DefaultMaxKeyDepth). A key at the bound makes Submit wait and
 // TrySubmit fail with ErrKeyFull: backpressure on the hot key only. n >= 1.
+// Above the pending bound it is never reached (WithMaxPending applies
+// first); above DefaultMaxPending without WithMaxPending, it raises the
+// pending bound to n (see Option for how options meet).
 func WithMaxKeyDepth(n int) Option {
 	return func(c *config) error {
 		if n < 1 {
-			return optionError("WithMaxKeyDepth(%d): need at least 1", n)
+			return optionError("WithMaxKeyDepth", n, "need at least 1")
 		}
-		c.maxKeyDepth = n
+		c.maxKeyDepth, c.depthSet = n, true
 		return nil
 	}
 }
 
 // WithMaxPending bounds the accepted, unfinished tasks of the whole scheduler
 // (default DefaultMaxPending): the memory bound. At the bound Submit waits and
-// TrySubmit fails with ErrFull. n >= 1.
+// TrySubmit fails with ErrFull. n >= 1. A key depth above it is never
+// reached (see Option for how options meet).
 func WithMaxPending(n int) Option {
 	return func(c *config) error {
 		if n < 1 {
-			return optionError("WithMaxPending(%d): need at least 1", n)
+			return optionError("WithMaxPending", n, "need at least 1")
 		}
-		c.maxPending = n
+		c.maxPending, c.pendingSet = n, true
 		return nil
 	}
 }
 
 // WithMaxConcurrency bounds how many tasks of this scheduler run at once,
 // below the pool's size: a bulkhead, so that several schedulers sharing one
-// pool (WithPool) cannot take all of it. n >= 1; default: the pool's size (a
-// larger n has no effect).
+// pool (WithPool) cannot take all of it. n >= 1; default: the pool's size.
+// Above the size of WithPool's pool (as it is when New runs) or of
+// WithWorkers, n has no effect; without either, an n above DefaultWorkers
+// sizes the scheduler's own pool to n, as does any n with an unbounded pool
+// (see Option for how options meet).
 func WithMaxConcurrency(n int) Option {
 	return func(c *config) error {
 		if n < 1 {
-			return optionError("WithMaxConcurrency(%d): need at least 1", n)
+			return optionError("WithMaxConcurrency", n, "need at least 1")
 		}
 		c.maxConcurrency = n
 		return nil
@@ -138,9 +174,26 @@ func WithMaxConcurrency(n int) Option {
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
 		if l == nil {
-			return optionError("WithLogger(nil): use slog.New(slog.DiscardHandler) to discard")
+			return optionError("WithLogger", "nil", "use slog.New(slog.DiscardHandler) to discard")
 		}
 		c.logger = l
 		return nil
 	}
+}
+
+// resolve applies the rule of Option to the options given (see Option: how
+// options meet), after they all applied: the defaults give way to the bounds
+// given, and WithWorkers with WithPool is refused.
+func (c *config) resolve() error {
+	if c.pool != nil && c.workers != 0 {
+		return &OptionError{Option: "WithWorkers", With: "WithPool",
+			Reason: "given with WithPool: both set the pool, whose size is the caller's"}
+	}
+	if c.depthSet && !c.pendingSet && c.maxKeyDepth > c.maxPending {
+		c.maxPending = c.maxKeyDepth
+	}
+	if c.pool == nil && c.workers == 0 && c.maxConcurrency > DefaultWorkers {
+		c.workers = min(c.maxConcurrency, math.MaxInt32)
+	}
+	return nil
 }

@@ -3,7 +3,9 @@ package keysched
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,8 +98,11 @@ func newWorkers(cfg *config, run func(), more func() bool) (*workers, error) {
 	if cfg.pool != nil {
 		w.pool = cfg.pool
 		size = cfg.pool.Cap()
-		if size < 0 { // an unbounded ants pool
+		if size < 0 { // an unbounded ants pool: a given WithMaxConcurrency bounds it
 			size = DefaultWorkers
+			if cfg.maxConcurrency > 0 {
+				size = min(cfg.maxConcurrency, math.MaxInt32)
+			}
 		}
 	} else {
 		if size == 0 {
@@ -105,7 +110,7 @@ func newWorkers(cfg *config, run func(), more func() bool) (*workers, error) {
 		}
 		p, err := ants.NewPool(size)
 		if err != nil {
-			return nil, optionError("ants.NewPool(%d): %v", size, err)
+			return nil, &OptionError{Option: "WithWorkers", Value: fmt.Sprint(size), Reason: "ants.NewPool refused it", Err: err}
 		}
 		w.pool, w.own = p, true
 	}

@@ -39,15 +39,15 @@ type RetryPolicy struct {
 func (p RetryPolicy) validate() error {
 	switch {
 	case p.MaxAttempts < 0:
-		return optionError("RetryPolicy.MaxAttempts %d < 0", p.MaxAttempts)
+		return optionError("WithRetry", nil, "RetryPolicy.MaxAttempts %d < 0", p.MaxAttempts)
 	case p.InitialBackoff < 0 || p.MaxBackoff < 0:
-		return optionError("RetryPolicy backoffs must not be negative (%v, %v)", p.InitialBackoff, p.MaxBackoff)
+		return optionError("WithRetry", nil, "RetryPolicy backoffs must not be negative (%v, %v)", p.InitialBackoff, p.MaxBackoff)
 	case p.MaxAttempts > 1 && p.InitialBackoff == 0:
-		return optionError("RetryPolicy.InitialBackoff must be > 0 when retrying")
+		return optionError("WithRetry", nil, "RetryPolicy.InitialBackoff must be > 0 when retrying")
 	case p.MaxBackoff > 0 && p.MaxBackoff < p.InitialBackoff:
-		return optionError("RetryPolicy.MaxBackoff %v < InitialBackoff %v", p.MaxBackoff, p.InitialBackoff)
+		return optionError("WithRetry", nil, "RetryPolicy.MaxBackoff %v < InitialBackoff %v", p.MaxBackoff, p.InitialBackoff)
 	case p.Multiplier != 0 && (p.Multiplier < 1 || math.IsNaN(p.Multiplier) || math.IsInf(p.Multiplier, 0)):
-		return optionError("RetryPolicy.Multiplier %v: need >= 1 (or 0 for 2)", p.Multiplier)
+		return optionError("WithRetry", nil, "RetryPolicy.Multiplier %v: need >= 1 (or 0 for 2)", p.Multiplier)
 	}
 	return nil
 }
@@ -188,7 +188,7 @@ func WithRetryPanics() Option {
 func WithTaskTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
-			return optionError("WithTaskTimeout(%v): need > 0", d)
+			return optionError("WithTaskTimeout", d, "need > 0")
 		}
 		c.taskTimeout = d
 		return nil
@@ -247,7 +247,7 @@ type DeadLetter[K comparable] struct {
 func WithDeadLetter[K comparable](fn func(DeadLetter[K])) Option {
 	return func(c *config) error {
 		if fn == nil {
-			return optionError("WithDeadLetter(nil)")
+			return optionError("WithDeadLetter", "nil", "need a function")
 		}
 		c.deadLetter = fn
 		return nil
@@ -284,7 +284,7 @@ func (p FailurePolicy) String() string {
 func WithFailurePolicy(p FailurePolicy) Option {
 	return func(c *config) error {
 		if p != Continue && p != Park {
-			return optionError("WithFailurePolicy(%d): unknown policy", int(p))
+			return optionError("WithFailurePolicy", int(p), "unknown policy")
 		}
 		c.failure = p
 		return nil

@@ -1,3 +1,7 @@
+// Retries and dead letters: the retry policy and its backoff arithmetic,
+// task timeouts, Permanent errors, the dead-letter function and what it
+// receives, the log without one.
+
 package keysched
 
 import (
@@ -5,15 +9,17 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
+	"weak"
 
 	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
 )
 
 // The tests in this file run inside testing/synctest bubbles: time is fake,
@@ -165,86 +171,6 @@ func TestExhaustedAttemptsContinue(t *testing.T) {
 		require.EqualValues(t, 1, st.DeadLettered)
 		require.EqualValues(t, 2, st.Retried)
 		require.EqualValues(t, 1, st.Succeeded)
-	})
-}
-
-// Retry 4: Park stops the key until Resume (which retries the head with a
-// fresh budget) or Skip; other keys are not affected.
-func TestParkResumeSkip(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		var dl recorder[string]
-		s := newBubbleSched[string](t, WithDeadLetter(dl.fn), WithFailurePolicy(Park),
-			WithRetry(RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Second}))
-		ctx := context.Background()
-		var attempts atomic.Int32
-		healthy := atomic.Bool{}
-		head, err := s.Submit(ctx, "p", func(context.Context) error {
-			attempts.Add(1)
-			if healthy.Load() {
-				return nil
-			}
-			return errFail
-		})
-		require.NoError(t, err)
-		var laterRan atomic.Int32
-		var later []*Completion
-		for range 3 {
-			c, err := s.Submit(ctx, "p", func(context.Context) error { laterRan.Add(1); return nil })
-			require.NoError(t, err)
-			later = append(later, c)
-		}
-		other, err := s.Submit(ctx, "q", func(context.Context) error { return nil })
-		require.NoError(t, err)
-		require.NoError(t, other.Wait(ctx))
-
-		time.Sleep(time.Hour) // far past any backoff
-		synctest.Wait()
-		require.Equal(t, []string{"p"}, s.Parked())
-		require.EqualValues(t, 2, attempts.Load())
-		require.Len(t, dl.all(), 1, "dead-lettered once when it parked")
-		require.Nil(t, head.Err(), "a parked task is not finished")
-		require.Zero(t, laterRan.Load(), "the key's later tasks wait while it is parked")
-		require.Equal(t, 4, s.KeyDepth("p"))
-		require.Equal(t, 1, s.Stats().ParkedKeys)
-
-		// Resume with the fault still there: a fresh budget of two attempts,
-		// then parked again.
-		require.NoError(t, s.Resume("p"))
-		require.ErrorIs(t, s.Resume("p"), ErrNotParked)
-		time.Sleep(time.Hour)
-		synctest.Wait()
-		require.EqualValues(t, 4, attempts.Load())
-		require.Equal(t, []string{"p"}, s.Parked())
-		require.Len(t, dl.all(), 2)
-		require.Equal(t, 2, dl.all()[1].Attempts, "attempts since the Resume")
-
-		// Fixed: Resume runs it and the key goes on.
-		healthy.Store(true)
-		require.NoError(t, s.Resume("p"))
-		require.NoError(t, head.Wait(ctx))
-		for _, c := range later {
-			require.NoError(t, c.Wait(ctx))
-		}
-		require.Empty(t, s.Parked())
-
-		// Skip: the parked head is given up as failed; the key goes on.
-		healthy.Store(false)
-		bad, err := s.Submit(ctx, "p", func(context.Context) error { return errFail })
-		require.NoError(t, err)
-		after, err := s.Submit(ctx, "p", func(context.Context) error { return nil })
-		require.NoError(t, err)
-		time.Sleep(time.Hour)
-		synctest.Wait()
-		require.Equal(t, []string{"p"}, s.Parked())
-		require.NoError(t, s.Skip("p"))
-		require.ErrorIs(t, bad.Wait(ctx), errFail)
-		require.NoError(t, after.Wait(ctx))
-		require.ErrorIs(t, s.Skip("p"), ErrNotParked)
-		require.NoError(t, s.Drain(ctx))
-		st := s.Stats()
-		require.EqualValues(t, 1, st.Failed)
-		require.Zero(t, st.ParkedKeys)
-		assertAccounting(t, st)
 	})
 }
 
@@ -471,117 +397,492 @@ func TestCancelAndAbortDuringBackoff(t *testing.T) {
 	})
 }
 
-// Under Park the key is parked before the dead letter is delivered, so the
-// dead-letter function can act on it (here: skip it at once).
-func TestParkedBeforeDeadLetterDelivery(t *testing.T) {
-	var s *Scheduler[string]
-	sawParked := make(chan bool, 1)
-	s = newSched[string](t, WithFailurePolicy(Park), WithDeadLetter(func(dl DeadLetter[string]) {
-		sawParked <- slices.Contains(s.Parked(), dl.Key)
-		require.NoError(t, s.Skip(dl.Key))
-	}))
-	ctx := watchdog(t)
-	bad, err := s.Submit(ctx, "k", func(context.Context) error { return errFail })
-	require.NoError(t, err)
-	next, err := s.Submit(ctx, "k", func(context.Context) error { return nil })
-	require.NoError(t, err)
-	require.True(t, <-sawParked)
-	require.ErrorIs(t, bad.Wait(ctx), errFail)
-	require.NoError(t, next.Wait(ctx))
-	require.Empty(t, s.Parked())
+// Found by attacking the code (first written as a failing reproducer of Close's abort path while building the bus package).
+//
+// A dead letter must carry its task ("the original work, so it can be
+// replayed on purpose"). Close's abortNode moves a queued task to
+// stFinishing and only then reads c.task for the dead letter; a runner that
+// reaches the node meanwhile takes it for a tombstone, advances past it and
+// cleared n.task (advance used to). The dead letter then
+// has a nil Task (the bus loses the event's envelope), and the race detector
+// reports the read in deadLetter against the write in advance.
+func TestAbortedDeadLetterKeepsItsTask(t *testing.T) {
+	for range 50 {
+		var mu sync.Mutex
+		letters, nilTasks := 0, 0
+		all := make(chan struct{})
+		const queued = 20
+		s, err := New[string](WithWorkers(1), WithDeadLetter(func(dl DeadLetter[string]) {
+			mu.Lock()
+			defer mu.Unlock()
+			letters++
+			if dl.Task == nil {
+				nilTasks++
+			}
+			if letters == queued+1 {
+				close(all)
+			}
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		started := make(chan struct{})
+		if _, err := s.Submit(context.Background(), "k", func(ctx context.Context) error {
+			close(started)
+			<-ctx.Done() // respects its context: Close's abort cancels it
+			return ctx.Err()
+		}); err != nil {
+			t.Fatal(err)
+		}
+		for range queued {
+			if _, err := s.Submit(context.Background(), "k", func(context.Context) error { return nil }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		<-started
+		ended, cancel := context.WithCancel(context.Background())
+		cancel()
+		_ = s.Close(ended)
+		select {
+		case <-all:
+		case <-time.After(5 * time.Second): // a deadlock guard
+			t.Fatal("not every task was dead-lettered")
+		}
+		mu.Lock()
+		n := nilTasks
+		mu.Unlock()
+		if n > 0 {
+			t.Fatalf("%d of %d aborted tasks were dead-lettered with a nil Task", n, queued)
+		}
+	}
 }
 
-// When Close gives up, Stats is settled by the time it returns (nothing is
-// left running here), and Resume and Skip report ErrClosed.
-func TestCloseAbortSettlesStats(t *testing.T) {
-	for _, name := range []string{"parked", "backoff", "queued"} {
+// The inputs of the issue: a ceiling that reaches 2^63 ns wrapped to a
+// negative delay on amd64 (all ten attempts in a hot loop), or handed
+// rand.Int64N a negative bound elsewhere (a panic on a worker). The window is
+// uniform over [0, MaxBackoff], so in one (fake) second at most the attempts
+// whose ceiling is tiny run.
+func TestHugeBackoffDoesNotHotLoop(t *testing.T) {
+	for name, tc := range map[string]struct {
+		p       RetryPolicy
+		maxRuns int32
+	}{
+		// Attempt 2's window is [0, 1ns]; from attempt 3 on it is ~292 years.
+		"multiplier 1e19":                {RetryPolicy{MaxAttempts: 10, InitialBackoff: time.Nanosecond, Multiplier: 1e19, MaxBackoff: math.MaxInt64}, 2},
+		"initial MaxInt64":               {RetryPolicy{MaxAttempts: 10, InitialBackoff: math.MaxInt64}, 1},
+		"initial MaxInt64, max MaxInt64": {RetryPolicy{MaxAttempts: 10, InitialBackoff: math.MaxInt64, MaxBackoff: math.MaxInt64, Multiplier: math.MaxFloat64}, 1},
+	} {
 		t.Run(name, func(t *testing.T) {
-			opts := []Option{WithLogger(quiet), WithWorkers(1)}
-			switch name {
-			case "parked":
-				opts = append(opts, WithFailurePolicy(Park))
-			case "backoff":
-				opts = append(opts, WithRetry(RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Hour}))
-			}
-			s, err := New[int](opts...)
-			require.NoError(t, err)
-			ctx := watchdog(t)
-			gate := make(chan struct{})
-			for k := range 5 {
-				_, err := s.Submit(ctx, k, func(context.Context) error {
-					if name == "queued" {
-						<-gate
-						return nil
-					}
+			synctest.Test(t, func(t *testing.T) {
+				s, err := New[int](WithLogger(quiet), WithRetry(tc.p))
+				require.NoError(t, err)
+				var runs atomic.Int32
+				c, err := s.Submit(context.Background(), 1, func(context.Context) error {
+					runs.Add(1)
 					return errFail
 				})
 				require.NoError(t, err)
-				for range 3 {
-					_, err := s.Submit(ctx, k, func(context.Context) error { return nil })
-					require.NoError(t, err)
-				}
-			}
-			if name != "queued" {
-				for s.Stats().Retried+uint64(s.Stats().ParkedKeys) < 5 {
-					require.NoError(t, ctx.Err())
-					runtime.Gosched()
-				}
-			}
-			ended, cancel := context.WithCancel(ctx)
-			cancel()
-			if name == "queued" {
-				// The running head returns as Close gives up: only once Close
-				// has started (closed before it, one worker can run all 20
-				// tasks before Close looks, and Close has nothing to abort).
-				go func() {
-					for !s.pending.closed() {
-						runtime.Gosched()
-					}
-					close(gate)
-				}()
-			}
-			require.ErrorIs(t, s.Close(ended), ErrAborted)
-			st := s.Stats()
-			if st.Running == 0 {
-				require.Zero(t, st.Pending, "%+v", st)
-				require.Zero(t, st.Keys, "%+v", st)
-				require.Zero(t, s.KeyDepth(0))
-				assertAccounting(t, st)
-			}
-			require.ErrorIs(t, s.Resume(0), ErrClosed)
-			require.ErrorIs(t, s.Skip(0), ErrClosed)
+				time.Sleep(time.Second)
+				synctest.Wait()
+				require.LessOrEqual(t, runs.Load(), tc.maxRuns, "attempts in a hot loop")
+				require.GreaterOrEqual(t, runs.Load(), int32(1))
+				require.Zero(t, s.Stats().Panicked)
+				ended, cancel := context.WithCancel(context.Background())
+				cancel()
+				require.ErrorIs(t, s.Close(ended), ErrAborted)
+				require.ErrorIs(t, c.Wait(context.Background()), ErrAborted) // in its backoff
+			})
 		})
 	}
 }
 
-// Panics are not retried, unless WithRetryPanics.
-func TestRetryPanicsOptIn(t *testing.T) {
-	for _, optIn := range []bool{false, true} {
-		synctest.Test(t, func(t *testing.T) {
-			opts := []Option{WithRetry(RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second})}
-			if optIn {
-				opts = append(opts, WithRetryPanics())
+// anyDuration draws from the whole time.Duration range, edges included.
+func anyDuration(t *rapid.T, label string) time.Duration {
+	return rapid.OneOf(
+		rapid.Map(rapid.Int64(), func(v int64) time.Duration { return time.Duration(v) }),
+		rapid.Map(rapid.Int64Range(0, 1<<40), func(v int64) time.Duration { return time.Duration(v) }),
+		rapid.SampledFrom([]time.Duration{0, 1, -1, time.Minute, math.MaxInt64, math.MaxInt64 - 1, math.MinInt64, 1 << 62}),
+	).Draw(t, label)
+}
+
+// For every RetryPolicy: either New refuses it with ErrInvalidOption, or
+// every backoff ceiling and every drawn delay is in [0, cap], with no panic,
+// for any attempt number.
+func TestRetryPolicyDurationsProperty(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		p := RetryPolicy{
+			MaxAttempts:    rapid.OneOf(rapid.IntRange(-1, 20), rapid.SampledFrom([]int{math.MaxInt, math.MaxInt32, math.MinInt})).Draw(t, "maxAttempts"),
+			InitialBackoff: anyDuration(t, "initial"),
+			MaxBackoff:     anyDuration(t, "max"),
+			Multiplier: rapid.OneOf(rapid.Float64(), rapid.Float64Range(1, 10),
+				rapid.SampledFrom([]float64{0, 1, 2, 1e19, math.MaxFloat64, math.Inf(1), math.Inf(-1), math.NaN(), -1, 0.5, math.Nextafter(1, 0)}),
+			).Draw(t, "multiplier"),
+		}
+		s, err := New[int](WithLogger(quiet), WithWorkers(1), WithRetry(p))
+		if err != nil {
+			if !errors.Is(err, ErrInvalidOption) {
+				t.Fatalf("New(%+v): %v, not ErrInvalidOption", p, err)
 			}
-			s := newBubbleSched[int](t, opts...)
-			var attempts atomic.Int32
-			c, err := s.Submit(context.Background(), 1, func(ctx context.Context) error {
-				if attempts.Add(1) < 3 {
-					panic("flaky")
+			return
+		}
+		require.NoError(t, s.Close(context.Background()))
+		if p.MaxAttempts <= 1 {
+			return
+		}
+		limit := p.MaxBackoff
+		if limit == 0 {
+			limit = max(p.InitialBackoff, time.Minute)
+		}
+		for _, n := range []int{2, 3, rapid.IntRange(2, 200).Draw(t, "n"), 64, 1 << 20, math.MaxInt32, math.MaxInt} {
+			c := p.ceiling(n)
+			if c <= 0 || c > limit {
+				t.Fatalf("ceiling(%d) = %d of %+v: want in (0, %d]", n, c, p, limit)
+			}
+			for range 3 {
+				if d := p.delay(n); d < 0 || d > c {
+					t.Fatalf("delay(%d) = %d of %+v: want in [0, %d]", n, d, p, c)
+				}
+			}
+		}
+		// The ceiling never shrinks from one attempt to the next.
+		prev := time.Duration(0)
+		for n := 2; n < 80; n++ {
+			c := p.ceiling(n)
+			if c < prev {
+				t.Fatalf("ceiling(%d) = %d < ceiling(%d) = %d of %+v", n, c, n-1, prev, p)
+			}
+			prev = c
+		}
+	})
+}
+
+// WithTaskTimeout over its whole accepted range: the attempt's deadline is
+// in the future, its context not ended at the start, never a deadline in the
+// past from an overflow.
+func TestTaskTimeoutDeadlineSaturates(t *testing.T) {
+	for _, d := range []time.Duration{math.MaxInt64, math.MaxInt64 - 1, 1 << 62, 100 * 365 * 24 * time.Hour} {
+		s := newSched[int](t, WithTaskTimeout(d))
+		before := time.Now()
+		c, err := s.Submit(watchdog(t), 1, func(ctx context.Context) error {
+			dl, ok := ctx.Deadline()
+			if !ok || !dl.After(before) {
+				return errors.New("deadline missing or in the past")
+			}
+			return ctx.Err()
+		})
+		require.NoError(t, err)
+		require.NoError(t, c.Wait(watchdog(t)), "timeout %d", d)
+	}
+	_, err := New[int](WithTaskTimeout(0))
+	require.ErrorIs(t, err, ErrInvalidOption)
+	_, err = New[int](WithTaskTimeout(math.MinInt64))
+	require.ErrorIs(t, err, ErrInvalidOption)
+}
+
+// Found by attacking the code (adversarial review: first written as a failing reproducer).
+//
+// TestRegression2DeadLetterOutlivesPendingSlot: under FailurePolicy Park the
+// key is parked before the dead letter is delivered ("so fn may Resume or
+// Skip it": parkFailed, run.go, now parks first, then delivers). A dead-letter
+// function that Skips (or Resumes) its key and then goes on working (writes
+// the letter somewhere, as dead-letter functions do) lets the key move on and
+// the pending count reach zero while fn still runs on the pool worker that ran
+// the task. Drain then returns, and Close finds nothing pending: it calls
+// workers.release(ctx), whose ReleaseContext error is ignored on the premise
+// that "every task has finished by now: ... the idle workers exit on their
+// own" (pool.go). The worker is not idle: it waits for the dead-letter
+// function. So Close (here with a context that ends after 50ms, as a
+// shutdown deadline does) returns nil while user code of the scheduler still
+// runs on the scheduler's pool, and that worker and fn's goroutine outlive
+// Close (goleak would report them). Before the rewrite the dead letter was
+// delivered before parking, so the pending slot was held during fn.
+//
+// Expected (Close's doc: "Accepted tasks finish ... then Close releases the
+// scheduler's own pool ... and returns nil"; WithDeadLetter: fn runs "while
+// the worker that ran the last attempt waits for it"; DESIGN: no goroutine
+// outlives Close): Close does not return nil while a dead-letter function it
+// started is still running (wait for it, or report it in an error).
+//
+// Fix: count a dead letter in flight as pending work (e.g. parkFailed keeps
+// an extra pending/idle hold until deliver returns, or Close waits for a
+// counter of deliveries in flight before releasing the pool), and do not
+// ignore ReleaseContext's error when workers are still busy.
+//
+// Subtest escalation: same root cause, other symptom (see break2Escalation).
+func TestRegression2DeadLetterOutlivesPendingSlot(t *testing.T) {
+	t.Run("closeNil", break2CloseNil)
+	t.Run("escalation", break2Escalation)
+}
+
+func break2CloseNil(t *testing.T) {
+	guard := breakGuard(t, 10*time.Second)
+	inDL := make(chan struct{})
+	releaseDL := make(chan struct{})
+	var fnReturned atomic.Bool
+	var s *Scheduler[string]
+	s, err := New[string](WithLogger(quiet), WithFailurePolicy(Park), WithDeadLetter(func(dl DeadLetter[string]) {
+		_ = s.Skip(dl.Key) // give the task up, then record the letter
+		close(inDL)
+		select { // "writing the letter somewhere"
+		case <-releaseDL:
+		case <-guard.Done():
+		}
+		fnReturned.Store(true)
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		select {
+		case <-releaseDL:
+		default:
+			close(releaseDL)
+		}
+	}()
+	c, err := s.Submit(context.Background(), "k", func(context.Context) error { return errors.New("fails") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-inDL:
+	case <-guard.Done():
+		t.Fatal("the dead-letter function never ran")
+	}
+	// Issue 8: the skipped task is done only once its dead letter was
+	// delivered (fn returned).
+	select {
+	case <-c.Done():
+		t.Fatalf("skipped task done while its dead letter is being delivered: %v", c.Err())
+	default:
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	cerr := s.Close(ctx)
+	running := !fnReturned.Load()
+	close(releaseDL)
+	if cerr == nil && running {
+		t.Fatalf("Close returned nil while the dead-letter function it started was still running on the scheduler's pool (Stats %+v)", s.Stats())
+	}
+	if err := c.Wait(guard); err == nil || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("skipped task's outcome: %v", err)
+	}
+}
+
+// break2Escalation: same root cause as the closeNil subtest of
+// TestRegression2DeadLetterOutlivesPendingSlot, other symptom. Close's
+// doc: "if a later call's ctx ends first, the first Close gives up as if its
+// own had ended (so a Close(context.Background()) waiting on a parked key can
+// be escalated)". When the parked key was skipped by its dead-letter function
+// and fn still runs, Close(context.Background()) is past waitIdle, in
+// workers.release(ctx) -> ants ReleaseContext(Background), which waits for
+// the busy worker; giveUp is no longer watched. A later Close with an ended
+// context closes giveUp and then waits for the first one: both hang for as
+// long as fn runs (here until the test releases it after 2s). Expected: the
+// later Close makes the first give up and both return promptly (with an
+// error), as they do while the key is still parked.
+//
+// Fix (chain.go Close / pool.go release): wait for the pool with a context
+// that giveUp also ends, or settle in-flight dead letters before the
+// pending count can reach zero (see the test above).
+func break2Escalation(t *testing.T) {
+	guard := breakGuard(t, 10*time.Second)
+	inDL := make(chan struct{})
+	releaseDL := make(chan struct{})
+	var s *Scheduler[string]
+	s, err := New[string](WithLogger(quiet), WithFailurePolicy(Park), WithDeadLetter(func(dl DeadLetter[string]) {
+		_ = s.Skip(dl.Key)
+		close(inDL)
+		select {
+		case <-releaseDL:
+		case <-guard.Done():
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var relOnce sync.Once
+	release := func() { relOnce.Do(func() { close(releaseDL) }) }
+	defer release()
+	if _, err := s.Submit(context.Background(), "k", func(context.Context) error { return errors.New("fails") }); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-inDL:
+	case <-guard.Done():
+		t.Fatal("the dead-letter function never ran")
+	}
+	// (Drain would wait for the dead-letter function: it holds a pending
+	// slot while it runs.)
+	first := make(chan error, 1)
+	go func() { first <- s.Close(context.Background()) }()
+	if !waitFor(guard, s.pending.closed) {
+		t.Fatal("Close never started")
+	}
+	second := make(chan error, 1)
+	go func() { second <- abortClose(s) }()
+	timer := time.NewTimer(2 * time.Second)
+	defer timer.Stop()
+	select {
+	case <-second:
+		<-first
+	case <-timer.C:
+		release()
+		<-second
+		<-first
+		t.Fatal("a later Close with an ended context did not make the first Close(Background) give up: both waited 2s for a dead-letter function still running on the pool")
+	}
+}
+
+// Found by attacking the code (adversarial review: first written as a failing reproducer).
+//
+// TestRegressionCancelWaitingRetryRequeuedTwice: failed() (run.go) arms a retry as
+// AfterFunc(1<<62) -> state.Store(stWaiting) -> timer.Reset(delay). A Cancel
+// (or Close's abort) that takes the task in between calls wakeStalled, whose
+// timer.Stop() succeeds on the not-yet-Reset timer, so it requeues the task;
+// then the runner's Reset re-arms the stopped timer, which fires and requeues
+// it a second time. The node is advanced twice: its key's depth and the
+// pending count are released twice (Stats.Pending goes negative, Drain can
+// return early or never), advance() hands on n.next == s.passed, so the
+// `passed` sentinel is run as a task (nil Task: a Panicked outcome and a dead
+// letter with a zero key that nobody submitted; then a nil *chainHdr panic in
+// advance, recovered by ants), and a node pushed to the ready queue while it
+// is still in it cuts the queue (n.readyNext = nil): other keys' heads are lost
+// and those keys never run again. Expected: a cancelled waiting task is handed
+// back exactly once; after all tasks are done Pending == 0 and the counters
+// add up. Fix: make the hand-back single-owner (e.g. a per-wait flag that the
+// timer callback and wakeStalled CompareAndSwap; or compute the delay first
+// and never Reset a timer that Cancel may already have stopped).
+//
+// Status: failed on every run of this test when found (most within 0.1-1.5s,
+// sometimes as the stall); fixed since by the hand-back token (but see
+// TestRegressionCancelledBackoffKeepsTimer).
+func TestRegressionCancelWaitingRetryRequeuedTwice(t *testing.T) {
+	guard := breakGuard(t, 10*time.Second)
+	s, err := New[int](WithLogger(quiet), WithWorkers(2),
+		WithRetry(RetryPolicy{MaxAttempts: 2, InitialBackoff: 50 * time.Microsecond}),
+		WithDeadLetter(func(DeadLetter[int]) {}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = abortClose(s) })
+	bad := func() bool {
+		st := s.Stats()
+		return st.Pending < 0 || st.Panicked > 0 || s.passed.state.Load() != stQueued
+	}
+	deadline := time.Now().Add(6 * time.Second)
+	total := 0
+	for round := 0; time.Now().Before(deadline); round++ {
+		const n = 200
+		cs := make([]*Completion, n)
+		for i := range n {
+			var runs atomic.Int32
+			c, err := s.Submit(context.Background(), round*n+i, func(context.Context) error {
+				if runs.Add(1) == 1 {
+					return errors.New("fails once")
 				}
 				return nil
 			})
-			require.NoError(t, err)
-			err = c.Wait(context.Background())
-			if optIn {
-				require.NoError(t, err)
-				require.EqualValues(t, 3, attempts.Load())
-				require.EqualValues(t, 2, s.Stats().Retried)
-			} else {
-				var pe *PanicError
-				require.ErrorAs(t, err, &pe)
-				require.EqualValues(t, 1, attempts.Load())
-				require.EqualValues(t, 1, s.Stats().Panicked)
+			if err != nil {
+				t.Fatal(err)
 			}
-		})
+			cs[i] = c
+		}
+		// Two cancellers catch each task the moment it starts waiting for its
+		// retry (what any caller cancelling during a backoff may hit).
+		var wg sync.WaitGroup
+		for g := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := g; i < n; i += 2 {
+					c := cs[i]
+					for spins := 0; guard.Err() == nil; spins++ {
+						st := c.state.Load()
+						if st == stWaiting {
+							c.Cancel()
+							break
+						}
+						if st == stDone {
+							break
+						}
+						if spins%1000 == 999 {
+							runtime.Gosched()
+						}
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		for _, c := range cs {
+			if err := c.Wait(guard); errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("a Completion never finished: %+v", s.Stats())
+			}
+		}
+		total += n
+		stall, cancel := context.WithTimeout(guard, 3*time.Second)
+		drained := waitFor(stall, func() bool { return s.Stats().Pending == 0 || bad() })
+		cancel()
+		if !drained {
+			t.Fatalf("after %d tasks, every Completion is done but keys never drain (ready queue lost them): %+v", total, s.Stats())
+		}
+		if bad() {
+			t.Fatalf("after %d tasks: a task was handed back twice: %+v (passed sentinel state %d)", total, s.Stats(), s.passed.state.Load())
+		}
+	}
+	assertAccounting(t, s.Stats())
+}
+
+// Found by attacking the code (adversarial review: first written as a failing reproducer).
+//
+// TestRegressionCancelledBackoffKeepsTimer: a task waiting out a retry backoff is
+// handed back by a hand-back token (run.go wait): the backoff's AfterFunc
+// timer is no longer kept anywhere, so Cancel (wakeStalled) and Close's abort
+// cannot stop it. The timer, and through its closure the task's node (its
+// Task, Submit context, errors) and the whole Scheduler, stay reachable until
+// the backoff would have ended: up to MaxBackoff, which by default has no cap
+// beyond the growth (ceiling MaxInt64/2, about 146 years). Cancelling many
+// tasks in long backoffs, or closing a scheduler with them, keeps all of that
+// in memory. Before the hand-back change wakeStalled stopped the timer.
+// Expected ("Retrying holds nothing"; Close releases what it holds): once a
+// waiting task is cancelled and the scheduler closed, neither is retained.
+// Fix: keep the *time.Timer with the wait (as before) and Stop it when Cancel
+// or the abort wins the hand-back token.
+//
+// Status: fails 13/13 on the current code (a regression of the hand-back
+// fix); it passes with the timer stopped on hand-back.
+func TestRegressionCancelledBackoffKeepsTimer(t *testing.T) {
+	guard := breakGuard(t, 10*time.Second)
+	s, err := New[string](WithLogger(quiet), WithRetry(RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Hour}),
+		WithDeadLetter(func(DeadLetter[string]) {}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Submit(context.Background(), "k", func(context.Context) error { return errors.New("fails") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(guard, func() bool { return s.Stats().Retried == 1 && c.state.Load() == stWaiting }) {
+		t.Fatal("the task never started its backoff")
+	}
+	c.Cancel()
+	if err := c.Wait(guard); !errors.Is(err, context.Canceled) {
+		t.Fatalf("outcome %v", err)
+	}
+	if err := s.Close(guard); err != nil {
+		t.Fatal(err)
+	}
+	task, sched := weak.Make(c), weak.Make(s)
+	c, s = nil, nil
+	// Goroutines that were winding down when Close returned (a pool worker
+	// exiting) may hold on for a moment: allow a second, not an hour.
+	soon, cancel := context.WithTimeout(guard, time.Second)
+	defer cancel()
+	gone := waitFor(soon, func() bool {
+		runtime.GC()
+		return task.Value() == nil && sched.Value() == nil
+	})
+	if !gone {
+		t.Fatalf("after Cancel and Close, the cancelled task (alive: %v) and the scheduler (alive: %v) are still reachable: its backoff timer was never stopped",
+			task.Value() != nil, sched.Value() != nil)
 	}
 }

@@ -115,8 +115,10 @@ func (e *PublishError) Unwrap() []error {
 	return errs
 }
 
-// An Option configures New. A bad or contradictory option makes New return an
-// error wrapping keysched.ErrInvalidOption.
+// An Option configures New. A bad option makes New return an error wrapping a
+// *keysched.OptionError (errors.Is(err, keysched.ErrInvalidOption) holds).
+// Options meet as keysched.Option says: the last of a name wins, and
+// WithWorkers with WithPool is refused.
 type Option func(*config) error
 
 type config struct {
@@ -132,7 +134,7 @@ type config struct {
 func WithWorkers(n int) Option {
 	return func(c *config) error {
 		if n < 1 {
-			return optionError("WithWorkers(%d): need at least 1 worker", n)
+			return optionError("WithWorkers", n, "need at least 1 worker")
 		}
 		c.workers = n
 		return nil
@@ -146,10 +148,10 @@ func WithWorkers(n int) Option {
 func WithPool(p *ants.Pool) Option {
 	return func(c *config) error {
 		if p == nil {
-			return optionError("WithPool(nil)")
+			return optionError("WithPool", "nil", "need a pool")
 		}
 		if p.IsClosed() {
-			return optionError("WithPool: the pool is already released")
+			return optionError("WithPool", nil, "the pool is already released")
 		}
 		c.pool = p
 		return nil
@@ -163,14 +165,27 @@ func WithPool(p *ants.Pool) Option {
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
 		if l == nil {
-			return optionError("WithLogger(nil): use slog.New(slog.DiscardHandler) to discard")
+			return optionError("WithLogger", "nil", "use slog.New(slog.DiscardHandler) to discard")
 		}
 		c.logger = l
 		return nil
 	}
 }
 
-func optionError(format string, args ...any) error {
+// optionError refuses the bus option named option, given value (nil: none
+// shown), for the reason format and args say: a *keysched.OptionError, as
+// the core's refusals are (see keysched.Option for how options meet).
+func optionError(option string, value any, format string, args ...any) error {
+	e := &keysched.OptionError{Option: option, Reason: fmt.Sprintf(format, args...)}
+	if value != nil {
+		e.Value = fmt.Sprint(value)
+	}
+	return fmt.Errorf("bus: %w", e)
+}
+
+// argError refuses an argument that is not an option (a subscriber's name,
+// its handler), wrapping keysched.ErrInvalidOption.
+func argError(format string, args ...any) error {
 	return fmt.Errorf("bus: %w: "+format, append([]any{keysched.ErrInvalidOption}, args...)...)
 }
 
@@ -215,14 +230,15 @@ func New[K comparable](opts ...Option) (*Bus[K], error) {
 	cfg := config{logger: slog.Default()}
 	for i, o := range opts {
 		if o == nil {
-			return nil, optionError("option %d is nil", i)
+			return nil, optionError(fmt.Sprintf("opts[%d]", i), nil, "nil Option")
 		}
 		if err := o(&cfg); err != nil {
 			return nil, err
 		}
 	}
 	if cfg.pool != nil && cfg.workers != 0 {
-		return nil, optionError("WithWorkers and WithPool both given: the pool's size is the caller's")
+		return nil, fmt.Errorf("bus: %w", &keysched.OptionError{Option: "WithWorkers", With: "WithPool",
+			Reason: "given with WithPool: both set the pool, whose size is the caller's"})
 	}
 	b := &Bus[K]{
 		logger:    cfg.logger,
@@ -240,7 +256,7 @@ func New[K comparable](opts ...Option) (*Bus[K], error) {
 		}
 		p, err := ants.NewPool(n)
 		if err != nil {
-			return nil, optionError("ants.NewPool(%d): %v", n, err)
+			return nil, fmt.Errorf("bus: %w", &keysched.OptionError{Option: "WithWorkers", Value: fmt.Sprint(n), Reason: "ants.NewPool refused it", Err: err})
 		}
 		b.pool, b.ownPool = p, true
 	}

@@ -161,7 +161,7 @@
 // bare scheduler's workload, that makes 6 allocations (311 bytes) per event
 // through the bus, the boxing of the event into an any included, against 2
 // through Submit; times, with the command and date, are in the repository's
-// docs/benchmarks.md.
+// docs/performance.md.
 //
 // # Watching it
 //

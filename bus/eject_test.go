@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"runtime"
 	"sort"
 	"sync"
 	"testing"
@@ -231,6 +234,164 @@ func TestEjectHandlerIgnoringContext(t *testing.T) {
 		got := dls.byID()
 		require.Len(t, got, 1)
 		require.True(t, errors.Is(got["s2"].Err, ErrEjected))
+		require.NoError(t, b.Close(ctx))
+	})
+}
+
+// Found by attacking the code (adversarial review, first a failing reproducer).
+//
+// Resume and Skip racing each other on the same parked key, while handlers
+// run, fail, time out, panic, call runtime.Goexit and eject the subscriber, in fake time (synctest),
+// over several seeds: every event ends exactly once (succeeded, or
+// dead-lettered and never succeeded), succeeded events of a key ran in
+// publication order, nothing stays pending, Close returns. (Passed: no
+// finding; kept as a guard.)
+func TestResumeSkipRaceWithEjection(t *testing.T) {
+	for seed := range uint64(6) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { resumeSkipRace(t, seed) })
+		})
+	}
+}
+
+func resumeSkipRace(t *testing.T, seed uint64) {
+	ctx := t.Context()
+	rng := rand.New(rand.NewPCG(seed, 7))
+	b, err := New[string](WithWorkers(3), WithLogger(quiet))
+	require.NoError(t, err)
+	// The event's fate, by its N: 0 succeed, 1 fail, 2 hang past the
+	// timeout, 3 panic, 4 runtime.Goexit.
+	const events = 120
+	fate := make([]int, events)
+	for i := range fate {
+		fate[i] = []int{0, 0, 0, 0, 1, 1, 2, 3, 4}[rng.IntN(9)]
+	}
+	var (
+		mu        sync.Mutex
+		succeeded = map[int]int{}
+		lastOK    = map[string]int{}
+		orderErr  error
+		dead      = map[int]int{}
+	)
+	eject := []SubOption{}
+	if seed%2 == 0 {
+		eject = append(eject, EjectAfter(4))
+	}
+	sub, err := Subscribe(b, "s", func(hctx context.Context, env Envelope[string], ev tick) error {
+		switch fate[ev.N] {
+		case 1:
+			return errors.New("failed")
+		case 2:
+			<-hctx.Done()
+			return hctx.Err()
+		case 3:
+			panic("handler bug")
+		case 4:
+			runtime.Goexit()
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		succeeded[ev.N]++
+		if prev, ok := lastOK[env.Key]; ok && prev >= ev.N && orderErr == nil {
+			orderErr = fmt.Errorf("key %s: %d succeeded after %d", env.Key, ev.N, prev)
+		}
+		lastOK[env.Key] = ev.N
+		return nil
+	}, append(eject, Timeout(time.Second), Failure(keysched.Park), DeadLetters(func(dl DeadLetter[string]) {
+		mu.Lock()
+		dead[dl.Envelope.Event.(tick).N]++
+		mu.Unlock()
+	}))...)
+	require.NoError(t, err)
+	keys := []string{"a", "b", "c", "d"}
+	for i := range events {
+		require.NoError(t, b.Publish(ctx, keys[i%len(keys)], tick{i}))
+	}
+	rounds := 0
+	for ; rounds < 10_000; rounds++ {
+		synctest.Wait()
+		parked := sub.Parked()
+		if len(parked) == 0 && sub.Stats().Pending == 0 {
+			break
+		}
+		var wg sync.WaitGroup
+		for _, k := range parked {
+			// Two operators at once on one key: Resume and Skip, or two
+			// of the same.
+			for range 2 {
+				resume := rng.IntN(2) == 0
+				wg.Go(func() {
+					var err error
+					if resume {
+						err = sub.Resume(k)
+					} else {
+						err = sub.Skip(k)
+					}
+					if err != nil && !errors.Is(err, keysched.ErrNotParked) {
+						t.Errorf("key %s: %v", k, err)
+					}
+				})
+			}
+		}
+		wg.Wait()
+		if len(parked) == 0 {
+			time.Sleep(time.Second) // fake time: let a hanging attempt time out
+		}
+	}
+	require.NoError(t, b.Drain(ctx))
+	st := sub.Stats()
+	require.Zero(t, st.Pending)
+	mu.Lock()
+	defer mu.Unlock()
+	require.NoError(t, orderErr)
+	t.Logf("seed %d: %d succeeded, %d dead-lettered, ejected %v, %d rounds", seed, len(succeeded), len(dead), st.Ejected, rounds)
+	for i := range events {
+		switch {
+		case succeeded[i] == 1:
+		case succeeded[i] == 0:
+			require.Positive(t, dead[i], "event %d: neither succeeded nor dead-lettered", i)
+		default:
+			t.Fatalf("event %d succeeded %d times", i, succeeded[i])
+		}
+	}
+	require.NoError(t, b.Close(ctx))
+}
+
+// Found by attacking the code (adversarial review, first a failing reproducer).
+//
+// The dead letters of an ejected subscriber's queued events are made by the
+// bus, not the scheduler: their Context must be set too (a nil one made
+// Close, Drain and Publish from the dead-letter function fail with
+// ErrNilContext instead of ErrInsideTask).
+func TestEjectedDeadLetterHasContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.WithValue(t.Context(), ctxTag{}, "trace-9")
+		b, err := New[string](WithWorkers(2), WithLogger(quiet))
+		require.NoError(t, err)
+		type result struct {
+			tag    any
+			closeE error
+			cancel error
+		}
+		got := make(chan result, 10)
+		_, err = Subscribe(b, "x", sleepy, Timeout(time.Second), EjectAfter(1), DeadLetters(func(dl DeadLetter[string]) {
+			if dl.Attempts == 0 && errors.Is(dl.Err, ErrEjected) {
+				got <- result{dl.Context.Value(ctxTag{}), b.Close(dl.Context), dl.Context.Err()}
+			}
+		}))
+		require.NoError(t, err)
+		require.NoError(t, b.Publish(ctx, "k", tick{0})) // times out: ejected
+		require.NoError(t, b.Publish(ctx, "k", tick{1})) // queued: dead-lettered with ErrEjected
+		require.NoError(t, b.Drain(ctx))                 // every dead letter was delivered
+		var r result
+		select {
+		case r = <-got:
+		default: // before the fix: the function panicked on the nil Context (recovered, logged)
+			t.Fatal("no dead letter of the ejected event got through the dead-letter function")
+		}
+		require.Equal(t, "trace-9", r.tag)
+		require.ErrorIs(t, r.closeE, keysched.ErrInsideTask)
+		require.NoError(t, r.cancel, "never cancelled")
 		require.NoError(t, b.Close(ctx))
 	})
 }

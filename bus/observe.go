@@ -17,7 +17,7 @@ import (
 // path: see keysched.Observer.
 func Observe[K comparable](o keysched.Observer[K]) SubOption {
 	return func(c *subConfig) error {
-		c.observe = append(c.observe, keysched.WithObserver(o))
+		c.sched = append(c.sched, keysched.WithObserver(o))
 		return nil
 	}
 }
@@ -27,7 +27,7 @@ func Observe[K comparable](o keysched.Observer[K]) SubOption {
 // oldest unhandled events have waited (keysched.WithTaskAges).
 func TaskAges() SubOption {
 	return func(c *subConfig) error {
-		c.observe = append(c.observe, keysched.WithTaskAges())
+		c.sched = append(c.sched, keysched.WithTaskAges())
 		return nil
 	}
 }

@@ -40,21 +40,42 @@ func (p OverflowPolicy) String() string {
 	return fmt.Sprintf("OverflowPolicy(%d)", int(p))
 }
 
-// A SubOption configures Subscribe. A bad or contradictory option makes
-// Subscribe return an error wrapping keysched.ErrInvalidOption.
+// A SubOption configures Subscribe. A bad option makes Subscribe return an
+// error wrapping a *keysched.OptionError that names it (errors.Is(err,
+// keysched.ErrInvalidOption) holds). SubOptions meet as keysched.Option
+// says: the last of a name wins; MaxKeyDepth above MaxPending is never
+// reached (MaxPending applies first); MaxKeyDepth alone above
+// keysched.DefaultMaxPending raises the pending bound to it; MaxConcurrency
+// above the bus's workers has no effect (the bus's pool is shared by its
+// subscribers and does not grow for one). EjectAfter without Timeout is
+// refused.
 type SubOption func(*subConfig) error
 
 type subConfig struct {
-	maxConcurrency int
-	maxKeyDepth    int
-	maxPending     int
-	overflow       OverflowPolicy
-	retry          *keysched.RetryPolicy
-	failure        keysched.FailurePolicy
-	timeout        time.Duration
-	ejectAfter     int
-	deadLetter     any               // func(DeadLetter[K]) for the bus's K
-	observe        []keysched.Option // Observe, TaskAges (observe.go)
+	maxKeyDepth int // for Block's wait (Publish); keysched.New checks it
+	overflow    OverflowPolicy
+	failure     keysched.FailurePolicy
+	timeout     time.Duration
+	ejectAfter  int
+	deadLetter  any // func(DeadLetter[K]) for the bus's K
+	// sched holds the scheduler options the SubOptions that are the
+	// scheduler's own translate to (MaxConcurrency, MaxKeyDepth,
+	// MaxPending, Retry, Failure, Timeout, Observe, TaskAges), in the
+	// caller's order: keysched.New checks them and applies its rule for
+	// how options meet, and Subscribe names a refused one as the SubOption
+	// it came from (subOptionOf).
+	sched []keysched.Option
+}
+
+// subOptionOf names the SubOption a scheduler option came from.
+var subOptionOf = map[string]string{
+	"WithMaxConcurrency": "MaxConcurrency",
+	"WithMaxKeyDepth":    "MaxKeyDepth",
+	"WithMaxPending":     "MaxPending",
+	"WithRetry":          "Retry",
+	"WithFailurePolicy":  "Failure",
+	"WithTaskTimeout":    "Timeout",
+	"WithObserver":       "Observe",
 }
 
 // MaxConcurrency is the subscriber's bulkhead: at most n of its handlers run
@@ -62,10 +83,7 @@ type subConfig struct {
 // (default: the pool's size). n >= 1.
 func MaxConcurrency(n int) SubOption {
 	return func(c *subConfig) error {
-		if n < 1 {
-			return optionError("MaxConcurrency(%d): need at least 1", n)
-		}
-		c.maxConcurrency = n
+		c.sched = append(c.sched, keysched.WithMaxConcurrency(n)) // checked by keysched.New
 		return nil
 	}
 }
@@ -75,10 +93,8 @@ func MaxConcurrency(n int) SubOption {
 // OverflowPolicy applies. n >= 1.
 func MaxKeyDepth(n int) SubOption {
 	return func(c *subConfig) error {
-		if n < 1 {
-			return optionError("MaxKeyDepth(%d): need at least 1", n)
-		}
 		c.maxKeyDepth = n
+		c.sched = append(c.sched, keysched.WithMaxKeyDepth(n)) // checked by keysched.New
 		return nil
 	}
 }
@@ -89,10 +105,7 @@ func MaxKeyDepth(n int) SubOption {
 // applies. n >= 1.
 func MaxPending(n int) SubOption {
 	return func(c *subConfig) error {
-		if n < 1 {
-			return optionError("MaxPending(%d): need at least 1", n)
-		}
-		c.maxPending = n
+		c.sched = append(c.sched, keysched.WithMaxPending(n)) // checked by keysched.New
 		return nil
 	}
 }
@@ -102,7 +115,7 @@ func MaxPending(n int) SubOption {
 func OnFull(p OverflowPolicy) SubOption {
 	return func(c *subConfig) error {
 		if p != Block && p != Reject && p != DropNewest {
-			return optionError("OnFull(%d): unknown policy", int(p))
+			return optionError("OnFull", int(p), "unknown policy")
 		}
 		c.overflow = p
 		return nil
@@ -115,7 +128,7 @@ func OnFull(p OverflowPolicy) SubOption {
 // later events wait for this subscriber (order holds), holding no worker.
 func Retry(p keysched.RetryPolicy) SubOption {
 	return func(c *subConfig) error {
-		c.retry = &p // validated by keysched.WithRetry when Subscribe runs
+		c.sched = append(c.sched, keysched.WithRetry(p)) // checked by keysched.New
 		return nil
 	}
 }
@@ -127,10 +140,8 @@ func Retry(p keysched.RetryPolicy) SubOption {
 // (within MaxKeyDepth), and Drain, Unsubscribe and Close wait for it.
 func Failure(p keysched.FailurePolicy) SubOption {
 	return func(c *subConfig) error {
-		if p != keysched.Continue && p != keysched.Park {
-			return optionError("Failure(%d): unknown policy", int(p))
-		}
 		c.failure = p
+		c.sched = append(c.sched, keysched.WithFailurePolicy(p)) // checked by keysched.New
 		return nil
 	}
 }
@@ -142,10 +153,8 @@ func Failure(p keysched.FailurePolicy) SubOption {
 // it returns. d > 0.
 func Timeout(d time.Duration) SubOption {
 	return func(c *subConfig) error {
-		if d <= 0 {
-			return optionError("Timeout(%v): need > 0", d)
-		}
 		c.timeout = d
+		c.sched = append(c.sched, keysched.WithTaskTimeout(d)) // checked by keysched.New
 		return nil
 	}
 }
@@ -165,7 +174,7 @@ func Timeout(d time.Duration) SubOption {
 func EjectAfter(n int) SubOption {
 	return func(c *subConfig) error {
 		if n < 1 {
-			return optionError("EjectAfter(%d): need at least 1", n)
+			return optionError("EjectAfter", n, "need at least 1")
 		}
 		c.ejectAfter = n
 		return nil
@@ -187,7 +196,7 @@ func EjectAfter(n int) SubOption {
 func DeadLetters[K comparable](fn func(DeadLetter[K])) SubOption {
 	return func(c *subConfig) error {
 		if fn == nil {
-			return optionError("DeadLetters(nil)")
+			return optionError("DeadLetters", "nil", "need a function")
 		}
 		c.deadLetter = fn
 		return nil

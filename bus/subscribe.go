@@ -2,6 +2,7 @@ package bus
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"sync"
@@ -67,25 +68,23 @@ func Subscribe[K comparable, E any](b *Bus[K], name string, h Handler[K, E], opt
 		return nil, fmt.Errorf("bus: Subscribe: %w (%w)", ErrZeroBus, keysched.ErrInvalidOption)
 	}
 	if name == "" {
-		return nil, optionError("Subscribe: empty subscriber name")
+		return nil, argError("Subscribe: empty subscriber name")
 	}
 	if h == nil {
-		return nil, optionError("Subscribe(%q): nil handler", name)
+		return nil, argError("Subscribe(%q): nil handler", name)
 	}
-	cfg := subConfig{
-		maxKeyDepth: keysched.DefaultMaxKeyDepth,
-		maxPending:  keysched.DefaultMaxPending,
-	}
+	cfg := subConfig{maxKeyDepth: keysched.DefaultMaxKeyDepth}
 	for i, o := range opts {
 		if o == nil {
-			return nil, optionError("Subscribe(%q): option %d is nil", name, i)
+			return nil, fmt.Errorf("Subscribe(%q): %w", name, optionError(fmt.Sprintf("opts[%d]", i), nil, "nil SubOption"))
 		}
 		if err := o(&cfg); err != nil {
 			return nil, fmt.Errorf("Subscribe(%q): %w", name, err)
 		}
 	}
 	if cfg.ejectAfter > 0 && cfg.timeout == 0 {
-		return nil, optionError("Subscribe(%q): EjectAfter needs Timeout: it counts timed-out attempts", name)
+		return nil, fmt.Errorf("Subscribe(%q): %w", name, &keysched.OptionError{Option: "EjectAfter", With: "Timeout",
+			Reason: "needs Timeout: it counts timed-out attempts"})
 	}
 	s := &sub[K]{
 		bus:   b,
@@ -100,8 +99,8 @@ func Subscribe[K comparable, E any](b *Bus[K], name string, h Handler[K, E], opt
 	if cfg.deadLetter != nil {
 		fn, ok := cfg.deadLetter.(func(DeadLetter[K]))
 		if !ok {
-			return nil, optionError("Subscribe(%q): DeadLetters' function takes %s, the bus's keys are %s",
-				name, reflect.TypeOf(cfg.deadLetter).In(0), reflect.TypeFor[K]())
+			return nil, fmt.Errorf("Subscribe(%q): %w", name, optionError("DeadLetters", nil, "the function takes %s, the bus's keys are %s",
+				reflect.TypeOf(cfg.deadLetter).In(0), reflect.TypeFor[K]()))
 		}
 		s.dl = fn
 	}
@@ -111,21 +110,9 @@ func Subscribe[K comparable, E any](b *Bus[K], name string, h Handler[K, E], opt
 	kopts := []keysched.Option{
 		keysched.WithPool(b.pool),
 		keysched.WithLogger(b.logger),
-		keysched.WithMaxKeyDepth(cfg.maxKeyDepth),
-		keysched.WithMaxPending(cfg.maxPending),
-		keysched.WithFailurePolicy(cfg.failure),
 		keysched.WithDeadLetter(s.onDeadLetter),
 	}
-	if cfg.maxConcurrency > 0 {
-		kopts = append(kopts, keysched.WithMaxConcurrency(cfg.maxConcurrency))
-	}
-	if cfg.retry != nil {
-		kopts = append(kopts, keysched.WithRetry(*cfg.retry))
-	}
-	if cfg.timeout > 0 {
-		kopts = append(kopts, keysched.WithTaskTimeout(cfg.timeout))
-	}
-	kopts = append(kopts, cfg.observe...)
+	kopts = append(kopts, cfg.sched...)
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -137,6 +124,14 @@ func Subscribe[K comparable, E any](b *Bus[K], name string, h Handler[K, E], opt
 	}
 	sched, err := keysched.New[K](kopts...)
 	if err != nil {
+		// Name a refused option as the caller wrote it: the SubOption,
+		// not the scheduler option it became.
+		var oe *keysched.OptionError
+		if errors.As(err, &oe) && subOptionOf[oe.Option] != "" {
+			named := *oe
+			named.Option = subOptionOf[oe.Option]
+			err = fmt.Errorf("bus: %w", &named)
+		}
 		return nil, fmt.Errorf("Subscribe(%q): %w", name, err)
 	}
 	s.sched = sched

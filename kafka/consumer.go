@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -159,7 +158,7 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 	sopts = append(sopts, cfg.schedOpts...)
 	s, err := keysched.New[schedKey](sopts...)
 	if err != nil {
-		if msg := err.Error(); strings.Contains(msg, "WithDeadLetter") || strings.Contains(msg, "WithObserver") {
+		if oe := (*keysched.OptionError)(nil); errors.As(err, &oe) && (oe.Option == "WithDeadLetter" || oe.Option == "WithObserver") {
 			return nil, fmt.Errorf("%w: WithSchedulerOptions: the consumer sets keysched.WithDeadLetter and keysched.WithObserver itself (use WithDeadLetterTopic and WithMeterProvider): %w", ErrInvalidOption, err)
 		}
 		return nil, fmt.Errorf("%w: scheduler: %w", ErrInvalidOption, err)

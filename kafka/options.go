@@ -87,7 +87,14 @@ var (
 )
 
 // An Option configures NewConsumer. A bad value makes NewConsumer fail with
-// an error wrapping ErrInvalidOption.
+// an error wrapping ErrInvalidOption; a scheduler option's refusal
+// (WithSchedulerOptions) also keeps its *keysched.OptionError, which
+// errors.As retrieves. Options meet as keysched.Option says: the last of a
+// name wins (WithClientOptions and WithSchedulerOptions add up instead);
+// WithMaxInFlight is the scheduler's key depth, so a keysched.WithMaxPending
+// below it applies first, and a WithMaxInFlight above
+// keysched.DefaultMaxPending, without keysched.WithMaxPending, raises the
+// scheduler's pending bound to it.
 type Option func(*config) error
 
 type config struct {

@@ -58,6 +58,11 @@ func TestBadOptions(t *testing.T) {
 	if _, err := NewConsumer(h, ok, WithSchedulerOptions(keysched.WithWorkers(0))); !errors.Is(err, keysched.ErrInvalidOption) {
 		t.Errorf("scheduler option error does not wrap keysched.ErrInvalidOption: %v", err)
 	}
+	// The scheduler's refusal keeps its type: errors.As names the option.
+	var oe *keysched.OptionError
+	if _, err := NewConsumer(h, ok, WithSchedulerOptions(keysched.WithMaxPending(0))); !errors.As(err, &oe) || oe.Option != "WithMaxPending" {
+		t.Errorf("scheduler option error: %v, want a *keysched.OptionError naming WithMaxPending", err)
+	}
 	c, err := NewConsumer(h, ok)
 	if err != nil {
 		t.Fatal(err)

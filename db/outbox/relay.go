@@ -52,7 +52,17 @@ const (
 // 10 attempts, backoff ceilings from 100 ms doubling to 30 s (full jitter).
 var DefaultRetry = keysched.RetryPolicy{MaxAttempts: 10, InitialBackoff: 100 * time.Millisecond, MaxBackoff: 30 * time.Second, Multiplier: 2}
 
-// A RelayOption configures NewRelay.
+// A RelayOption configures NewRelay. Relay options meet as keysched.Option
+// says: the last of a name wins (WithSchedulerOptions add up); bounds nest,
+// and of two given the outer one applies (WithKeyBatch above WithBatchSize
+// is lowered to it; WithPollInterval above a third of WithLeaseDuration is
+// lowered to that third); a default gives way to a bound given
+// (WithKeyBatch alone above DefaultBatchSize raises the batch size to it;
+// WithPollInterval alone above a third of DefaultLeaseDuration raises the
+// lease to three times it, at most MaxLeaseDuration; without WithWorkers, a
+// keysched.WithMaxConcurrency or keysched.WithPool given with
+// WithSchedulerOptions sizes the pool). A scheduler option's refusal keeps
+// its *keysched.OptionError (errors.As), wrapped with ErrInvalidOption.
 type RelayOption func(*relayConfig) error
 
 type relayConfig struct {
@@ -72,6 +82,8 @@ type relayConfig struct {
 	onDead      func(DeadEvent)
 	takeOver    bool
 	schedOpts   []keysched.Option
+	// given, for how options meet (see NewRelay)
+	workersSet, batchSet, pollSet, leaseSet bool
 }
 
 func badOption(format string, args ...any) error {
@@ -110,7 +122,7 @@ func WithWorkers(n int) RelayOption {
 		if n < 1 {
 			return badOption("WithWorkers(%d)", n)
 		}
-		c.workers = n
+		c.workers, c.workersSet = n, true
 		return nil
 	}
 }
@@ -135,13 +147,14 @@ func WithBatchSize(n int) RelayOption {
 		if n < 1 {
 			return badOption("WithBatchSize(%d)", n)
 		}
-		c.batch = n
+		c.batch, c.batchSet = n, true
 		return nil
 	}
 }
 
 // WithKeyBatch bounds the rows of one key the relay holds in flight (default
-// DefaultKeyBatch, capped at the batch size). A key whose sink fails or is
+// DefaultKeyBatch, capped at the batch size; given alone above
+// DefaultBatchSize it raises the batch size to n: see RelayOption). A key whose sink fails or is
 // slow holds at most this many of the batch's slots, so the other keys keep
 // flowing. n >= 1.
 func WithKeyBatch(n int) RelayOption {
@@ -167,8 +180,9 @@ func WithMaxKeys(n int) RelayOption {
 }
 
 // WithPollInterval sets how long the relay waits between polls when it
-// found nothing to do (default DefaultPollInterval; capped at a third of the
-// lease). On PostgreSQL a NOTIFY from a committed Write wakes it sooner
+// found nothing to do (default DefaultPollInterval; capped at a third of
+// WithLeaseDuration; given alone above a third of DefaultLeaseDuration it
+// raises the lease to 3d: see RelayOption). On PostgreSQL a NOTIFY from a committed Write wakes it sooner
 // (see WithListen). A full batch is followed by the next poll at once.
 // d > 0.
 func WithPollInterval(d time.Duration) RelayOption {
@@ -176,7 +190,7 @@ func WithPollInterval(d time.Duration) RelayOption {
 		if d <= 0 {
 			return badOption("WithPollInterval(%v)", d)
 		}
-		c.poll = d
+		c.poll, c.pollSet = d, true
 		return nil
 	}
 }
@@ -192,7 +206,7 @@ func WithLeaseDuration(d time.Duration) RelayOption {
 		if d < 30*time.Millisecond || d > MaxLeaseDuration {
 			return badOption("WithLeaseDuration(%v): at least 30ms, at most %v", d, MaxLeaseDuration)
 		}
-		c.lease = d
+		c.lease, c.leaseSet = d, true
 		return nil
 	}
 }
@@ -312,8 +326,8 @@ func WithOnDead(fn func(DeadEvent)) RelayOption {
 // They are applied after the settings that the relay's own options make
 // (WithWorkers, WithRetry, WithSinkTimeout, WithLogger), so the same setting
 // given here overrides those: keysched.WithWorkers(8) here means 8 workers.
-// keysched.WithPool cannot be combined with the relay's worker count: New
-// fails (use it with care: a pool shared with other work delays the sink
+// keysched.WithPool cannot be combined with the relay's WithWorkers: NewRelay
+// fails (without WithWorkers it replaces the default pool) (use it with care: a pool shared with other work delays the sink
 // calls, and so the leases' use).
 //
 // The settings the relay's correctness rests on are applied after these and
@@ -479,12 +493,18 @@ func (o *Outbox) NewRelay(sink Sink, opts ...RelayOption) (*Relay, error) {
 			return nil, err
 		}
 	}
+	// How the options meet: keysched.Option's rule (see RelayOption).
 	if cfg.keyBatch == 0 {
 		cfg.keyBatch = DefaultKeyBatch
+	} else if !cfg.batchSet {
+		cfg.batch = max(cfg.batch, cfg.keyBatch)
 	}
 	cfg.keyBatch = min(cfg.keyBatch, cfg.batch)
 	if cfg.maxKeys == 0 {
 		cfg.maxKeys = cfg.batch
+	}
+	if cfg.pollSet && !cfg.leaseSet {
+		cfg.lease = min(max(cfg.lease, 3*cfg.poll), MaxLeaseDuration)
 	}
 	cfg.poll = min(cfg.poll, cfg.lease/3)
 	if cfg.owner == "" {
@@ -501,9 +521,15 @@ func (o *Outbox) NewRelay(sink Sink, opts ...RelayOption) (*Relay, error) {
 	}
 	r.idle = sync.NewCond(&r.mu)
 	sopts := []keysched.Option{
-		keysched.WithWorkers(cfg.workers),
 		keysched.WithRetry(cfg.retry),
 		keysched.WithLogger(cfg.logger),
+	}
+	if cfg.workersSet {
+		// Without WithWorkers the scheduler's default (DefaultWorkers, the
+		// same 64) gives way, as keysched.Option says, to a
+		// keysched.WithMaxConcurrency or keysched.WithPool given with
+		// WithSchedulerOptions.
+		sopts = append(sopts, keysched.WithWorkers(cfg.workers))
 	}
 	if cfg.taskTimeout > 0 {
 		sopts = append(sopts, keysched.WithTaskTimeout(cfg.taskTimeout))

@@ -46,6 +46,10 @@ func startRelay(ctx context.Context, s *Service, schedOpts ...keysched.Option) (
 		outbox.WithSchedulerOptions(schedOpts...),
 	)
 	if err != nil {
+		// keysched checks the retry policy: name the Config field.
+		if oe := (*keysched.OptionError)(nil); errors.As(err, &oe) && oe.Option == "WithRetry" {
+			return nil, fmt.Errorf("%w: Retry: %w", ErrInvalidConfig, oe)
+		}
 		return nil, fmt.Errorf("webhook: relay: %w", err)
 	}
 	rl := &relay{r: r, store: s.store, done: make(chan struct{})}

@@ -67,6 +67,14 @@ var (
 )
 
 // Config configures New. Zero fields take the defaults documented on each.
+//
+// Fields meet as keysched.Option says: of two bounds given, the outer one
+// applies (a Limits.Concurrency above Workers never runs more than Workers
+// calls at once; a PollInterval above a third of LeaseDuration is lowered
+// to that third); a default gives way to a value given (LeaseDuration's
+// default grows with Timeout and PollInterval); LeaseDuration at or below
+// Timeout is refused. A Retry policy keysched refuses makes New fail with
+// ErrInvalidConfig and the *keysched.OptionError (errors.As).
 type Config struct {
 	// Partners maps each partner (the scheduler key; 1 to 64 characters of
 	// letters, digits and ._-) to its customer endpoint URL. Required.
@@ -124,7 +132,9 @@ type Config struct {
 	// LeaseDuration is how long the relay's claim on a partner lasts
 	// without renewal (renewed every third of it): after a crash, the
 	// partners of the dead process are taken over after at most this long.
-	// It must be well above Timeout. Default max(30 s, 3 × Timeout).
+	// It must be well above Timeout (at or below it, New fails). Default
+	// max(30 s, 3 × Timeout, 3 × PollInterval); a PollInterval above a
+	// third of a LeaseDuration given is lowered to that third.
 	LeaseDuration time.Duration
 
 	now func() time.Time // tests
@@ -182,7 +192,9 @@ func (c *Config) defaults() error {
 		c.RelayName = "webhook"
 	}
 	if c.LeaseDuration == 0 {
-		c.LeaseDuration = max(30*time.Second, 3*c.Timeout)
+		// The default gives way to what was given (keysched.Option's rule):
+		// a PollInterval above a third of it raises it.
+		c.LeaseDuration = max(30*time.Second, 3*c.Timeout, 3*c.PollInterval)
 	}
 	if c.LeaseDuration <= c.Timeout {
 		return fmt.Errorf("%w: LeaseDuration %v must be above Timeout %v", ErrInvalidConfig, c.LeaseDuration, c.Timeout)

@@ -1,3 +1,7 @@
+// Bad input and zero values: nil contexts, tasks and keys, keys that
+// cannot be map keys, use after Close, zero Scheduler and Completion. (Bad
+// options are options_test.go.)
+
 package keysched
 
 import (
@@ -5,10 +9,11 @@ import (
 	"errors"
 	"math"
 	"testing"
-
-	"github.com/stretchr/testify/require"
+	"time"
 
 	"github.com/keysched/keysched/internal/zerotest"
+	"github.com/panjf2000/ants/v2"
+	"github.com/stretchr/testify/require"
 )
 
 // Every call after Close returns an error (or a zero answer), never panics or
@@ -135,5 +140,107 @@ func TestZeroSchedulerEveryMethod(t *testing.T) {
 	zerotest.Check[Scheduler[string]](t, ErrZeroScheduler, []string{
 		"Close", "Drain", "KeyAge", "KeyDepth", "Keys", "OldestAge", "Parked",
 		"Resume", "Skip", "Stats", "Submit", "SubmitBatch", "TrySubmit", "TrySubmitBatch",
+	})
+}
+
+// Property 10: bad input gets a clear error, and the scheduler keeps working.
+func TestBadInput(t *testing.T) {
+	ctx := watchdog(t)
+	t.Run("unhashable interface keys", func(t *testing.T) {
+		s := newSched[any](t, WithWorkers(2))
+		noop := func(context.Context) error { return nil }
+		type withIface struct{ V any }
+		for _, key := range []any{[]int{1}, map[string]int{}, func() {}, withIface{V: []byte("x")}, math.NaN(), [1]any{[]int{}}} {
+			c, err := s.Submit(ctx, key, noop)
+			require.ErrorIs(t, err, ErrInvalidKey, "%T", key)
+			require.Nil(t, c)
+			_, err = s.TrySubmit(ctx, key, noop)
+			require.ErrorIs(t, err, ErrInvalidKey)
+			require.Zero(t, s.KeyDepth(key))
+			require.ErrorIs(t, s.Resume(key), ErrInvalidKey)
+		}
+		for _, key := range []any{1, "a", withIface{V: 2}, [2]int{1, 2}, nil} {
+			c, err := s.Submit(ctx, key, noop)
+			require.NoError(t, err, "%T", key)
+			require.NoError(t, c.Wait(ctx))
+		}
+		require.EqualValues(t, 12, s.Stats().Rejected)
+	})
+	t.Run("NaN float keys", func(t *testing.T) {
+		s := newSched[float64](t)
+		_, err := s.Submit(ctx, math.NaN(), func(context.Context) error { return nil })
+		require.ErrorIs(t, err, ErrInvalidKey)
+		c, err := s.Submit(ctx, 1.5, func(context.Context) error { return nil })
+		require.NoError(t, err)
+		require.NoError(t, c.Wait(ctx))
+	})
+	t.Run("nil task and nil context", func(t *testing.T) {
+		s := newSched[int](t)
+		_, err := s.Submit(ctx, 1, nil)
+		require.ErrorIs(t, err, ErrNilTask)
+		_, err = s.TrySubmit(ctx, 1, nil)
+		require.ErrorIs(t, err, ErrNilTask)
+		//nolint:staticcheck // a nil context is the bad input under test
+		_, err = s.Submit(nil, 1, func(context.Context) error { return nil })
+		require.ErrorIs(t, err, ErrNilContext)
+		require.ErrorIs(t, s.Drain(nil), ErrNilContext) //nolint:staticcheck
+		require.ErrorIs(t, s.Close(nil), ErrNilContext) //nolint:staticcheck
+		require.Zero(t, s.Stats().Submitted)
+	})
+	t.Run("ended context", func(t *testing.T) {
+		s := newSched[int](t)
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		_, err := s.Submit(cctx, 1, func(context.Context) error { return nil })
+		require.ErrorIs(t, err, context.Canceled)
+		require.Zero(t, s.KeyDepth(1))
+	})
+	t.Run("bad options", func(t *testing.T) {
+		p, err := ants.NewPool(2)
+		require.NoError(t, err)
+		defer p.Release()
+		released, err := ants.NewPool(1)
+		require.NoError(t, err)
+		released.Release()
+		for name, opts := range map[string][]Option{
+			"zero workers":          {WithWorkers(0)},
+			"negative workers":      {WithWorkers(-1)},
+			"nil pool":              {WithPool(nil)},
+			"released pool":         {WithPool(released)},
+			"pool and workers":      {WithPool(p), WithWorkers(2)},
+			"zero key depth":        {WithMaxKeyDepth(0)},
+			"zero pending":          {WithMaxPending(0)},
+			"zero concurrency":      {WithMaxConcurrency(0)},
+			"nil logger":            {WithLogger(nil)},
+			"nil option":            {nil},
+			"zero timeout":          {WithTaskTimeout(0)},
+			"negative attempts":     {WithRetry(RetryPolicy{MaxAttempts: -1})},
+			"retry without backoff": {WithRetry(RetryPolicy{MaxAttempts: 3})},
+			"max below initial":     {WithRetry(RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second, MaxBackoff: time.Millisecond})},
+			"shrinking multiplier":  {WithRetry(RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second, Multiplier: 0.5})},
+			"NaN multiplier":        {WithRetry(RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second, Multiplier: math.NaN()})},
+			"unknown policy":        {WithFailurePolicy(FailurePolicy(7))},
+			"nil dead letter":       {WithDeadLetter[int](nil)},
+			"dead letter key type":  {WithDeadLetter(func(DeadLetter[string]) {})},
+		} {
+			s, err := New[int](opts...)
+			require.ErrorIs(t, err, ErrInvalidOption, name)
+			require.Nil(t, s, name)
+		}
+		// The message names both types: the function's and the keys'.
+		_, err = New[int](WithDeadLetter(func(DeadLetter[string]) {}))
+		require.ErrorContains(t, err, "takes keysched.DeadLetter[string], the scheduler's keys are int")
+	})
+	t.Run("use after close", func(t *testing.T) {
+		s, err := New[int]()
+		require.NoError(t, err)
+		require.NoError(t, s.Close(ctx))
+		require.NoError(t, s.Close(ctx), "Close is idempotent")
+		_, err = s.Submit(ctx, 1, func(context.Context) error { return nil })
+		require.ErrorIs(t, err, ErrClosed)
+		_, err = s.TrySubmit(ctx, 1, func(context.Context) error { return nil })
+		require.ErrorIs(t, err, ErrClosed)
+		require.NoError(t, s.Drain(ctx))
+		require.ErrorIs(t, s.Skip(1), ErrNotParked)
 	})
 }

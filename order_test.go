@@ -1,18 +1,20 @@
+// Per-key order: tasks of one key run one at a time in acceptance order,
+// keys run concurrently, a blocked key holds one worker, chains of any length
+// leave no residue. (The model-based property test is property_test.go; a
+// recorded stream replayed is replay_test.go.)
+
 package keysched
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/panjf2000/ants/v2"
 	"github.com/stretchr/testify/require"
 )
 
@@ -234,45 +236,6 @@ func TestNoPerKeyResidue(t *testing.T) {
 	require.Less(t, growth, int64(8<<20))
 }
 
-// Property 6 (hammer): bounds hold and blocked submitters are always woken.
-func TestBoundsHammer(t *testing.T) {
-	const maxDepth, maxPending, keys, submitters, per = 2, 3, 4, 32, 300
-	s := newSched[int](t, WithWorkers(3), WithMaxKeyDepth(maxDepth), WithMaxPending(maxPending))
-	ctx := watchdog(t)
-	var depthViolations, pendingViolations atomic.Int64
-	var ran atomic.Int64
-	var wg sync.WaitGroup
-	for g := range submitters {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range per {
-				k := (g + i) % keys
-				_, err := s.Submit(ctx, k, func(context.Context) error {
-					if s.KeyDepth(k) > maxDepth {
-						depthViolations.Add(1)
-					}
-					if s.Stats().Pending > maxPending {
-						pendingViolations.Add(1)
-					}
-					ran.Add(1)
-					if i%7 == 0 {
-						runtime.Gosched()
-					}
-					return nil
-				})
-				require.NoError(t, err, "a blocked submitter was never woken")
-			}
-		}()
-	}
-	wg.Wait()
-	require.NoError(t, s.Drain(ctx))
-	require.Zero(t, depthViolations.Load())
-	require.Zero(t, pendingViolations.Load())
-	require.EqualValues(t, submitters*per, ran.Load())
-	assertAccounting(t, s.Stats())
-}
-
 // Property 7: a one-worker pool whose tasks each submit three more, to other
 // keys and their own, never deadlocks.
 func TestTasksSubmittingOnOneWorkerDoNotDeadlock(t *testing.T) {
@@ -311,221 +274,6 @@ func TestTasksSubmittingOnOneWorkerDoNotDeadlock(t *testing.T) {
 	require.EqualValues(t, ran.Load(), st.Succeeded)
 	require.Positive(t, refused.Load(), "the bounds were never reached: the test is too small")
 	assertAccounting(t, st)
-}
-
-// Property 8: panics and errors never lose capacity.
-func TestPanicsAndErrorsKeepCapacity(t *testing.T) {
-	s := newSched[int](t, WithWorkers(1))
-	ctx := watchdog(t)
-	boom := errors.New("boom")
-	const n = 3000
-	var cs []*Completion
-	for i := range n {
-		var task Task
-		switch i % 3 {
-		case 0:
-			task = func(context.Context) error { panic(fmt.Sprint("panic ", i)) }
-		case 1:
-			task = func(context.Context) error { return boom }
-		default:
-			task = func(context.Context) error { runtime.Goexit(); return nil }
-		}
-		c, err := s.Submit(ctx, i%10, task)
-		require.NoError(t, err)
-		cs = append(cs, c)
-	}
-	ok, err := s.Submit(ctx, 99, func(context.Context) error { return nil })
-	require.NoError(t, err)
-	require.NoError(t, ok.Wait(ctx), "the one worker was lost")
-	require.NoError(t, s.Drain(ctx))
-	for i, c := range cs {
-		var pe *PanicError
-		switch i % 3 {
-		case 0:
-			require.ErrorAs(t, c.Err(), &pe)
-			require.Equal(t, fmt.Sprint("panic ", i), pe.Value)
-			require.Contains(t, string(pe.Stack), "chain_test.go")
-		case 1:
-			require.ErrorIs(t, c.Err(), boom)
-		default:
-			require.ErrorAs(t, c.Err(), &pe)
-			require.ErrorIs(t, c.Err(), errGoexit)
-		}
-	}
-	st := s.Stats()
-	require.EqualValues(t, 2*n/3, st.Panicked)
-	require.EqualValues(t, n/3, st.Failed)
-	require.EqualValues(t, 1, st.Succeeded)
-	assertAccounting(t, st)
-}
-
-// Property 9: Submit racing Close: no panic, no hang; every call either
-// returned an error or its task reached an outcome.
-func TestSubmitRacingClose(t *testing.T) {
-	for round := range 20 {
-		s, err := New[int](WithWorkers(2), WithMaxPending(64), WithMaxKeyDepth(8), WithLogger(quiet))
-		require.NoError(t, err)
-		ctx := watchdog(t)
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		var accepted []*Completion
-		var refused atomic.Int64
-		start := make(chan struct{})
-		for g := range 16 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				for i := 0; ; i++ {
-					submit := s.Submit
-					if i%2 == 1 {
-						submit = s.TrySubmit
-					}
-					c, err := submit(ctx, (g*7+i)%13, func(context.Context) error { runtime.Gosched(); return nil })
-					if err != nil {
-						refused.Add(1)
-						if errors.Is(err, ErrClosed) {
-							return
-						}
-						require.True(t, errors.Is(err, ErrKeyFull) || errors.Is(err, ErrFull), err)
-						continue
-					}
-					mu.Lock()
-					accepted = append(accepted, c)
-					mu.Unlock()
-				}
-			}()
-		}
-		close(start)
-		for range round * 50 {
-			runtime.Gosched()
-		}
-		closeCtx := ctx
-		if round%2 == 1 { // half the rounds give up at once: tasks are aborted
-			var cancel context.CancelFunc
-			closeCtx, cancel = context.WithCancel(ctx)
-			cancel()
-		}
-		closeErr := s.Close(closeCtx)
-		wg.Wait()
-		for _, c := range accepted {
-			select {
-			case <-c.Done():
-			case <-ctx.Done():
-				t.Fatal("an accepted task never reached an outcome")
-			}
-		}
-		if closeErr != nil {
-			require.ErrorIs(t, closeErr, ErrAborted)
-			// Wait for the runners that were mid-task to finish up.
-			require.NoError(t, s.pending.waitIdle(ctx, nil))
-		}
-		st := s.Stats()
-		require.EqualValues(t, len(accepted), st.Submitted)
-		assertAccounting(t, st)
-	}
-}
-
-// Property 10: bad input gets a clear error, and the scheduler keeps working.
-func TestBadInput(t *testing.T) {
-	ctx := watchdog(t)
-	t.Run("unhashable interface keys", func(t *testing.T) {
-		s := newSched[any](t, WithWorkers(2))
-		noop := func(context.Context) error { return nil }
-		type withIface struct{ V any }
-		for _, key := range []any{[]int{1}, map[string]int{}, func() {}, withIface{V: []byte("x")}, math.NaN(), [1]any{[]int{}}} {
-			c, err := s.Submit(ctx, key, noop)
-			require.ErrorIs(t, err, ErrInvalidKey, "%T", key)
-			require.Nil(t, c)
-			_, err = s.TrySubmit(ctx, key, noop)
-			require.ErrorIs(t, err, ErrInvalidKey)
-			require.Zero(t, s.KeyDepth(key))
-			require.ErrorIs(t, s.Resume(key), ErrInvalidKey)
-		}
-		for _, key := range []any{1, "a", withIface{V: 2}, [2]int{1, 2}, nil} {
-			c, err := s.Submit(ctx, key, noop)
-			require.NoError(t, err, "%T", key)
-			require.NoError(t, c.Wait(ctx))
-		}
-		require.EqualValues(t, 12, s.Stats().Rejected)
-	})
-	t.Run("NaN float keys", func(t *testing.T) {
-		s := newSched[float64](t)
-		_, err := s.Submit(ctx, math.NaN(), func(context.Context) error { return nil })
-		require.ErrorIs(t, err, ErrInvalidKey)
-		c, err := s.Submit(ctx, 1.5, func(context.Context) error { return nil })
-		require.NoError(t, err)
-		require.NoError(t, c.Wait(ctx))
-	})
-	t.Run("nil task and nil context", func(t *testing.T) {
-		s := newSched[int](t)
-		_, err := s.Submit(ctx, 1, nil)
-		require.ErrorIs(t, err, ErrNilTask)
-		_, err = s.TrySubmit(ctx, 1, nil)
-		require.ErrorIs(t, err, ErrNilTask)
-		//nolint:staticcheck // a nil context is the bad input under test
-		_, err = s.Submit(nil, 1, func(context.Context) error { return nil })
-		require.ErrorIs(t, err, ErrNilContext)
-		require.ErrorIs(t, s.Drain(nil), ErrNilContext) //nolint:staticcheck
-		require.ErrorIs(t, s.Close(nil), ErrNilContext) //nolint:staticcheck
-		require.Zero(t, s.Stats().Submitted)
-	})
-	t.Run("ended context", func(t *testing.T) {
-		s := newSched[int](t)
-		cctx, cancel := context.WithCancel(ctx)
-		cancel()
-		_, err := s.Submit(cctx, 1, func(context.Context) error { return nil })
-		require.ErrorIs(t, err, context.Canceled)
-		require.Zero(t, s.KeyDepth(1))
-	})
-	t.Run("bad options", func(t *testing.T) {
-		p, err := ants.NewPool(2)
-		require.NoError(t, err)
-		defer p.Release()
-		released, err := ants.NewPool(1)
-		require.NoError(t, err)
-		released.Release()
-		for name, opts := range map[string][]Option{
-			"zero workers":          {WithWorkers(0)},
-			"negative workers":      {WithWorkers(-1)},
-			"nil pool":              {WithPool(nil)},
-			"released pool":         {WithPool(released)},
-			"pool and workers":      {WithPool(p), WithWorkers(2)},
-			"zero key depth":        {WithMaxKeyDepth(0)},
-			"zero pending":          {WithMaxPending(0)},
-			"zero concurrency":      {WithMaxConcurrency(0)},
-			"nil logger":            {WithLogger(nil)},
-			"nil option":            {nil},
-			"zero timeout":          {WithTaskTimeout(0)},
-			"negative attempts":     {WithRetry(RetryPolicy{MaxAttempts: -1})},
-			"retry without backoff": {WithRetry(RetryPolicy{MaxAttempts: 3})},
-			"max below initial":     {WithRetry(RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second, MaxBackoff: time.Millisecond})},
-			"shrinking multiplier":  {WithRetry(RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second, Multiplier: 0.5})},
-			"NaN multiplier":        {WithRetry(RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second, Multiplier: math.NaN()})},
-			"unknown policy":        {WithFailurePolicy(FailurePolicy(7))},
-			"nil dead letter":       {WithDeadLetter[int](nil)},
-			"dead letter key type":  {WithDeadLetter(func(DeadLetter[string]) {})},
-		} {
-			s, err := New[int](opts...)
-			require.ErrorIs(t, err, ErrInvalidOption, name)
-			require.Nil(t, s, name)
-		}
-		// The message names both types: the function's and the keys'.
-		_, err = New[int](WithDeadLetter(func(DeadLetter[string]) {}))
-		require.ErrorContains(t, err, "takes keysched.DeadLetter[string], the scheduler's keys are int")
-	})
-	t.Run("use after close", func(t *testing.T) {
-		s, err := New[int]()
-		require.NoError(t, err)
-		require.NoError(t, s.Close(ctx))
-		require.NoError(t, s.Close(ctx), "Close is idempotent")
-		_, err = s.Submit(ctx, 1, func(context.Context) error { return nil })
-		require.ErrorIs(t, err, ErrClosed)
-		_, err = s.TrySubmit(ctx, 1, func(context.Context) error { return nil })
-		require.ErrorIs(t, err, ErrClosed)
-		require.NoError(t, s.Drain(ctx))
-		require.ErrorIs(t, s.Skip(1), ErrNotParked)
-	})
 }
 
 // A key of interface type holding a pointer or a channel must keep finding
@@ -617,38 +365,4 @@ func TestSubmitAllocations(t *testing.T) {
 	require.LessOrEqual(t, allocs, 2.0, "batch of 64")
 	open()
 	require.NoError(t, s.Drain(ctx))
-}
-
-// The context package's lookup key for a context's cancellation was found
-// (taskctx.go): a task's context hides its Submit context's cancellation
-// without a wrapper per task. If a Go release changes the context package
-// so that it is not found, keysched falls back to context.WithoutCancel;
-// this test says so.
-func TestCancelCtxKeyFound(t *testing.T) {
-	require.NotNil(t, cancelCtxKey, "falling back to context.WithoutCancel: one more allocation per task")
-}
-
-// A later Close whose context ends makes the first Close, waiting on a
-// parked key with no deadline, give up.
-func TestLaterCloseEscalates(t *testing.T) {
-	s, err := New[int](WithLogger(quiet), WithFailurePolicy(Park))
-	require.NoError(t, err)
-	ctx := watchdog(t)
-	parked, err := s.Submit(ctx, 1, func(context.Context) error { return errors.New("down") })
-	require.NoError(t, err)
-	for len(s.Parked()) == 0 {
-		require.NoError(t, ctx.Err())
-		runtime.Gosched()
-	}
-	first := make(chan error, 1)
-	go func() { first <- s.Close(context.Background()) }()
-	for !s.pending.closed() {
-		runtime.Gosched()
-	}
-	short, cancel := context.WithCancel(ctx)
-	cancel()
-	err = s.Close(short)
-	require.ErrorIs(t, err, ErrAborted)
-	require.ErrorIs(t, <-first, ErrAborted)
-	require.ErrorIs(t, parked.Err(), ErrAborted)
 }

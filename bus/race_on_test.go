@@ -1,0 +1,6 @@
+//go:build race
+
+package bus
+
+// raceEnabled skips the tests too slow under the race detector.
+const raceEnabled = true
