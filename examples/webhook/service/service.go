@@ -136,8 +136,8 @@ type Config struct {
 	// minutes, at least every second). Default 7 days; at least a minute.
 	History time.Duration
 
-	now       func() time.Time // tests
-	trendEvery time.Duration   // tests: the backlog trend's sampling period
+	now        func() time.Time // tests
+	trendEvery time.Duration    // tests: the backlog trend's sampling period
 }
 
 func (c *Config) defaults() error {
