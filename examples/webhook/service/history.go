@@ -76,6 +76,7 @@ type attemptRec struct {
 // Close are recorded.
 type history struct {
 	store *Store
+	stmt  *sql.Stmt // the insert, prepared once (nil if preparing failed: then unprepared)
 	in    chan *attemptRec
 	stop  chan struct{}
 	done  chan struct{}
@@ -83,6 +84,7 @@ type history struct {
 
 func newHistory(st *Store) *history {
 	h := &history{store: st, in: make(chan *attemptRec, maxBatch), stop: make(chan struct{}), done: make(chan struct{})}
+	h.stmt, _ = st.db.PrepareContext(context.Background(), st.insertAttempt())
 	go h.run()
 	return h
 }
@@ -136,7 +138,7 @@ func (h *history) run() {
 			}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err := h.store.writeAttempts(ctx, batch)
+		err := h.store.writeAttempts(ctx, h.stmt, batch)
 		cancel()
 		for _, r := range batch {
 			r.done <- err
@@ -148,6 +150,9 @@ func (h *history) run() {
 func (h *history) close() {
 	close(h.stop)
 	<-h.done
+	if h.stmt != nil {
+		_ = h.stmt.Close()
+	}
 }
 
 // cleaner deletes the history older than retention every interval until
@@ -212,25 +217,35 @@ func text(b []byte) string {
 	return strings.ReplaceAll(s, "\x00", string(utf8.RuneError))
 }
 
-func (s *Store) writeAttempts(ctx context.Context, batch []*attemptRec) error {
+func (s *Store) insertAttempt() string {
+	return s.rebind(`INSERT INTO ` + s.attempt + ` (event_id, row_id, partner, at, duration_us, status, error, body, relay) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+}
+
+// writeAttempts writes the batch in one transaction, with stmt (the
+// prepared insertAttempt) when not nil.
+func (s *Store) writeAttempts(ctx context.Context, stmt *sql.Stmt, batch []*attemptRec) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
-	var b strings.Builder
-	b.WriteString(`INSERT INTO ` + s.attempt + ` (event_id, row_id, partner, at, duration_us, status, error, body, relay) VALUES `)
-	args := make([]any, 0, 9*len(batch))
-	for i, r := range batch {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?)")
-		a := r.a
-		args = append(args, r.eventID, r.rowID, r.partner, a.At.UnixMicro(), a.Duration.Microseconds(), a.Status, text([]byte(a.Error)), a.Body, a.Relay)
+	ins := s.insertAttempt()
+	var ts *sql.Stmt
+	if stmt != nil {
+		ts = tx.StmtContext(ctx, stmt)
+		defer ts.Close()
 	}
-	if _, err := tx.ExecContext(ctx, s.rebind(b.String()), args...); err != nil {
-		return err
+	for _, r := range batch {
+		a := r.a
+		args := []any{r.eventID, r.rowID, r.partner, a.At.UnixMicro(), a.Duration.Microseconds(), a.Status, text([]byte(a.Error)), a.Body, a.Relay}
+		if ts != nil {
+			_, err = ts.ExecContext(ctx, args...)
+		} else {
+			_, err = tx.ExecContext(ctx, ins, args...)
+		}
+		if err != nil {
+			return err
+		}
 	}
 	return tx.Commit()
 }
