@@ -259,7 +259,9 @@ type ReplayResult struct {
 	// event's Webhook-Id, queued behind the partner's undelivered events.
 	Requeued []string `json:"requeued"`
 	// Recovered are parked events (their delivery out of attempts) made
-	// pending again with a fresh attempt budget: the partner resumes.
+	// pending again with a fresh attempt budget: the partner resumes. (A
+	// parked event that a concurrent Resume or Skip moved first is in no
+	// list; that is logged.)
 	Recovered []string `json:"recovered"`
 	// Pending are events not delivered yet, left as they are (they will be
 	// delivered; a replay would send them twice).
@@ -328,12 +330,13 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 		return res, fmt.Errorf("%w: %d events in [%v, %v), at most %d", ErrReplayTooMany, len(cands), from.UTC(), to.UTC(), MaxReplay)
 	}
 	var dead []string
+	deadOf := map[string]string{} // row -> event
 	var requeue []*replayCand
 	for _, c := range cands {
 		switch {
 		case c.latestState.Valid && outbox.State(c.latestState.Int64) == outbox.Dead:
 			dead = append(dead, c.latestRow)
-			res.Recovered = append(res.Recovered, c.id)
+			deadOf[c.latestRow] = c.id
 		case c.latestState.Valid && outbox.State(c.latestState.Int64) == outbox.Pending:
 			res.Pending = append(res.Pending, c.id)
 		case !c.origState.Valid:
@@ -350,9 +353,18 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 		if err != nil {
 			return res, fmt.Errorf("webhook: replay: %w", err)
 		}
-		if len(moved) != len(dead) {
-			// A concurrent Resume or Skip moved it: report what happened.
-			s.log.Warn("replay: a parked event was moved by another action meanwhile", "recovered", len(moved), "asked", len(dead))
+		got := map[string]bool{}
+		for _, m := range moved {
+			got[m.ID] = true
+		}
+		for _, row := range dead {
+			if got[row] {
+				res.Recovered = append(res.Recovered, deadOf[row])
+				continue
+			}
+			// A concurrent Resume or Skip moved it first: not recovered
+			// here (its event's lookup tells what happened).
+			s.log.Warn("replay: a parked event was moved by another action meanwhile", "event", deadOf[row])
 		}
 	}
 	if len(requeue) > 0 {

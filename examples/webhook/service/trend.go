@@ -99,7 +99,7 @@ func (t *trend) spark(partner string) template.HTML {
 		fmt.Fprintf(&pts, "%.1f,%.1f ", x+1, y)
 	}
 	return template.HTML(fmt.Sprintf(`<svg class="spark" width="%d" height="%d" viewBox="0 0 %d %d"><polyline fill="none" stroke="#36c" stroke-width="1.5" points="%s"/><title>backlog, last %s: max %d</title></svg>`,
-		w, h, w, h, strings.TrimSpace(pts.String()), time.Duration(span*float64(time.Second)).Round(time.Second), hi))
+		w, h, w, h, strings.TrimSpace(pts.String()), time.Duration(span*float64(time.Second)).Round(100*time.Millisecond), hi))
 }
 
 // sample records the backlogs now.
