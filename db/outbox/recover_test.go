@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -228,5 +229,50 @@ func TestRecoverResumesParkedKeys(t *testing.T) {
 		defer rec.mu.Unlock()
 		checkStreams(t, rec.byKey, keys, perKey, true)
 		require.Zero(t, rec.overlaps.Load())
+	})
+}
+
+// Concurrent Recovers and Resumes over the same dead rows each report only
+// the rows they moved: together every row exactly once (on PostgreSQL the
+// batch's FOR UPDATE makes a Recover that waited for another's lock skip the
+// rows that are no longer dead).
+func TestRecoverRacingResumeMovesEachRowOnce(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ctx := context.Background()
+		ob := newOutbox(t, db)
+		const keys = 20
+		writeEvents(t, ob, keys, 3, 60)
+		_, err := db.ExecContext(ctx, `UPDATE `+ob.Table()+` SET state = 2`)
+		require.NoError(t, err)
+		var mu sync.Mutex
+		seen := map[string]int{}
+		resumed := 0
+		var wg sync.WaitGroup
+		for range 3 {
+			wg.Go(func() {
+				moved, err := ob.Recover(ctx, outbox.RecoverFilter{BatchSize: 7})
+				require.NoError(t, err)
+				mu.Lock()
+				for _, m := range moved {
+					seen[m.ID]++
+				}
+				mu.Unlock()
+			})
+		}
+		wg.Go(func() {
+			for k := range keys {
+				for ob.Resume(ctx, key(k)) == nil {
+					mu.Lock()
+					resumed++
+					mu.Unlock()
+				}
+			}
+		})
+		wg.Wait()
+		for id, n := range seen {
+			require.Equal(t, 1, n, "%s reported moved %d times", id, n)
+		}
+		require.Equal(t, keys*3, len(seen)+resumed, "every row moved once")
+		require.EqualValues(t, keys*3, counts(t, ob)[outbox.Pending])
 	})
 }
