@@ -6,6 +6,7 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -59,7 +60,7 @@ func (s *Service) handleReplayEvent(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	res, err := s.Replay(r.Context(), id)
 	if r.FormValue("ui") == "1" && err == nil {
-		http.Redirect(w, r, "/ui/events/"+url.PathEscape(id)+"?done=replayed", http.StatusSeeOther)
+		http.Redirect(w, r, "/ui/events/"+url.PathEscape(id)+"?"+replayDone(res), http.StatusSeeOther)
 		return
 	}
 	if err != nil {
@@ -91,7 +92,7 @@ func (s *Service) handleReplayRange(w http.ResponseWriter, r *http.Request) {
 		res, err = s.ReplayRange(r.Context(), partner, from, to)
 	}
 	if r.FormValue("ui") == "1" && err == nil {
-		http.Redirect(w, r, "/ui/partners/"+url.PathEscape(partner)+fmt.Sprintf("?done=replayed&n=%d", len(res.Requeued)+len(res.Recovered)), http.StatusSeeOther)
+		http.Redirect(w, r, "/ui/partners/"+url.PathEscape(partner)+"?"+replayDone(res), http.StatusSeeOther)
 		return
 	}
 	if err != nil {
@@ -184,20 +185,37 @@ from <input type="datetime-local" step="1" name="from" id="from"> to <input type
 </body></html>
 {{end}}`))
 
-// replayFlash is what a page says after a replay: fixed text (no query
-// value is echoed, see flash).
+// replayDone encodes a replay's counts for the page it redirects to.
+func replayDone(res ReplayResult) string {
+	return fmt.Sprintf("done=replay&q=%d&r=%d&p=%d&x=%d", len(res.Requeued), len(res.Recovered), len(res.Pending), len(res.Expired))
+}
+
+// replayFlash is what a page says after a replay: text of its own made from
+// the counts (no query text is echoed, see flash).
 func replayFlash(r *http.Request) string {
-	if r.URL.Query().Get("done") != "replayed" {
+	q := r.URL.Query()
+	if q.Get("done") != "replay" {
 		return ""
 	}
-	if n := r.URL.Query().Get("n"); n != "" {
-		var k int
-		if _, err := fmt.Sscanf(n, "%d", &k); err == nil && k >= 0 {
-			return fmt.Sprintf("replayed %d events", k)
+	var parts []string
+	for _, c := range []struct{ key, what string }{
+		{"q", "sent again (queued behind the partner's undelivered events)"},
+		{"r", "parked, retried"},
+		{"p", "not delivered yet, left as they are"},
+		{"x", "past the history's retention, not sent"},
+	} {
+		n, err := strconv.Atoi(q.Get(c.key))
+		if err != nil || n < 0 {
+			return ""
 		}
+		if n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n, c.what))
+		}
+	}
+	if len(parts) == 0 {
 		return ""
 	}
-	return "replayed: the event is queued again"
+	return "replay: " + strings.Join(parts, "; ")
 }
 
 func (s *Service) handleEventPage(w http.ResponseWriter, r *http.Request) {
