@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -158,4 +159,30 @@ func TestReplayRangeRecoversParkedAndRequeuesDelivered(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, code)
 	code, _ = adminForm(t, h.admin.URL+"/events/nothing/replay", nil, nil)
 	require.Equal(t, http.StatusNotFound, code)
+}
+
+// A range of more than MaxReplay events is refused whole, naming the count:
+// nothing is replayed (no partial run).
+func TestReplayRangeRefusesTooMany(t *testing.T) {
+	h := newHarness(t, map[string]sim.Behavior{"p": {}}, nil)
+	ctx := context.Background()
+	tx, err := h.store.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	base := time.Now().Add(-time.Hour)
+	for i := range MaxReplay + 1 {
+		_, err := tx.ExecContext(ctx, h.store.rebind(`INSERT INTO `+h.store.intake+` (id, partner, type, received_at) VALUES (?, 'p', 't', ?)`),
+			fmt.Sprintf("old-%04d", i), base.Add(time.Duration(i)*time.Millisecond).UnixMicro())
+		require.NoError(t, err)
+	}
+	require.NoError(t, tx.Commit())
+	_, err = h.svc.ReplayRange(ctx, "p", base, base.Add(time.Minute))
+	require.ErrorIs(t, err, ErrReplayTooMany)
+	require.ErrorContains(t, err, fmt.Sprint(MaxReplay+1))
+	var n int
+	require.NoError(t, h.store.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+h.store.replay).Scan(&n))
+	require.Zero(t, n)
+	res, err := h.svc.ReplayRange(ctx, "p", base, base.Add(time.Duration(MaxReplay)*time.Millisecond))
+	require.NoError(t, err)
+	require.Len(t, res.Expired, MaxReplay, "no payload in the outbox for these: past retention")
+	require.Empty(t, res.Requeued)
 }
