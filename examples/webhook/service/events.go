@@ -275,7 +275,6 @@ type ReplayResult struct {
 type replayCand struct {
 	id, partner, typ string
 	received         time.Time
-	payload          []byte
 	origState        sql.NullInt64
 	latestRow        string        // the row of the event's latest delivery
 	latestState      sql.NullInt64 // its state
@@ -420,10 +419,17 @@ func (st *Store) writeReplays(ctx context.Context, cands []*replayCand, rows []s
 	}
 	defer tx.Rollback()
 	ins := st.rebind(`INSERT INTO ` + st.replay + ` (row_id, event_id, partner, requested_at) VALUES (?, ?, ?, ?)`)
+	sel := st.rebind(`SELECT payload FROM ` + st.ob.Table() + ` WHERE id = ?`)
 	for i, c := range cands {
+		// One payload in memory at a time (each up to MaxBodyBytes and
+		// a little), not a whole range's.
+		var payload []byte
+		if err := tx.QueryRowContext(ctx, sel, c.id).Scan(&payload); err != nil {
+			return fmt.Errorf("payload of %q: %w", c.id, err)
+		}
 		// The original's intake time: the body and Webhook-Timestamp are
 		// the event's, byte for byte.
-		if _, err := st.ob.Write(ctx, tx, outbox.Event{ID: rows[i], Key: c.partner, Type: c.typ, Payload: c.payload,
+		if _, err := st.ob.Write(ctx, tx, outbox.Event{ID: rows[i], Key: c.partner, Type: c.typ, Payload: payload,
 			Headers: map[string]string{webhookIDHeader: c.id}, CreatedAt: c.received}); err != nil {
 			return err
 		}
@@ -435,10 +441,9 @@ func (st *Store) writeReplays(ctx context.Context, cands []*replayCand, rows []s
 }
 
 // replayCandidates reads the events a replay considers (one ID, or a
-// partner's range), in intake order, each with its original row's payload
-// and state and its latest delivery's row and state. At most MaxReplay+1.
+// partner's range), in intake order, each with its original row's state and its latest delivery's row and state. At most MaxReplay+1.
 func (st *Store) replayCandidates(ctx context.Context, partner, id string, from, to time.Time) ([]*replayCand, error) {
-	q := `SELECT i.id, i.partner, i.type, i.received_at, o.payload, o.state FROM ` + st.intake + ` i
+	q := `SELECT i.id, i.partner, i.type, i.received_at, o.state FROM ` + st.intake + ` i
 LEFT JOIN ` + st.ob.Table() + ` o ON o.id = i.id WHERE `
 	var args []any
 	if id != "" {
@@ -456,7 +461,7 @@ LEFT JOIN ` + st.ob.Table() + ` o ON o.id = i.id WHERE `
 	for rows.Next() {
 		c := &replayCand{}
 		var us int64
-		if err := rows.Scan(&c.id, &c.partner, &c.typ, &us, &c.payload, &c.origState); err != nil {
+		if err := rows.Scan(&c.id, &c.partner, &c.typ, &us, &c.origState); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("webhook: replay: %w", err)
 		}
