@@ -52,7 +52,9 @@ func TestEventLookupAndReplayInBrowser(t *testing.T) {
 	})
 	_, e0 := h.post("p", 0)
 	_, e1 := h.post("p", 1)
-	require.Eventually(t, func() bool { return h.event(e1).State == StateDelivered }, waitLong, 5*time.Millisecond)
+	require.Eventually(t, func() bool {
+		return h.event(e0).State == StateDelivered && h.event(e1).State == StateDelivered
+	}, waitLong, 5*time.Millisecond)
 	text := func(sel string) string {
 		t.Helper()
 		v, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
@@ -88,7 +90,10 @@ func TestEventLookupAndReplayInBrowser(t *testing.T) {
 	require.Equal(t, []string{e0, e1, e0}, ids)
 	require.Contains(t, logs.String(), `msg="operator replayed an event" event=`+e0)
 
-	require.Eventually(t, func() bool { return len(h.event(e0).Attempts) == 2 }, waitLong, 5*time.Millisecond)
+	require.Eventually(t, func() bool {
+		ev := h.event(e0)
+		return len(ev.Attempts) == 2 && len(ev.Replays) == 1 && ev.Replays[0].State == StateDelivered
+	}, waitLong, 5*time.Millisecond)
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(h.admin.URL+"/ui/events/"+e0),
 		chromedp.WaitVisible(chromedp.CSS("#replays")),

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -30,8 +31,12 @@ var (
 	ErrBadRange = errors.New("webhook: bad time range")
 )
 
-// MaxReplay bounds the events one ReplayRange moves.
-const MaxReplay = 1000
+// MaxReplay bounds the events one ReplayRange moves; MaxLookupAttempts the
+// attempts one Event lists.
+const (
+	MaxReplay         = 1000
+	MaxLookupAttempts = 1000
+)
 
 // webhookIDHeader is the outbox header a replay row carries: the event's
 // ID, which the delivery sends as Webhook-Id (the replay row's own outbox ID
@@ -68,9 +73,12 @@ type EventInfo struct {
 	// its attempts are past the history's retention, when the outbox
 	// marked it sent); absent while never delivered.
 	DeliveredAt *time.Time `json:"delivered_at,omitempty"`
-	// Attempts are every recorded attempt, oldest first (replays'
-	// included, each naming its replay), within the history's retention.
+	// Attempts are the recorded attempts, oldest first (replays'
+	// included, each naming its replay), within the history's retention:
+	// the latest MaxLookupAttempts of them.
 	Attempts []Attempt `json:"attempts"`
+	// AttemptsOmitted counts the older attempts left out of Attempts.
+	AttemptsOmitted int `json:"attempts_omitted,omitempty"`
 	// Replays are the replays an operator asked for, oldest first.
 	Replays []ReplayInfo `json:"replays,omitempty"`
 	// LastError is the outbox's last error for a parked or skipped event.
@@ -164,12 +172,20 @@ func (st *Store) event(ctx context.Context, id string) (EventInfo, error) {
 	if ev.Attempts, err = st.attempts(ctx, id); err != nil {
 		return ev, err
 	}
-	for _, a := range ev.Attempts {
-		if a.Outcome == "delivered" {
-			t := a.At.Add(a.Duration)
-			ev.DeliveredAt = &t
-			break
+	var first sql.NullInt64 // the first delivered attempt's end, µs
+	if err := st.db.QueryRowContext(ctx, st.rebind(`SELECT MIN(at + duration_us) FROM `+st.attempt+` WHERE event_id = ? AND error = ''`), id).Scan(&first); err != nil {
+		return ev, fmt.Errorf("webhook: event %q: %w", id, err)
+	}
+	if first.Valid {
+		t := time.UnixMicro(first.Int64).UTC()
+		ev.DeliveredAt = &t
+	}
+	if len(ev.Attempts) == MaxLookupAttempts {
+		var n int
+		if err := st.db.QueryRowContext(ctx, st.rebind(`SELECT COUNT(*) FROM `+st.attempt+` WHERE event_id = ?`), id).Scan(&n); err != nil {
+			return ev, fmt.Errorf("webhook: event %q: %w", id, err)
 		}
+		ev.AttemptsOmitted = max(0, n-MaxLookupAttempts)
 	}
 	if ev.DeliveredAt == nil && !sentAt.IsZero() {
 		ev.DeliveredAt = &sentAt
@@ -181,7 +197,7 @@ func (st *Store) event(ctx context.Context, id string) (EventInfo, error) {
 }
 
 func (st *Store) attempts(ctx context.Context, id string) ([]Attempt, error) {
-	rows, err := st.db.QueryContext(ctx, st.rebind(`SELECT row_id, at, duration_us, status, error, body, relay FROM `+st.attempt+` WHERE event_id = ? ORDER BY at`), id)
+	rows, err := st.db.QueryContext(ctx, st.rebind(`SELECT row_id, at, duration_us, status, error, body, relay FROM `+st.attempt+` WHERE event_id = ? ORDER BY at DESC LIMIT ?`), id, MaxLookupAttempts)
 	if err != nil {
 		return nil, fmt.Errorf("webhook: attempts of %q: %w", id, err)
 	}
@@ -204,6 +220,7 @@ func (st *Store) attempts(ctx context.Context, id string) ([]Attempt, error) {
 		}
 		out = append(out, a)
 	}
+	slices.Reverse(out)
 	return out, rows.Err()
 }
 

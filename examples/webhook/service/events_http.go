@@ -149,6 +149,7 @@ form { display: inline; }
 <button type="submit" id="replay">Replay</button></form>
 sends the event again, with the same Webhook-Id, after the partner's undelivered events (a parked event is retried instead).</p>
 <h2>Attempts</h2>
+{{with .E.AttemptsOmitted}}<p>{{.}} older attempts not shown.</p>{{end}}
 <table id="attempts">
 <tr><th>#</th><th>at (UTC)</th><th>took</th><th>outcome</th><th>status</th><th>error</th><th>response body (first bytes)</th><th>relay</th><th>replay</th></tr>
 {{range $i, $a := .E.Attempts}}

@@ -49,6 +49,7 @@ func TestPostgresHistoryAndReplay(t *testing.T) {
 	ids, _ := ep.received()
 	require.Equal(t, []string{e0, e1, e0}, ids)
 	require.Eventually(t, func() bool { return h.event(e0).Replays[0].State == StateDelivered }, waitLong, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return h.event(e1).State == StateDelivered }, waitLong, 5*time.Millisecond)
 	latest, err := h.svc.LatestEvents(ctx, "p", 10)
 	require.NoError(t, err)
 	require.Len(t, latest, 2)
