@@ -151,6 +151,11 @@
 //     rest) or Skip (give it up and go on; SkipHead also returns the ID of
 //     the row it gave up). Parked lists such keys, Dead the rows.
 //
+// Recover is the operator's bulk form: the dead (and, on request, skipped)
+// rows matching a RecoverFilter (keys, IDs, type, time ranges, error text)
+// made pending again in key order, one transaction per batch, returning
+// what moved; Recoverable is its dry run.
+//
 // # Shutdown
 //
 // Close stops claiming, lets the sink calls in progress finish (until its

@@ -27,6 +27,7 @@ func TestFlagsRefuseBadValues(t *testing.T) {
 		{"-dest-rate", "NaN"},
 		{"-partners", "0"},
 		{"-partners", "-3"},
+		{"-history", "30s"},
 		{"extra"},
 	} {
 		_, err := parseFlags(args)

@@ -60,6 +60,7 @@ type options struct {
 	relayName     string
 	brkFailures   uint
 	brkOpen       time.Duration
+	history       time.Duration
 }
 
 func parseFlags(args []string) (options, error) {
@@ -84,6 +85,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.brkOpen, "breaker-open", 10*time.Second, "how long an open breaker refuses calls before trying one")
 	fs.StringVar(&o.relayName, "relay-name", "webhook", "this instance's name in the relay's lease table: the same across restarts (a restart takes its partners back at once), distinct per instance sharing a -postgres database")
 	fs.DurationVar(&o.lease, "lease", 30*time.Second, "relay lease per partner: after a crash, how long before a new process takes a partner over; well above -timeout")
+	fs.DurationVar(&o.history, "history", 7*24*time.Hour, "how long each event's attempts and delivered payload are kept (lookup, replay); at least 1m")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -99,6 +101,8 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("-sim-rate %v: need 0 to %v events per second", o.simRate, maxSimRate)
 	case !(o.rate > 0 && o.rate <= maxDestRate):
 		return o, fmt.Errorf("-dest-rate %v: need above 0, at most %v calls per second", o.rate, maxDestRate)
+	case o.history < time.Minute:
+		return o, fmt.Errorf("-history %v: need at least 1m", o.history)
 	case o.endpoints == "" && (o.partners < 1 || o.partners > maxSimPartners):
 		return o, fmt.Errorf("-partners %d: need 1 to %d", o.partners, maxSimPartners)
 	}
@@ -207,6 +211,7 @@ func run() error {
 		MeterProvider:  mp,
 		MetricsHandler: metricsHandler,
 		Store:          store,
+		History:        o.history,
 	})
 	if err != nil {
 		return err
@@ -240,6 +245,7 @@ func run() error {
 	fmt.Printf("  intake:        %s/events/{partner}   (POST {\"type\":\"...\",\"data\":{...}})\n", intakeURL)
 	fmt.Printf("  operator page: %s/\n", adminURL)
 	fmt.Printf("  metrics:       %s/metrics\n", adminURL)
+	fmt.Printf("  an event:      %s/events/{id} (JSON), %s/ui/events/{id} (page)\n", adminURL, adminURL)
 	if o.postgres == "" {
 		fmt.Printf("  database:      %s (SQLite)\n", o.dbPath)
 	} else {

@@ -277,6 +277,7 @@ type Delivery struct {
 	ID       string    // stable across attempts: the dedup key for the customer
 	Received time.Time // intake time
 	Body     []byte    // sent as is, Content-Type application/json
+	Outcome  *Outcome  // when set, Deliver fills it with what the HTTP call returned (history.go)
 }
 
 // Deliver makes one delivery attempt: nil when the endpoint answered 2xx.
@@ -328,13 +329,18 @@ func (d *Deliverer) post(ctx context.Context, u *url.URL, ev Delivery) error {
 	req.Header.Set(HeaderID, ev.ID)
 	req.Header.Set(HeaderTimestamp, strconv.FormatInt(ev.Received.Unix(), 10))
 	req.Header.Set(HeaderPartner, ev.Partner)
+	start := time.Now()
 	resp, err := d.client.Do(req)
 	if err != nil {
+		ev.Outcome.record(start, 0, nil)
 		return err
 	}
-	// Read a bounded amount so the connection can be reused.
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	// Read a bounded amount so the connection can be reused; the first
+	// AttemptBodyBytes go to the attempt's record.
+	var head headWriter
+	_, _ = io.Copy(&head, io.LimitReader(resp.Body, 64<<10))
 	_ = resp.Body.Close()
+	ev.Outcome.record(start, resp.StatusCode, head.b)
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return &StatusError{Code: resp.StatusCode}
 	}

@@ -20,6 +20,14 @@ const (
 	MetricParks      = "webhook.partner.parks"      // {park}, counter
 	MetricIntake     = "webhook.intake.events"      // {event}, counter, attribute result: accepted|rejected
 	MetricLatency    = "webhook.delivery.latency"   // s, histogram: intake to successful delivery
+	// The backlog's flow, for an alert on its slope: the backlog grows by
+	// enqueued and shrinks by settled (rate(enqueued) - rate(settled) is
+	// its slope, robust to scrape gaps); and the slope the service itself
+	// computes over the last 5 minutes of samples (backlog_slope).
+	MetricEnqueued = "webhook.partner.enqueued"      // {event}, counter: accepted events and replays queued
+	MetricSettled  = "webhook.partner.settled"       // {event}, counter: deliveries that got a 2xx, and skips
+	MetricSlope    = "webhook.partner.backlog_slope" // {event}/s, gauge: least-squares slope of the backlog over the last 5 minutes
+	MetricReplays  = "webhook.replays"               // {event}, counter, attribute result: requeued|recovered
 )
 
 type metrics struct {
@@ -31,6 +39,10 @@ type metrics struct {
 	parks      metric.Int64Counter
 	intake     metric.Int64Counter
 	latency    metric.Float64Histogram
+	enqueuedC  metric.Int64Counter
+	settledC   metric.Int64Counter
+	replays    metric.Int64Counter
+	slope      metric.Float64ObservableGauge
 	reg        metric.Registration
 }
 
@@ -73,6 +85,22 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 		metric.WithExplicitBucketBoundaries(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)); err != nil {
 		return nil, err
 	}
+	if mt.enqueuedC, err = m.Int64Counter(MetricEnqueued, metric.WithUnit("{event}"),
+		metric.WithDescription("Events entering a partner's backlog: accepted, and replays queued.")); err != nil {
+		return nil, err
+	}
+	if mt.settledC, err = m.Int64Counter(MetricSettled, metric.WithUnit("{event}"),
+		metric.WithDescription("Events leaving a partner's backlog: deliveries that got a 2xx, and skips.")); err != nil {
+		return nil, err
+	}
+	if mt.replays, err = m.Int64Counter(MetricReplays, metric.WithUnit("{event}"),
+		metric.WithDescription("Events an operator replayed, by partner and result (requeued: sent again; recovered: a parked event retried).")); err != nil {
+		return nil, err
+	}
+	if mt.slope, err = m.Float64ObservableGauge(MetricSlope, metric.WithUnit("{event}/s"),
+		metric.WithDescription("Slope of the partner's backlog over the last 5 minutes (least squares over 10 s samples); > 0: growing.")); err != nil {
+		return nil, err
+	}
 	if mt.backlog, err = m.Int64ObservableGauge(MetricBacklog, metric.WithUnit("{event}"),
 		metric.WithDescription("Accepted events not yet delivered, per partner.")); err != nil {
 		return nil, err
@@ -91,7 +119,7 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 // observe registers the gauges' callback, read at collection time (nothing
 // is recorded per event for these). Call it once s is complete.
 func (mt *metrics) observe(s *Service) error {
-	backlog, oldest, parked := mt.backlog, mt.oldest, mt.parkedG
+	backlog, oldest, parked, slope := mt.backlog, mt.oldest, mt.parkedG, mt.slope
 	var err error
 	mt.reg, err = mt.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		all, err := s.Status(ctx)
@@ -107,9 +135,11 @@ func (mt *metrics) observe(s *Service) error {
 				p = 1
 			}
 			o.ObserveInt64(parked, p, a)
+			v, _ := s.trend.slope(st.Partner)
+			o.ObserveFloat64(slope, v, a)
 		}
 		return nil
-	}, backlog, oldest, parked)
+	}, backlog, oldest, parked, slope)
 	return err
 }
 
@@ -118,6 +148,24 @@ func partnerAttr(p string) attribute.KeyValue { return attribute.String("partner
 func (m *metrics) delivered(ctx context.Context, partner string, latency time.Duration) {
 	m.deliveries.Add(ctx, 1, metric.WithAttributes(partnerAttr(partner), attrDelivered))
 	m.latency.Record(ctx, latency.Seconds(), metric.WithAttributes(partnerAttr(partner)))
+}
+
+// deliveredReplay counts a replay's successful delivery (not in the
+// latency histogram: its intake was long ago).
+func (m *metrics) deliveredReplay(ctx context.Context, partner string) {
+	m.deliveries.Add(ctx, 1, metric.WithAttributes(partnerAttr(partner), attrDelivered))
+}
+
+func (m *metrics) enqueued(ctx context.Context, partner string, n int64) {
+	m.enqueuedC.Add(ctx, n, metric.WithAttributes(partnerAttr(partner)))
+}
+
+func (m *metrics) settled(ctx context.Context, partner string) {
+	m.settledC.Add(ctx, 1, metric.WithAttributes(partnerAttr(partner)))
+}
+
+func (m *metrics) replayed(ctx context.Context, partner, result string) {
+	m.replays.Add(ctx, 1, metric.WithAttributes(partnerAttr(partner), attribute.String("result", result)))
 }
 
 func (m *metrics) failed(ctx context.Context, partner string) {

@@ -36,6 +36,7 @@ form { display: inline; }
 <h1>Partners</h1>
 <p>{{.Total}} undelivered events; {{len .Parked}} parked partners; {{.Now.Format "15:04:05"}} UTC.
 {{with .Flash}}<strong id="flash">{{.}}</strong>{{end}}</p>
+<form method="get" action="/ui/event" id="search">Did they get it? <input name="id" id="search-id" size="40" placeholder="event ID"> <button type="submit" id="search-go">Find event</button></form>
 {{if .Parked}}
 <h2>Parked</h2>
 <p>A parked partner's head event failed its attempts; its later events wait, none is dropped.
@@ -55,10 +56,10 @@ Resume retries the head with a fresh attempt budget; Skip gives the head event u
 {{end}}
 <h2>All partners, by backlog and age</h2>
 <table id="partners">
-<tr><th>partner</th><th>state</th><th>backlog</th><th>oldest undelivered</th><th>delivered</th><th>failed attempts</th><th>parks</th><th>skipped</th><th>breaker</th><th>destination</th></tr>
-{{range .Partners}}
+<tr><th>partner</th><th>state</th><th>backlog</th><th>trend (5 min)</th><th>slope</th><th>oldest undelivered</th><th>delivered</th><th>failed attempts</th><th>parks</th><th>skipped</th><th>breaker</th><th>destination</th></tr>
+{{range .Partners}}{{$t := index $.Trends .Partner}}
 <tr data-partner="{{.Partner}}" class="{{if .Parked}}parked{{end}}">
-<td>{{.Partner}}</td><td class="state">{{if .Parked}}parked{{else}}active{{end}}</td><td class="backlog">{{.Backlog}}</td><td>{{age .OldestAge}}</td>
+<td><a href="/ui/partners/{{.Partner}}">{{.Partner}}</a></td><td class="state">{{if .Parked}}parked{{else}}active{{end}}</td><td class="backlog">{{.Backlog}}</td><td>{{$t.Spark}}</td><td class="slope">{{$t.Slope}}</td><td>{{age .OldestAge}}</td>
 <td class="delivered">{{.Delivered}}</td><td>{{.Failed}}</td><td>{{.Parks}}</td><td>{{.Skipped}}</td><td>{{.Breaker}}</td><td>{{.Destination}}</td>
 </tr>
 {{end}}
@@ -74,6 +75,13 @@ type pageData struct {
 	Partners []PartnerStatus
 	Parked   []PartnerStatus
 	Flash    string
+	Trends   map[string]trendView
+}
+
+// trendView is a partner's backlog trend on the page.
+type trendView struct {
+	Spark template.HTML // an inline SVG chart of the last 5 minutes
+	Slope string        // its slope, events/s with a sign
 }
 
 func (s *Service) handleOperatorPage(w http.ResponseWriter, r *http.Request) {
@@ -83,8 +91,14 @@ func (s *Service) handleOperatorPage(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		return
 	}
-	d := pageData{Now: now.UTC(), Partners: all, Flash: s.flash(r.URL.Query().Get("done"))}
+	d := pageData{Now: now.UTC(), Partners: all, Flash: s.flash(r.URL.Query().Get("done")), Trends: map[string]trendView{}}
 	for _, p := range all {
+		v, span := s.trend.slope(p.Partner)
+		tv := trendView{Spark: s.trend.spark(p.Partner), Slope: "-"}
+		if span > 0 {
+			tv.Slope = fmt.Sprintf("%+.2f/s", v)
+		}
+		d.Trends[p.Partner] = tv
 		d.Total += p.Backlog
 		if p.Parked {
 			d.Parked = append(d.Parked, p)

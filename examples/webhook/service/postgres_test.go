@@ -46,7 +46,7 @@ func postgresStore(t *testing.T) func() (*Store, error) {
 	}
 	prefix := fmt.Sprintf("webhook_t%d_%d_", os.Getpid(), pgSeq.Add(1))
 	t.Cleanup(func() {
-		for _, tbl := range []string{"outbox", "outbox_lease", "intake"} {
+		for _, tbl := range []string{"outbox", "outbox_lease", "intake", "attempt", "replay"} {
 			_, _ = db.Exec(`DROP TABLE IF EXISTS ` + prefix + tbl)
 		}
 		_, _ = db.Exec(`DROP FUNCTION IF EXISTS ` + prefix + `outbox_notify() CASCADE`)

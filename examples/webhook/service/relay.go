@@ -24,7 +24,7 @@ type relay struct {
 // schedOpts go to the relay's scheduler (the metrics' observer).
 func startRelay(ctx context.Context, s *Service, schedOpts ...keysched.Option) (*relay, error) {
 	r, err := s.store.ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
-		return s.sink(ctx, e.Key, e.ID, e.CreatedAt, e.Payload)
+		return s.sink(ctx, e)
 	},
 		outbox.WithRetry(s.cfg.Retry),
 		outbox.WithFailurePolicy(keysched.Park),
@@ -35,6 +35,9 @@ func startRelay(ctx context.Context, s *Service, schedOpts ...keysched.Option) (
 		outbox.WithLeaseDuration(s.cfg.LeaseDuration),
 		outbox.WithPollInterval(s.cfg.PollInterval),
 		outbox.WithOwner(s.cfg.RelayName),
+		// Delivered rows are kept for the history's retention: a replay
+		// sends their payload again.
+		outbox.WithRetention(s.cfg.History),
 		// One process per RelayName: a restart after a crash takes the
 		// dead process's partners back at once (a live one of the same
 		// name would be fenced out; see outbox.WithTakeOverOnStart).

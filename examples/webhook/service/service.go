@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/db/outbox"
 	"github.com/keysched/keysched/otelkeysched"
 	"github.com/sony/gobreaker/v2"
 	"go.opentelemetry.io/otel/attribute"
@@ -136,8 +137,17 @@ type Config struct {
 	// max(30 s, 3 × Timeout, 3 × PollInterval); a PollInterval above a
 	// third of a LeaseDuration given is lowered to that third.
 	LeaseDuration time.Duration
+	// History is how long the service keeps each event's delivery
+	// history: its recorded attempts (the attempt table) and its delivered
+	// outbox row (the payload a replay sends again; outbox.WithRetention).
+	// After it, an event's lookup still shows its partner, type, intake
+	// time and state, without attempts, and it can no longer be replayed.
+	// A cleanup deletes what is older every History/10 (at most every 10
+	// minutes, at least every second). Default 7 days; at least a minute.
+	History time.Duration
 
-	now func() time.Time // tests
+	now        func() time.Time // tests
+	trendEvery time.Duration    // tests: the backlog trend's sampling period
 }
 
 func (c *Config) defaults() error {
@@ -199,8 +209,17 @@ func (c *Config) defaults() error {
 	if c.LeaseDuration <= c.Timeout {
 		return fmt.Errorf("%w: LeaseDuration %v must be above Timeout %v", ErrInvalidConfig, c.LeaseDuration, c.Timeout)
 	}
+	if c.History == 0 {
+		c.History = 7 * 24 * time.Hour
+	}
+	if c.History < time.Minute {
+		return fmt.Errorf("%w: History %v: need at least a minute", ErrInvalidConfig, c.History)
+	}
 	if c.now == nil {
 		c.now = time.Now
+	}
+	if c.trendEvery == 0 {
+		c.trendEvery = trendEvery
 	}
 	return nil
 }
@@ -225,6 +244,10 @@ type Service struct {
 	relay    *relay
 	schedMet *otelkeysched.Metrics[string]
 	commit   *committer
+	history  *history
+	trend    *trend
+	bgStop   chan struct{}
+	bgDone   []chan struct{}
 
 	closeOnce sync.Once
 	closeErr  error
@@ -276,7 +299,10 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		}
 		observe = append(observe, keysched.WithObserver(s.schedMet.Observer()))
 	}
+	// Before the relay: its deliveries record their attempts.
+	s.history = newHistory(s.store)
 	if s.relay, err = startRelay(ctx, s, observe...); err != nil {
+		s.history.close()
 		_ = s.metrics.close()
 		if s.schedMet != nil {
 			_ = s.schedMet.Unregister()
@@ -284,6 +310,11 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s.commit = newCommitter(s.store, s.settleIntake)
+	s.trend = newTrend(s.partners)
+	s.bgStop = make(chan struct{})
+	s.bgDone = []chan struct{}{make(chan struct{}), make(chan struct{})}
+	go s.cleaner(s.bgStop, s.bgDone[0])
+	go s.sampler(s.bgStop, s.bgDone[1])
 	// Last: from here on a collection may read the whole service.
 	if err := s.metrics.observe(s); err != nil {
 		_ = s.Close(context.Background())
@@ -322,7 +353,9 @@ func (s *Service) IntakeHandler() http.Handler {
 }
 
 // AdminHandler serves the operator page (GET /), the operator actions (POST
-// /partners/{partner}/resume and /skip, each logged) and, when
+// /partners/{partner}/resume and /skip, each logged), the event lookup and
+// replay (GET /events/{id}, POST /events/{id}/replay and
+// /partners/{partner}/replay, the pages under /ui/: see events_http.go) and, when
 // Config.MetricsHandler is set, /metrics. Serve it on an address partners
 // cannot reach: it has no authentication of its own.
 //
@@ -339,6 +372,7 @@ func (s *Service) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", s.handleOperatorPage)
 	mux.HandleFunc("POST /partners/{partner}/{action}", s.handleOperatorAction)
+	s.routeEvents(mux) // events_http.go: lookup and replay
 	if s.cfg.MetricsHandler != nil {
 		mux.Handle("GET /metrics", s.cfg.MetricsHandler)
 	}
@@ -420,6 +454,7 @@ func (s *Service) Skip(ctx context.Context, partner string) error {
 		return err
 	}
 	s.backlog.done(partner, id, false)
+	s.metrics.settled(ctx, partner)
 	s.log.Warn("operator skipped an event", "partner", partner, "event", id)
 	return nil
 }
@@ -439,7 +474,13 @@ func (s *Service) Close(ctx context.Context) error {
 			unreg = s.schedMet.Unregister()
 		}
 		s.commit.close()
+		close(s.bgStop)
+		for _, d := range s.bgDone {
+			<-d
+		}
 		s.closeErr = errors.Join(s.relay.close(ctx), s.metrics.close(), unreg)
+		// After the relay: the attempts in flight at Close are recorded.
+		s.history.close()
 		s.deliver.Close()
 	})
 	return s.closeErr
@@ -453,32 +494,65 @@ func (s *Service) settleIntake(env Envelope, err error) {
 		return
 	}
 	s.metrics.accepted(context.Background(), env.Partner)
+	s.metrics.enqueued(context.Background(), env.Partner, 1)
 }
 
-// sink is the relay's publish function: one delivery attempt.
+// sink is the relay's publish function: one delivery attempt of the row e
+// (an event's own row, or a replay's: see webhookID).
 //
 // A local refusal (Refused: bulkhead full, breaker open, no rate token) made
 // no call, so it is no attempt: it is returned wrapped in keysched.Snooze,
 // which runs the event again after the retry policy's first delay (full
 // jitter on [0, Retry.InitialBackoff]) without spending Retry.MaxAttempts,
-// and it counts as "refused", not as a failed attempt. The partner keeps its
-// order meanwhile. Refusals are bounded where they come from: the bulkhead
-// frees as calls in flight end (each within Timeout), the token bucket
-// refills, an open breaker half-opens after OpenFor and lets one counted
-// call through.
-func (s *Service) sink(ctx context.Context, partner, id string, received time.Time, body []byte) error {
-	err := s.deliver.Deliver(ctx, Delivery{Partner: partner, ID: id, Received: received, Body: body})
+// and it counts as "refused", not as a failed attempt; it is not recorded in
+// the history either. The partner keeps its order meanwhile. Refusals are
+// bounded where they come from: the bulkhead frees as calls in flight end
+// (each within Timeout), the token bucket refills, an open breaker
+// half-opens after OpenFor and lets one counted call through.
+//
+// Every other attempt is recorded (history.go) before the sink returns, so
+// before the outbox marks the row sent or dead: a state change always has
+// its attempt on record. An attempt that cannot be recorded fails (the row
+// is retried, and a delivered event may then arrive twice).
+func (s *Service) sink(ctx context.Context, e outbox.Event) error {
+	partner := e.Key
+	id, replay := webhookID(e)
+	var out Outcome
+	err := s.deliver.Deliver(ctx, Delivery{Partner: partner, ID: id, Received: e.CreatedAt, Body: e.Payload, Outcome: &out})
 	if err != nil && Refused(err) {
 		s.metrics.refused(ctx, partner)
 		return keysched.Snooze(err, 0)
+	}
+	rec := &attemptRec{eventID: id, rowID: e.ID, partner: partner, a: Attempt{
+		At: out.Start, Duration: out.Duration, Status: out.Status, Body: text(out.Body), Relay: s.cfg.RelayName,
+	}}
+	if !out.Called {
+		rec.a.At = s.now()
+	}
+	if err != nil {
+		rec.a.Error = err.Error()
+	}
+	if rerr := s.history.record(rec); rerr != nil {
+		s.log.Error("recording a delivery attempt failed: the attempt counts as failed", "partner", partner, "event", id, "err", rerr)
+		if err == nil {
+			err = fmt.Errorf("webhook: delivered, but the attempt could not be recorded: %w", rerr)
+		}
+		s.backlog.failedAttempt(partner, err)
+		s.metrics.failed(ctx, partner)
+		return err
 	}
 	if err != nil {
 		s.backlog.failedAttempt(partner, err)
 		s.metrics.failed(ctx, partner)
 		return err
 	}
-	s.backlog.done(partner, id, true)
-	s.metrics.delivered(ctx, partner, s.now().Sub(received))
+	s.backlog.done(partner, e.ID, true)
+	s.metrics.settled(ctx, partner)
+	if replay {
+		s.metrics.deliveredReplay(ctx, partner)
+	} else {
+		s.metrics.delivered(ctx, partner, s.now().Sub(e.CreatedAt))
+	}
 	return nil
 }
 

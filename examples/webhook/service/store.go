@@ -15,9 +15,13 @@ import (
 // accepted event, written in the same transaction as its outbox row, and
 // kept after delivery (what was accepted, from whom, when). OutboxTable is
 // the db/outbox table (its relay's lease table is OutboxTable+"_lease").
+// AttemptTable holds every delivery attempt (Config.History), ReplayTable
+// every replay an operator asked for (Service.Replay).
 const (
-	IntakeTable = "webhook_intake"
-	OutboxTable = "webhook_outbox"
+	IntakeTable  = "webhook_intake"
+	OutboxTable  = "webhook_outbox"
+	AttemptTable = "webhook_attempt"
+	ReplayTable  = "webhook_replay"
 )
 
 var tablePrefixRe = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,31}$`)
@@ -27,8 +31,8 @@ type StoreOption func(*storeConfig)
 
 type storeConfig struct{ prefix string }
 
-// WithTablePrefix names the store's tables prefix+"outbox" and
-// prefix+"intake" instead of the defaults ("webhook_"): several services, or
+// WithTablePrefix names the store's tables prefix+"outbox", prefix+"intake",
+// prefix+"attempt" and prefix+"replay" instead of the defaults ("webhook_"): several services, or
 // tests, can then share one database. The prefix is lower-case letters,
 // digits and underscores.
 func WithTablePrefix(prefix string) StoreOption {
@@ -42,10 +46,12 @@ func WithTablePrefix(prefix string) StoreOption {
 // The zero Store is not usable: use NewStore, OpenSQLite or OpenPostgres.
 // Close on a nil or zero Store returns ErrZeroStore, Outbox returns nil.
 type Store struct {
-	db     *sql.DB
-	ob     *outbox.Outbox
-	intake string // the intake table's name
-	ownsDB bool
+	db      *sql.DB
+	ob      *outbox.Outbox
+	intake  string // the intake table's name
+	attempt string // the attempt history's table (history.go)
+	replay  string // the replays' table (events.go)
+	ownsDB  bool
 }
 
 // OpenSQLite opens (creating it if missing) a SQLite database file and its
@@ -112,7 +118,11 @@ func NewStore(ctx context.Context, db *sql.DB, opts ...StoreOption) (*Store, err
 )`); err != nil {
 		return nil, fmt.Errorf("webhook: create %s: %w", intake, err)
 	}
-	return &Store{db: db, ob: ob, intake: intake}, nil
+	st := &Store{db: db, ob: ob, intake: intake, attempt: cfg.prefix + "attempt", replay: cfg.prefix + "replay"}
+	if err := st.historyTables(ctx); err != nil {
+		return nil, err
+	}
+	return st, nil
 }
 
 // Outbox returns the store's outbox.
@@ -163,10 +173,16 @@ func (s *Store) acceptBatch(ctx context.Context, batch []*acceptReq) error {
 }
 
 // loadPending fills b with the events accepted and not yet delivered (nor
-// skipped): outbox rows pending or dead, in outbox order.
+// skipped), and the replays not yet delivered: outbox rows pending or dead,
+// in outbox order.
 func (s *Store) loadPending(ctx context.Context, b *backlog) error {
-	rows, err := s.db.QueryContext(ctx, `SELECT i.id, i.partner, i.received_at FROM `+s.intake+` i
-JOIN `+s.ob.Table()+` o ON o.id = i.id WHERE o.state IN (0, 2) ORDER BY o.seq`)
+	rows, err := s.db.QueryContext(ctx, `SELECT id, partner, at FROM (
+SELECT i.id, i.partner, i.received_at AS at, o.seq FROM `+s.intake+` i
+JOIN `+s.ob.Table()+` o ON o.id = i.id WHERE o.state IN (0, 2)
+UNION ALL
+SELECT r.row_id, r.partner, r.requested_at, o.seq FROM `+s.replay+` r
+JOIN `+s.ob.Table()+` o ON o.id = r.row_id WHERE o.state IN (0, 2)
+) p ORDER BY seq`)
 	if err != nil {
 		return fmt.Errorf("webhook: loading the backlog: %w", err)
 	}

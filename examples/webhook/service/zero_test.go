@@ -36,7 +36,7 @@ func TestZeroValues(t *testing.T) {
 	}{
 		{"Service", func(t *testing.T) {
 			zerotest.Check[Service](t, ErrZeroService, []string{
-				"AdminHandler", "Close", "IntakeHandler", "Parked", "Resume", "Skip", "Status",
+				"AdminHandler", "Close", "Event", "IntakeHandler", "LatestEvents", "Parked", "Replay", "ReplayRange", "Resume", "Skip", "Status",
 			}, zerotest.Special{Method: "AdminHandler", Check: answers500},
 				zerotest.Special{Method: "IntakeHandler", Check: answers500})
 		}},

@@ -1,0 +1,109 @@
+package service
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keysched/keysched/examples/webhook/sim"
+)
+
+// newBrowser starts a headless Chromium for t (skipping t loudly without
+// one, as TestOperatorPageInBrowser does).
+func newBrowser(t *testing.T) (context.Context, func()) {
+	browser := chromiumPath()
+	if browser == "" {
+		t.Skip("SKIPPED: NO CHROMIUM BINARY (/usr/bin/chromium or on PATH): the event pages were NOT tested in a browser. " +
+			"Install it with: apt-get update && apt-get install -y chromium")
+	}
+	alloc, cancelAlloc := chromedp.NewExecAllocator(t.Context(),
+		chromedp.ExecPath(browser),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()),
+	)
+	ctx, cancel := chromedp.NewContext(alloc)
+	return ctx, func() { cancel(); cancelAlloc() }
+}
+
+// In a real headless Chromium, an operator searches an event by its ID from
+// the operator page, sees its state and attempts, presses Replay: the event
+// arrives again (same Webhook-Id), the replay is logged, and the reloaded
+// page shows the replay and its attempt; the partner's page lists the event.
+func TestEventLookupAndReplayInBrowser(t *testing.T) {
+	ctx, stop := newBrowser(t)
+	defer stop()
+	logs := &syncBuffer{}
+	ep := newScripted(t, func(int, string) (int, string) { return http.StatusOK, `{"received":true}` })
+	h := newHarness(t, map[string]sim.Behavior{}, func(c *Config) {
+		c.Partners = map[string]string{"p": ep.srv.URL}
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	})
+	_, e0 := h.post("p", 0)
+	_, e1 := h.post("p", 1)
+	require.Eventually(t, func() bool {
+		return h.event(e0).State == StateDelivered && h.event(e1).State == StateDelivered
+	}, waitLong, 5*time.Millisecond)
+	text := func(sel string) string {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+		require.NoError(t, err, sel)
+		return v
+	}
+	count := func(sel string) int {
+		t.Helper()
+		n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll(`+"`"+sel+"`"+`).length`))
+		require.NoError(t, err, sel)
+		return n
+	}
+	// The first Run starts the browser: no timeout on its context.
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(h.admin.URL+"/"),
+		chromedp.WaitVisible(chromedp.CSS("#search-id")),
+		chromedp.SendKeys(chromedp.CSS("#search-id"), e0),
+		chromedp.Click(chromedp.CSS("#search-go")),
+		chromedp.WaitVisible(chromedp.CSS("#event-id")),
+	))
+	require.Equal(t, e0, text("#event-id"))
+	require.Equal(t, StateDelivered, text("#state"))
+	require.Equal(t, 1, count("#attempts tr.attempt"))
+	require.Contains(t, text("#attempts"), `{"received":true}`)
+
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Click(chromedp.CSS("#replay")),
+		chromedp.WaitVisible(chromedp.CSS("#flash")),
+	))
+	require.Equal(t, "replay: 1 sent again (queued behind the partner's undelivered events)", text("#flash"))
+	require.Eventually(t, func() bool { ids, _ := ep.received(); return len(ids) == 3 }, waitLong, 5*time.Millisecond)
+	ids, _ := ep.received()
+	require.Equal(t, []string{e0, e1, e0}, ids)
+	require.Contains(t, logs.String(), `msg="operator replayed an event" event=`+e0)
+
+	require.Eventually(t, func() bool {
+		ev := h.event(e0)
+		return len(ev.Attempts) == 2 && len(ev.Replays) == 1 && ev.Replays[0].State == StateDelivered
+	}, waitLong, 5*time.Millisecond)
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(h.admin.URL+"/ui/events/"+e0),
+		chromedp.WaitVisible(chromedp.CSS("#replays")),
+	))
+	require.Equal(t, 2, count("#attempts tr.attempt"))
+	require.Contains(t, text("#replays"), StateDelivered)
+
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(h.admin.URL+"/ui/partners/p"),
+		chromedp.WaitVisible(chromedp.CSS("#latest")),
+	))
+	require.Equal(t, StateDelivered, text(`#latest tr[data-event="`+e0+`"] td.state`))
+}

@@ -1,0 +1,529 @@
+package service
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/keysched/keysched/db/outbox"
+)
+
+// Errors of Event, Replay and ReplayRange.
+var (
+	// ErrUnknownEvent: no event of that ID was accepted (or its intake
+	// record is gone).
+	ErrUnknownEvent = errors.New("webhook: unknown event")
+	// ErrReplayTooMany: a replay's time range holds more than MaxReplay
+	// events; nothing was replayed (narrow the range).
+	ErrReplayTooMany = errors.New("webhook: too many events to replay at once")
+	// ErrReplayNothing: a replay's time range holds no event of the
+	// partner.
+	ErrReplayNothing = errors.New("webhook: no event to replay")
+	// ErrBadRange: a replay range whose start is not before its end, or
+	// without one of them.
+	ErrBadRange = errors.New("webhook: bad time range")
+)
+
+// MaxReplay bounds the events one ReplayRange moves; MaxLookupAttempts the
+// attempts one Event lists.
+const (
+	MaxReplay         = 1000
+	MaxLookupAttempts = 1000
+)
+
+// webhookIDHeader is the outbox header a replay row carries: the event's
+// ID, which the delivery sends as Webhook-Id (the replay row's own outbox ID
+// is new, as outbox IDs are unique).
+const webhookIDHeader = "webhook-id"
+
+// webhookID returns the ID a row delivers as (Webhook-Id) and whether the
+// row is a replay.
+func webhookID(e outbox.Event) (string, bool) {
+	if id := e.Headers[webhookIDHeader]; id != "" {
+		return id, true
+	}
+	return e.ID, false
+}
+
+// Event states, as Event reports them.
+const (
+	StatePending   = "pending"   // waiting, or being retried (see its attempts)
+	StateDelivered = "delivered" // an attempt got a 2xx and the outbox marked the row sent
+	StateParked    = "parked"    // out of attempts: it and its partner's later events wait for an operator
+	StateSkipped   = "skipped"   // given up by an operator
+)
+
+// EventInfo is what the service knows of one event: GET /events/{id}.
+type EventInfo struct {
+	ID      string    `json:"id"`
+	Partner string    `json:"partner"`
+	Type    string    `json:"type"`
+	Created time.Time `json:"created"` // intake time (UTC)
+	// State is the state of the event's latest delivery: its own, or its
+	// latest replay's (pending, delivered, parked, skipped).
+	State string `json:"state"`
+	// DeliveredAt is when the first attempt that got a 2xx ended (or, once
+	// its attempts are past the history's retention, when the outbox
+	// marked it sent); absent while never delivered.
+	DeliveredAt *time.Time `json:"delivered_at,omitempty"`
+	// Attempts are the recorded attempts, oldest first (replays'
+	// included, each naming its replay), within the history's retention:
+	// the latest MaxLookupAttempts of them.
+	Attempts []Attempt `json:"attempts"`
+	// AttemptsOmitted counts the older attempts left out of Attempts.
+	AttemptsOmitted int `json:"attempts_omitted,omitempty"`
+	// Replays are the replays an operator asked for, oldest first.
+	Replays []ReplayInfo `json:"replays,omitempty"`
+	// LastError is the outbox's last error for a parked or skipped event.
+	LastError string `json:"last_error,omitempty"`
+}
+
+// ReplayInfo is one replay of an event.
+type ReplayInfo struct {
+	ID          string    `json:"id"` // the replay's outbox row (not the Webhook-Id, which is the event's)
+	RequestedAt time.Time `json:"requested_at"`
+	State       string    `json:"state"`
+}
+
+// rowState is an outbox row's state as an event state; a row gone from the
+// outbox was sent and cleaned up after the retention (dead and skipped rows
+// are never deleted).
+func rowState(st sql.NullInt64) string {
+	if !st.Valid {
+		return StateDelivered
+	}
+	switch outbox.State(st.Int64) {
+	case outbox.Pending:
+		return StatePending
+	case outbox.Sent:
+		return StateDelivered
+	case outbox.Dead:
+		return StateParked
+	case outbox.Skipped:
+		return StateSkipped
+	}
+	return fmt.Sprintf("state %d", st.Int64)
+}
+
+// Event returns what the service knows of the event id: ErrUnknownEvent if
+// none was accepted with it. It costs a few indexed queries.
+func (s *Service) Event(ctx context.Context, id string) (EventInfo, error) {
+	if s.zero() {
+		return EventInfo{}, ErrZeroService
+	}
+	return s.store.event(ctx, id)
+}
+
+func (st *Store) event(ctx context.Context, id string) (EventInfo, error) {
+	var ev EventInfo
+	var us int64
+	err := st.db.QueryRowContext(ctx, st.rebind(`SELECT id, partner, type, received_at FROM `+st.intake+` WHERE id = ?`), id).
+		Scan(&ev.ID, &ev.Partner, &ev.Type, &us)
+	if errors.Is(err, sql.ErrNoRows) {
+		return ev, fmt.Errorf("%w: %q", ErrUnknownEvent, id)
+	}
+	if err != nil {
+		return ev, fmt.Errorf("webhook: event %q: %w", id, err)
+	}
+	ev.Created = time.UnixMicro(us).UTC()
+	// The event's outbox rows: its own, and its replays', in outbox order.
+	rows, err := st.db.QueryContext(ctx, st.rebind(`SELECT r.id, r.requested_at, o.state, o.done_at, o.last_error FROM (
+	SELECT ? AS id, 0 AS requested_at
+	UNION ALL SELECT row_id, requested_at FROM `+st.replay+` WHERE event_id = ?
+) r LEFT JOIN `+st.ob.Table()+` o ON o.id = r.id ORDER BY r.requested_at, o.seq`), id, id)
+	if err != nil {
+		return ev, fmt.Errorf("webhook: event %q: %w", id, err)
+	}
+	var sentAt time.Time
+	for rows.Next() {
+		var rowID string
+		var req int64
+		var state sql.NullInt64
+		var lastErr sql.NullString
+		done := st.timeDest()
+		if err := rows.Scan(&rowID, &req, &state, done, &lastErr); err != nil {
+			rows.Close()
+			return ev, fmt.Errorf("webhook: event %q: %w", id, err)
+		}
+		ev.State = rowState(state)
+		if t, ok := timeOf(done); ok && state.Valid && outbox.State(state.Int64) == outbox.Sent && sentAt.IsZero() {
+			sentAt = t
+		}
+		if rowID == id {
+			ev.LastError = lastErr.String
+			continue
+		}
+		ev.Replays = append(ev.Replays, ReplayInfo{ID: rowID, RequestedAt: time.UnixMicro(req).UTC(), State: ev.State})
+		if ev.State == StateParked || ev.State == StateSkipped {
+			ev.LastError = lastErr.String
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return ev, fmt.Errorf("webhook: event %q: %w", id, err)
+	}
+	rows.Close()
+	if ev.Attempts, err = st.attempts(ctx, id); err != nil {
+		return ev, err
+	}
+	var first sql.NullInt64 // the first delivered attempt's end, µs
+	if err := st.db.QueryRowContext(ctx, st.rebind(`SELECT MIN(at + duration_us) FROM `+st.attempt+` WHERE event_id = ? AND error = ''`), id).Scan(&first); err != nil {
+		return ev, fmt.Errorf("webhook: event %q: %w", id, err)
+	}
+	if first.Valid {
+		t := time.UnixMicro(first.Int64).UTC()
+		ev.DeliveredAt = &t
+	}
+	if len(ev.Attempts) == MaxLookupAttempts {
+		var n int
+		if err := st.db.QueryRowContext(ctx, st.rebind(`SELECT COUNT(*) FROM `+st.attempt+` WHERE event_id = ?`), id).Scan(&n); err != nil {
+			return ev, fmt.Errorf("webhook: event %q: %w", id, err)
+		}
+		ev.AttemptsOmitted = max(0, n-MaxLookupAttempts)
+	}
+	if ev.DeliveredAt == nil && !sentAt.IsZero() {
+		ev.DeliveredAt = &sentAt
+	}
+	if ev.Attempts == nil {
+		ev.Attempts = []Attempt{}
+	}
+	return ev, nil
+}
+
+func (st *Store) attempts(ctx context.Context, id string) ([]Attempt, error) {
+	rows, err := st.db.QueryContext(ctx, st.rebind(`SELECT row_id, at, duration_us, status, error, body, relay FROM `+st.attempt+` WHERE event_id = ? ORDER BY at DESC LIMIT ?`), id, MaxLookupAttempts)
+	if err != nil {
+		return nil, fmt.Errorf("webhook: attempts of %q: %w", id, err)
+	}
+	defer rows.Close()
+	var out []Attempt
+	for rows.Next() {
+		var a Attempt
+		var rowID string
+		var at, dur int64
+		if err := rows.Scan(&rowID, &at, &dur, &a.Status, &a.Error, &a.Body, &a.Relay); err != nil {
+			return nil, fmt.Errorf("webhook: attempts of %q: %w", id, err)
+		}
+		a.At, a.Duration = time.UnixMicro(at).UTC(), time.Duration(dur)*time.Microsecond
+		a.Outcome = "failed"
+		if a.Error == "" {
+			a.Outcome = "delivered"
+		}
+		if rowID != id {
+			a.Replay = rowID
+		}
+		out = append(out, a)
+	}
+	slices.Reverse(out)
+	return out, rows.Err()
+}
+
+// EventSummary is one line of a partner's latest events.
+type EventSummary struct {
+	ID       string    `json:"id"`
+	Type     string    `json:"type"`
+	Created  time.Time `json:"created"`
+	State    string    `json:"state"` // of the event's own delivery (see Replays)
+	Replays  int       `json:"replays"`
+	Attempts int       `json:"attempts"` // recorded attempts, replays' included
+}
+
+// LatestEvents returns up to limit (1 to 1000) of the partner's latest
+// accepted events, newest first, with their states.
+func (s *Service) LatestEvents(ctx context.Context, partner string, limit int) ([]EventSummary, error) {
+	if s.zero() {
+		return nil, ErrZeroService
+	}
+	if !s.known(partner) {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownPartner, partner)
+	}
+	if limit < 1 || limit > 1000 {
+		return nil, fmt.Errorf("webhook: LatestEvents: limit %d: need 1 to 1000", limit)
+	}
+	st := s.store
+	rows, err := st.db.QueryContext(ctx, st.rebind(`SELECT i.id, i.type, i.received_at, o.state,
+	(SELECT COUNT(*) FROM `+st.replay+` r WHERE r.event_id = i.id),
+	(SELECT COUNT(*) FROM `+st.attempt+` a WHERE a.event_id = i.id)
+FROM `+st.intake+` i LEFT JOIN `+st.ob.Table()+` o ON o.id = i.id
+WHERE i.partner = ? ORDER BY i.received_at DESC, i.id DESC LIMIT ?`), partner, limit)
+	if err != nil {
+		return nil, fmt.Errorf("webhook: latest events of %q: %w", partner, err)
+	}
+	defer rows.Close()
+	var out []EventSummary
+	for rows.Next() {
+		var e EventSummary
+		var us int64
+		var state sql.NullInt64
+		if err := rows.Scan(&e.ID, &e.Type, &us, &state, &e.Replays, &e.Attempts); err != nil {
+			return nil, fmt.Errorf("webhook: latest events of %q: %w", partner, err)
+		}
+		e.Created, e.State = time.UnixMicro(us).UTC(), rowState(state)
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// ReplayResult is what a replay did, per event, in delivery order.
+type ReplayResult struct {
+	// Requeued are events sent again: a new delivery of each, carrying the
+	// event's Webhook-Id, queued behind the partner's undelivered events.
+	Requeued []string `json:"requeued"`
+	// Recovered are parked events (their delivery out of attempts) made
+	// pending again with a fresh attempt budget: the partner resumes. (A
+	// parked event that a concurrent Resume or Skip moved first is in no
+	// list; that is logged.)
+	Recovered []string `json:"recovered"`
+	// Pending are events not delivered yet, left as they are (they will be
+	// delivered; a replay would send them twice).
+	Pending []string `json:"pending"`
+	// Expired are events whose payload is past the retention (Config.History):
+	// they cannot be sent again.
+	Expired []string `json:"expired"`
+}
+
+// replayCand is one event a replay considers.
+type replayCand struct {
+	id, partner, typ string
+	received         time.Time
+	origState        sql.NullInt64
+	latestRow        string        // the row of the event's latest delivery
+	latestState      sql.NullInt64 // its state
+}
+
+// Replay sends the event id again, whatever its state, through the
+// partner's chain: a delivered or skipped event gets a new delivery, queued
+// behind the partner's undelivered events (so it arrives in order with
+// them), with the event's Webhook-Id and body (receivers deduplicate on the
+// ID); a parked event is made pending again (its partner resumes); a
+// pending one is left as is. ErrUnknownEvent for an unknown ID, ErrClosed
+// after Close. It is logged and counted (webhook.replays).
+func (s *Service) Replay(ctx context.Context, id string) (ReplayResult, error) {
+	return s.replay(ctx, "", id, time.Time{}, time.Time{})
+}
+
+// ReplayRange is Replay for every event of partner accepted in [from, to)
+// (intake time), in their intake order: at most MaxReplay
+// (ErrReplayTooMany: nothing done), at least one (ErrReplayNothing).
+// ErrUnknownPartner, ErrBadRange (from not before to) are refused first.
+func (s *Service) ReplayRange(ctx context.Context, partner string, from, to time.Time) (ReplayResult, error) {
+	if s.zero() {
+		return ReplayResult{}, ErrZeroService
+	}
+	if !s.known(partner) {
+		return ReplayResult{}, fmt.Errorf("%w: %q", ErrUnknownPartner, partner)
+	}
+	if from.IsZero() || to.IsZero() || !from.Before(to) {
+		return ReplayResult{}, fmt.Errorf("%w: [%v, %v)", ErrBadRange, from, to)
+	}
+	return s.replay(ctx, partner, "", from, to)
+}
+
+func (s *Service) replay(ctx context.Context, partner, id string, from, to time.Time) (ReplayResult, error) {
+	var res ReplayResult
+	if s.zero() {
+		return res, ErrZeroService
+	}
+	if s.closed.Load() {
+		return res, ErrClosed
+	}
+	cands, err := s.store.replayCandidates(ctx, partner, id, from, to)
+	if err != nil {
+		return res, err
+	}
+	switch {
+	case id != "" && len(cands) == 0:
+		return res, fmt.Errorf("%w: %q", ErrUnknownEvent, id)
+	case len(cands) == 0:
+		return res, fmt.Errorf("%w: partner %q, [%v, %v)", ErrReplayNothing, partner, from.UTC(), to.UTC())
+	case len(cands) > MaxReplay:
+		return res, fmt.Errorf("%w: %d events in [%v, %v), at most %d", ErrReplayTooMany, len(cands), from.UTC(), to.UTC(), MaxReplay)
+	}
+	var dead []string
+	deadOf := map[string]string{} // row -> event
+	var requeue []*replayCand
+	for _, c := range cands {
+		switch {
+		case c.latestState.Valid && outbox.State(c.latestState.Int64) == outbox.Dead:
+			dead = append(dead, c.latestRow)
+			deadOf[c.latestRow] = c.id
+		case c.latestState.Valid && outbox.State(c.latestState.Int64) == outbox.Pending:
+			res.Pending = append(res.Pending, c.id)
+		case !c.origState.Valid:
+			res.Expired = append(res.Expired, c.id)
+		default:
+			requeue = append(requeue, c)
+			res.Requeued = append(res.Requeued, c.id)
+		}
+	}
+	// A parked event first: it is its partner's head (under Park, the
+	// partner's only dead row), the new deliveries queue behind it.
+	if len(dead) > 0 {
+		moved, err := s.relay.r.Recover(ctx, outbox.RecoverFilter{IDs: dead})
+		if err != nil {
+			return res, fmt.Errorf("webhook: replay: %w", err)
+		}
+		got := map[string]bool{}
+		for _, m := range moved {
+			got[m.ID] = true
+		}
+		for _, row := range dead {
+			if got[row] {
+				res.Recovered = append(res.Recovered, deadOf[row])
+				continue
+			}
+			// A concurrent Resume or Skip moved it first: not recovered
+			// here (its event's lookup tells what happened).
+			s.log.Warn("replay: a parked event was moved by another action meanwhile", "event", deadOf[row])
+		}
+	}
+	if len(requeue) > 0 {
+		if err := s.requeue(ctx, requeue); err != nil {
+			res.Requeued = nil
+			return res, fmt.Errorf("webhook: replay: %w", err)
+		}
+	}
+	for _, c := range requeue {
+		s.metrics.replayed(ctx, c.partner, "requeued")
+	}
+	for range res.Recovered {
+		s.metrics.replayed(ctx, cands[0].partner, "recovered")
+	}
+	args := []any{"requeued", res.Requeued, "recovered", res.Recovered, "pending", len(res.Pending), "expired", res.Expired}
+	if id != "" {
+		s.log.Warn("operator replayed an event", append([]any{"event", id, "partner", cands[0].partner}, args...)...)
+	} else {
+		s.log.Warn("operator replayed a partner's events", append([]any{"partner", partner, "from", from.UTC(), "to", to.UTC(), "events", len(cands)}, args...)...)
+	}
+	return res, nil
+}
+
+// requeue writes one new outbox row per event (and its replay record), all
+// in one transaction: the new deliveries enter the backlog first, as the
+// intake's do, so that a delivery always finds its row counted.
+func (s *Service) requeue(ctx context.Context, cands []*replayCand) error {
+	now := s.now().UTC()
+	rows := make([]string, len(cands))
+	for i, c := range cands {
+		u, err := uuid.NewV7()
+		if err != nil {
+			return err
+		}
+		rows[i] = u.String()
+		s.backlog.load(c.partner, rows[i], now)
+	}
+	err := s.store.writeReplays(ctx, cands, rows, now)
+	if err != nil {
+		for i, c := range cands {
+			s.backlog.drop(c.partner, rows[i])
+		}
+		return err
+	}
+	s.metrics.enqueued(ctx, cands[0].partner, int64(len(cands)))
+	return nil
+}
+
+func (st *Store) writeReplays(ctx context.Context, cands []*replayCand, rows []string, now time.Time) error {
+	tx, err := st.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	ins := st.rebind(`INSERT INTO ` + st.replay + ` (row_id, event_id, partner, requested_at) VALUES (?, ?, ?, ?)`)
+	sel := st.rebind(`SELECT payload FROM ` + st.ob.Table() + ` WHERE id = ?`)
+	for i, c := range cands {
+		// One payload in memory at a time (each up to MaxBodyBytes and
+		// a little), not a whole range's.
+		var payload []byte
+		if err := tx.QueryRowContext(ctx, sel, c.id).Scan(&payload); err != nil {
+			return fmt.Errorf("payload of %q: %w", c.id, err)
+		}
+		// The original's intake time: the body and Webhook-Timestamp are
+		// the event's, byte for byte.
+		if _, err := st.ob.Write(ctx, tx, outbox.Event{ID: rows[i], Key: c.partner, Type: c.typ, Payload: payload,
+			Headers: map[string]string{webhookIDHeader: c.id}, CreatedAt: c.received}); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, ins, rows[i], c.id, c.partner, now.UnixMicro()); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+// replayCandidates reads the events a replay considers (one ID, or a
+// partner's range), in intake order, each with its original row's state and its latest delivery's row and state. At most MaxReplay+1.
+func (st *Store) replayCandidates(ctx context.Context, partner, id string, from, to time.Time) ([]*replayCand, error) {
+	q := `SELECT i.id, i.partner, i.type, i.received_at, o.state FROM ` + st.intake + ` i
+LEFT JOIN ` + st.ob.Table() + ` o ON o.id = i.id WHERE `
+	var args []any
+	if id != "" {
+		q += `i.id = ?`
+		args = append(args, id)
+	} else {
+		q += `i.partner = ? AND i.received_at >= ? AND i.received_at < ? ORDER BY i.received_at, i.id LIMIT ?`
+		args = append(args, partner, from.UnixMicro(), to.UnixMicro(), MaxReplay+1)
+	}
+	rows, err := st.db.QueryContext(ctx, st.rebind(q), args...)
+	if err != nil {
+		return nil, fmt.Errorf("webhook: replay: %w", err)
+	}
+	var out []*replayCand
+	for rows.Next() {
+		c := &replayCand{}
+		var us int64
+		if err := rows.Scan(&c.id, &c.partner, &c.typ, &us, &c.origState); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("webhook: replay: %w", err)
+		}
+		c.received = time.UnixMicro(us).UTC()
+		c.latestRow, c.latestState = c.id, c.origState
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		rows.Close()
+		return nil, fmt.Errorf("webhook: replay: %w", err)
+	}
+	rows.Close()
+	if len(out) == 0 || len(out) > MaxReplay {
+		return out, nil
+	}
+	// The latest replay row of each, if any.
+	byID := map[string]*replayCand{}
+	var b strings.Builder
+	rargs := make([]any, 0, len(out))
+	for i, c := range out {
+		byID[c.id] = c
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteByte('?')
+		rargs = append(rargs, c.id)
+	}
+	rows, err = st.db.QueryContext(ctx, st.rebind(`SELECT r.event_id, r.row_id, o.state FROM `+st.replay+` r
+JOIN `+st.ob.Table()+` o ON o.id = r.row_id WHERE r.event_id IN (`+b.String()+`) ORDER BY o.seq`), rargs...)
+	if err != nil {
+		return nil, fmt.Errorf("webhook: replay: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var ev, row string
+		var state sql.NullInt64
+		if err := rows.Scan(&ev, &row, &state); err != nil {
+			return nil, fmt.Errorf("webhook: replay: %w", err)
+		}
+		c := byID[ev]
+		c.latestRow, c.latestState = row, state
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("webhook: replay: %w", err)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].received.Before(out[j].received) })
+	return out, nil
+}

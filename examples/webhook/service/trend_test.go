@@ -1,0 +1,63 @@
+package service
+
+import (
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keysched/keysched/examples/webhook/sim"
+)
+
+// The slope is the least-squares slope of the samples, per second.
+func TestSlopeOfSamples(t *testing.T) {
+	t0 := time.Unix(0, 0)
+	v, span := slopeOf(nil)
+	require.Zero(t, v)
+	require.Zero(t, span)
+	v, span = slopeOf([]trendSample{{t0, 5}, {t0.Add(10 * time.Second), 25}, {t0.Add(20 * time.Second), 45}})
+	require.InDelta(t, 2.0, v, 1e-9)
+	require.Equal(t, 20*time.Second, span)
+	v, _ = slopeOf([]trendSample{{t0, 9}, {t0.Add(time.Second), 3}, {t0.Add(2 * time.Second), 9}})
+	require.InDelta(t, 0, v, 1e-9, "up and down: flat")
+}
+
+// While a partner's endpoint is down and events keep coming, its backlog's
+// slope is positive, on the operator page (with its chart) and in /metrics.
+func TestBacklogSlopeShowsGrowth(t *testing.T) {
+	mp, handler, err := NewPrometheus()
+	require.NoError(t, err)
+	defer mp.Shutdown(t.Context())
+	h := newHarness(t, map[string]sim.Behavior{"down": {Down: true}, "fine": {}}, func(c *Config) {
+		c.MeterProvider, c.MetricsHandler = mp, handler
+		c.trendEvery = 10 * time.Millisecond
+	})
+	for i := range 10 {
+		h.post("down", i)
+		h.post("fine", i)
+		time.Sleep(15 * time.Millisecond)
+	}
+	get := func(path string) string {
+		resp, err := http.Get(h.admin.URL + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	series := func(body, partner string) float64 {
+		m := regexp.MustCompile(`(?m)^webhook_partner_backlog_slope_per_second\{[^}]*partner="` + partner + `"[^}]*\} (\S+)$`).FindStringSubmatch(body)
+		require.NotNil(t, m, partner)
+		v, err := strconv.ParseFloat(m[1], 64)
+		require.NoError(t, err)
+		return v
+	}
+	m := get("/metrics")
+	require.Positive(t, series(m, "down"))
+	series(m, "fine") // present (its value depends on the machine's pace)
+	page := get("/")
+	require.Regexp(t, `data-partner="down"[\s\S]*?<svg class="spark"[^>]*><polyline[\s\S]*?<td class="slope">(\+|&#43;)[0-9.]+/s</td>`, page, "a rising chart and a positive slope")
+}
