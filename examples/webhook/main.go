@@ -46,6 +46,7 @@ type options struct {
 	dbPath        string
 	postgres      string
 	endpoints     string
+	secretsFile   string
 	partners      int
 	simRate       float64
 	maxBacklog    int
@@ -70,6 +71,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.dbPath, "db", "", "SQLite database file (default: a new file in a temporary directory)")
 	fs.StringVar(&o.postgres, "postgres", "", "PostgreSQL URL; replaces SQLite")
 	fs.StringVar(&o.endpoints, "endpoints", "", "partner=URL,... : real endpoints instead of the simulated ones")
+	fs.StringVar(&o.secretsFile, "secrets-file", "", "file of signing secrets, one line per partner: 'partner whsec_... [whsec_...]' (current first; during a rotation the old one too, all sign); required with -endpoints; the simulation makes its own")
 	fs.IntVar(&o.partners, "partners", 12, "number of simulated partners (without -endpoints)")
 	fs.Float64Var(&o.simRate, "sim-rate", 20, "events per second the built-in producer posts (0: none)")
 	fs.IntVar(&o.maxBacklog, "max-backlog", 10000, "undelivered events per partner before intake answers 429")
@@ -101,6 +103,8 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("-dest-rate %v: need above 0, at most %v calls per second", o.rate, maxDestRate)
 	case o.endpoints == "" && (o.partners < 1 || o.partners > maxSimPartners):
 		return o, fmt.Errorf("-partners %d: need 1 to %d", o.partners, maxSimPartners)
+	case o.endpoints != "" && o.secretsFile == "":
+		return o, errors.New("-endpoints needs -secrets-file: every partner's requests are signed (Standard Webhooks)")
 	}
 	return o, nil
 }
@@ -129,6 +133,28 @@ func parseEndpoints(s string) (map[string]string, error) {
 	return partners, nil
 }
 
+// parseSecrets reads -secrets-file: "partner whsec_... [whsec_...]" per
+// line; blank lines and lines starting with # are skipped. A partner named
+// twice is an error. The secrets are checked by service.New (which names
+// the partner, never the secret).
+func parseSecrets(text string) (map[string][]string, error) {
+	out := map[string][]string{}
+	for i, line := range strings.Split(text, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		if len(f) < 2 {
+			return nil, fmt.Errorf("-secrets-file line %d: need 'partner whsec_...'", i+1)
+		}
+		if _, dup := out[f[0]]; dup {
+			return nil, fmt.Errorf("-secrets-file line %d: partner %q given twice", i+1, f[0])
+		}
+		out[f[0]] = f[1:]
+	}
+	return out, nil
+}
+
 func run() error {
 	o, err := parseFlags(os.Args[1:])
 	if err != nil {
@@ -145,18 +171,42 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	// Partners and their endpoints.
+	// Partners, their endpoints and signing secrets.
 	partners := map[string]string{}
+	secrets := map[string][]string{}
+	if o.secretsFile != "" {
+		b, err := os.ReadFile(o.secretsFile)
+		if err != nil {
+			return err
+		}
+		if secrets, err = parseSecrets(string(b)); err != nil {
+			return err
+		}
+	}
 	var endpoints []*sim.Endpoint
+	var rec *sim.Recorder
 	if o.endpoints != "" {
 		if partners, err = parseEndpoints(o.endpoints); err != nil {
 			return err
 		}
 	} else {
-		rec := sim.NewRecorder()
+		rec = sim.NewRecorder()
 		eps, err := simulate(o.partners, rec, partners)
 		if err != nil {
 			return err
+		}
+		// The simulated endpoints verify every request's signature with
+		// the partner's secrets (from -secrets-file, else fresh ones).
+		for p := range partners {
+			if secrets[p] == nil {
+				sec, err := rec.NewSecret(p)
+				if err != nil {
+					return err
+				}
+				secrets[p] = []string{sec}
+			} else if err := rec.AddSecrets(p, secrets[p]...); err != nil {
+				return fmt.Errorf("-secrets-file, partner %q: %w", p, err)
+			}
 		}
 		endpoints = eps
 		defer func() {
@@ -195,6 +245,7 @@ func run() error {
 
 	svc, err := service.New(ctx, service.Config{
 		Partners:       partners,
+		Secrets:        secrets,
 		MaxBacklog:     o.maxBacklog,
 		Workers:        o.workers,
 		Limits:         service.DestinationLimits{Concurrency: o.concurrency, Rate: o.rate, Burst: max(1, int(o.rate/4))},
@@ -252,6 +303,9 @@ func run() error {
 	if len(endpoints) > 0 && o.simRate > 0 {
 		go produce(ctx, intakeURL, names, o.simRate, log)
 		go chaos(ctx, endpoints, log)
+	}
+	if rec != nil {
+		go watchSignatures(ctx, rec, log)
 	}
 
 	select {

@@ -112,3 +112,22 @@ func produce(ctx context.Context, intake string, partners []string, rate float64
 		}
 	}
 }
+
+// watchSignatures logs, every second, requests the simulated endpoints
+// refused because their signature did not verify (there should be none).
+func watchSignatures(ctx context.Context, rec *sim.Recorder, log *slog.Logger) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	seen := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if n, last := rec.BadSignatures(); n > seen {
+			log.Error("simulation: endpoints refused requests whose webhook-signature did not verify", "count", n-seen, "total", n, "last reason", last)
+			seen = n
+		}
+	}
+}

@@ -11,20 +11,25 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
-	"strconv"
 	"time"
 
+	"github.com/keysched/keysched/examples/webhook/signing"
 	"github.com/sony/gobreaker/v2"
 	"golang.org/x/sync/semaphore"
 	"golang.org/x/time/rate"
 )
 
-// Headers every delivery carries. They follow the Standard Webhooks
-// specification's names (https://www.standardwebhooks.com): the ID is stable
-// across redeliveries of one event, so a customer deduplicates on it.
+// Headers every delivery carries. The first three are the Standard Webhooks
+// specification's (https://www.standardwebhooks.com; package signing): the
+// ID is stable across redeliveries of one event, so a customer deduplicates
+// on it; the timestamp is the attempt's, as the specification says (a
+// receiver refuses a stale one: replay protection), the intake time is the
+// body's "received_at"; the signature is one "v1,<base64>" per secret of the
+// partner.
 const (
 	HeaderID        = "Webhook-Id"        // the event's ID, the same on every attempt
-	HeaderTimestamp = "Webhook-Timestamp" // the event's intake time, Unix seconds
+	HeaderTimestamp = "Webhook-Timestamp" // the attempt's time, Unix seconds
+	HeaderSignature = "Webhook-Signature" // HMAC-SHA256 of id.timestamp.body per secret, space-separated
 	HeaderPartner   = "Webhook-Partner"   // the partner (the scheduler key)
 )
 
@@ -120,6 +125,7 @@ type Deliverer struct {
 	client    *http.Client
 	timeout   time.Duration
 	endpoints map[string]*url.URL // partner -> endpoint
+	secrets   map[string][]signing.Secret
 	dests     map[string]*destination
 	byPartner map[string]*destination
 	onState   func(dest string, from, to gobreaker.State)
@@ -128,7 +134,11 @@ type Deliverer struct {
 // DelivererConfig configures NewDeliverer.
 type DelivererConfig struct {
 	Endpoints map[string]string // partner -> endpoint URL (http or https)
-	Limits    DestinationLimits // applied to every destination
+	// Secrets maps every partner of Endpoints to its signing secrets (at
+	// least one; during a rotation the new and the old, all of them sign
+	// every request). A partner without one is an ErrInvalidConfig.
+	Secrets map[string][]signing.Secret
+	Limits  DestinationLimits // applied to every destination
 	// PerDestination overrides Limits for a destination, keyed by
 	// "scheme://host:port" (without the port, the scheme's default). A key
 	// that is no endpoint's destination is an ErrInvalidConfig.
@@ -154,6 +164,7 @@ func NewDeliverer(cfg DelivererConfig) (*Deliverer, error) {
 	d := &Deliverer{
 		timeout:   cfg.Timeout,
 		endpoints: map[string]*url.URL{},
+		secrets:   map[string][]signing.Secret{},
 		dests:     map[string]*destination{},
 		byPartner: map[string]*destination{},
 		onState:   cfg.OnBreakerState,
@@ -197,6 +208,11 @@ func NewDeliverer(cfg DelivererConfig) (*Deliverer, error) {
 			return nil, fmt.Errorf("%w: partner %q: endpoint %q is not an http(s) URL", ErrInvalidConfig, partner, raw)
 		}
 		d.endpoints[partner] = u
+		secs := cfg.Secrets[partner]
+		if len(secs) == 0 || slices.ContainsFunc(secs, signing.Secret.IsZero) {
+			return nil, fmt.Errorf("%w: partner %q has no signing secret", ErrInvalidConfig, partner)
+		}
+		d.secrets[partner] = slices.Clone(secs)
 		name := destName(u)
 		dst := d.dests[name]
 		if dst == nil {
@@ -325,8 +341,9 @@ func (d *Deliverer) post(ctx context.Context, u *url.URL, ev Delivery) error {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "keysched-webhook/1")
-	req.Header.Set(HeaderID, ev.ID)
-	req.Header.Set(HeaderTimestamp, strconv.FormatInt(ev.Received.Unix(), 10))
+	// webhook-id, webhook-timestamp (now: this attempt's time) and
+	// webhook-signature.
+	signing.SetHeaders(req.Header, ev.ID, time.Now(), ev.Body, d.secrets[ev.Partner]...)
 	req.Header.Set(HeaderPartner, ev.Partner)
 	resp, err := d.client.Do(req)
 	if err != nil {

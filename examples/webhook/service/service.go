@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/examples/webhook/signing"
 	"github.com/keysched/keysched/otelkeysched"
 	"github.com/sony/gobreaker/v2"
 	"go.opentelemetry.io/otel/attribute"
@@ -71,6 +72,14 @@ type Config struct {
 	// Partners maps each partner (the scheduler key; 1 to 64 characters of
 	// letters, digits and ._-) to its customer endpoint URL. Required.
 	Partners map[string]string
+	// Secrets maps every partner to its Standard Webhooks signing secrets,
+	// in the "whsec_" form (package signing: base64 of 24 to 64 random
+	// bytes), the current one first. Every request carries one signature
+	// per secret: during a rotation give the new and the old one, until the
+	// receiver has switched. Required for every partner; a missing or
+	// malformed secret is an ErrInvalidConfig (naming the partner, never
+	// the secret).
+	Secrets map[string][]string
 	// MaxBacklog bounds each partner's accepted, undelivered events; at the
 	// bound intake answers 429. Default 10,000.
 	MaxBacklog int
@@ -137,6 +146,21 @@ func (c *Config) defaults() error {
 	for p := range c.Partners {
 		if !partnerRe.MatchString(p) {
 			return fmt.Errorf("%w: partner name %q: need 1 to 64 of [A-Za-z0-9._-]", ErrInvalidConfig, p)
+		}
+	}
+	for p := range c.Partners {
+		if len(c.Secrets[p]) == 0 {
+			return fmt.Errorf("%w: partner %q has no signing secret (Config.Secrets)", ErrInvalidConfig, p)
+		}
+		for i, raw := range c.Secrets[p] {
+			if _, err := signing.ParseSecret(raw); err != nil {
+				return fmt.Errorf("%w: partner %q, secret %d: %w", ErrInvalidConfig, p, i, err)
+			}
+		}
+	}
+	for p := range c.Secrets {
+		if _, ok := c.Partners[p]; !ok {
+			return fmt.Errorf("%w: Secrets for %q, which is no partner", ErrInvalidConfig, p)
 		}
 	}
 	if c.Store == nil {
@@ -231,8 +255,15 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	slices.Sort(s.partners)
 	s.backlog = newBacklog(cfg.MaxBacklog, s.partners)
+	secrets := map[string][]signing.Secret{}
+	for p, raws := range cfg.Secrets {
+		for _, raw := range raws {
+			sec, _ := signing.ParseSecret(raw) // checked by defaults
+			secrets[p] = append(secrets[p], sec)
+		}
+	}
 	d, err := NewDeliverer(DelivererConfig{
-		Endpoints: cfg.Partners, Limits: cfg.Limits, PerDestination: cfg.PerDestination,
+		Endpoints: cfg.Partners, Secrets: secrets, Limits: cfg.Limits, PerDestination: cfg.PerDestination,
 		Breaker: cfg.Breaker, Timeout: cfg.Timeout,
 		OnBreakerState: func(dest string, from, to gobreaker.State) {
 			s.log.Warn("circuit breaker", "destination", dest, "from", from.String(), "to", to.String())
