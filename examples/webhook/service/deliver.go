@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net"
 	"net/http"
@@ -64,7 +63,8 @@ func Refused(err error) bool {
 }
 
 // StatusError is the error of a delivery the endpoint answered with a non-2xx
-// status. Retrieve it with errors.As.
+// status. Retrieve it with errors.As (it is inside a *ResponseError, which
+// carries the classification and the body's first bytes).
 type StatusError struct {
 	Code int
 }
@@ -124,6 +124,7 @@ type destination struct {
 type Deliverer struct {
 	client    *http.Client
 	timeout   time.Duration
+	maxWait   time.Duration
 	endpoints map[string]*url.URL // partner -> endpoint
 	secrets   map[string][]signing.Secret
 	dests     map[string]*destination
@@ -146,6 +147,9 @@ type DelivererConfig struct {
 	Breaker        BreakerSettings
 	// Timeout bounds each call from dial to the end of the response body.
 	Timeout time.Duration
+	// MaxRetryAfter caps the wait a Retry-After asks for (Classify).
+	// Default DefaultMaxRetryAfter.
+	MaxRetryAfter time.Duration
 	// OnBreakerState is called when a destination's breaker changes state.
 	OnBreakerState func(dest string, from, to gobreaker.State)
 }
@@ -161,8 +165,12 @@ func NewDeliverer(cfg DelivererConfig) (*Deliverer, error) {
 	if cfg.Breaker.Failures == 0 || cfg.Breaker.OpenFor <= 0 {
 		return nil, fmt.Errorf("%w: breaker %+v: need Failures >= 1 and OpenFor > 0", ErrInvalidConfig, cfg.Breaker)
 	}
+	if cfg.MaxRetryAfter == 0 {
+		cfg.MaxRetryAfter = DefaultMaxRetryAfter
+	}
 	d := &Deliverer{
 		timeout:   cfg.Timeout,
+		maxWait:   cfg.MaxRetryAfter,
 		endpoints: map[string]*url.URL{},
 		secrets:   map[string][]signing.Secret{},
 		dests:     map[string]*destination{},
@@ -180,7 +188,12 @@ func NewDeliverer(cfg DelivererConfig) (*Deliverer, error) {
 			MaxIdleConnsPerHost:   64,
 			IdleConnTimeout:       90 * time.Second,
 		},
-		// A webhook endpoint that redirects is misconfigured: do not follow.
+		// Redirects are not followed: the answer is a failed attempt with
+		// its 3xx status. Following would send the signed event to a URL
+		// the operator never configured (another host, perhaps: the
+		// payload leaks, and the destination's bulkhead, breaker and rate
+		// limit are bypassed), and Go's client turns a POST into a GET on
+		// 301/302/303. A moved endpoint is a configuration change.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 	// PerDestination's keys, normalised: "https://api.example.com" is
@@ -233,6 +246,8 @@ func NewDeliverer(cfg DelivererConfig) (*Deliverer, error) {
 				ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= failures },
 				// Our own refusals (rate) and a cancelled attempt say
 				// nothing about the endpoint's health.
+				// An endpoint answering a final 4xx is up.
+				IsSuccessful: countsAsBreakerSuccess,
 				IsExcluded: func(err error) bool {
 					return errors.Is(err, ErrRateLimited) || errors.Is(err, context.Canceled)
 				},
@@ -346,16 +361,8 @@ func (d *Deliverer) post(ctx context.Context, u *url.URL, ev Delivery) error {
 	signing.SetHeaders(req.Header, ev.ID, time.Now(), ev.Body, d.secrets[ev.Partner]...)
 	req.Header.Set(HeaderPartner, ev.Partner)
 	resp, err := d.client.Do(req)
-	if err != nil {
-		return err
-	}
-	// Read a bounded amount so the connection can be reused.
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-	_ = resp.Body.Close()
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return &StatusError{Code: resp.StatusCode}
-	}
-	return nil
+	// What the answer means: response.go (reads and closes the body).
+	return Classify(resp, err, time.Now(), d.maxWait).err()
 }
 
 // Close releases idle connections.

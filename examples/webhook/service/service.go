@@ -130,6 +130,10 @@ type Config struct {
 	// outbox.WithTakeOverOnStart).
 	// Default "webhook".
 	RelayName string
+	// MaxRetryAfter caps the wait a 429 or 503 answer's Retry-After asks
+	// for (a longer one is cut to it; the event is tried then). Such a wait
+	// spends no attempt. Default DefaultMaxRetryAfter (10 minutes).
+	MaxRetryAfter time.Duration
 	// LeaseDuration is how long the relay's claim on a partner lasts
 	// without renewal (renewed every third of it): after a crash, the
 	// partners of the dead process are taken over after at most this long.
@@ -202,6 +206,12 @@ func (c *Config) defaults() error {
 	if c.PollInterval < 0 {
 		return fmt.Errorf("%w: PollInterval %v", ErrInvalidConfig, c.PollInterval)
 	}
+	if c.MaxRetryAfter == 0 {
+		c.MaxRetryAfter = DefaultMaxRetryAfter
+	}
+	if c.MaxRetryAfter < 0 {
+		return fmt.Errorf("%w: MaxRetryAfter %v", ErrInvalidConfig, c.MaxRetryAfter)
+	}
 	if c.RelayName == "" {
 		c.RelayName = "webhook"
 	}
@@ -264,7 +274,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	d, err := NewDeliverer(DelivererConfig{
 		Endpoints: cfg.Partners, Secrets: secrets, Limits: cfg.Limits, PerDestination: cfg.PerDestination,
-		Breaker: cfg.Breaker, Timeout: cfg.Timeout,
+		Breaker: cfg.Breaker, Timeout: cfg.Timeout, MaxRetryAfter: cfg.MaxRetryAfter,
 		OnBreakerState: func(dest string, from, to gobreaker.State) {
 			s.log.Warn("circuit breaker", "destination", dest, "from", from.String(), "to", to.String())
 		},
@@ -492,9 +502,9 @@ func (s *Service) sink(ctx context.Context, partner, id string, received time.Ti
 		return keysched.Snooze(err, 0)
 	}
 	if err != nil {
-		s.backlog.failedAttempt(partner, err)
-		s.metrics.failed(ctx, partner)
-		return err
+		// What the answer means (response.go): a retry, a Retry-After
+		// snooze, or a final refusal.
+		return s.forRelay(ctx, partner, id, err)
 	}
 	s.backlog.done(partner, id, true)
 	s.metrics.delivered(ctx, partner, s.now().Sub(received))
