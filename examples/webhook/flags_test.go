@@ -74,3 +74,26 @@ func TestSecretsFileParses(t *testing.T) {
 	_, err = parseSecrets("acme whsec_a\nacme whsec_b\n")
 	require.ErrorContains(t, err, "given twice")
 }
+
+// The admin address needs a token unless it listens on loopback only; then
+// the token is optional (the program warns).
+func TestAdminTokenRequiredBeyondLoopback(t *testing.T) {
+	for addr, loop := range map[string]bool{
+		"127.0.0.1:8081": true, "127.0.0.2:0": true, "[::1]:8081": true, "localhost:8081": true,
+		":8081": false, "0.0.0.0:8081": false, "[::]:8081": false, "10.0.0.5:8081": false, "example.com:8081": false, "garbage": false,
+	} {
+		require.Equal(t, loop, loopbackOnly(addr), addr)
+		_, err := parseFlags([]string{"-admin", addr})
+		if loop {
+			require.NoError(t, err, addr)
+		} else {
+			require.ErrorContains(t, err, "-admin-token", addr)
+		}
+		_, err = parseFlags([]string{"-admin", addr, "-admin-token", "0123456789abcdef"})
+		require.NoError(t, err, addr)
+	}
+	t.Setenv("WEBHOOK_ADMIN_TOKEN", "0123456789abcdef")
+	o, err := parseFlags([]string{"-admin", ":8081"})
+	require.NoError(t, err)
+	require.Equal(t, "0123456789abcdef", o.adminToken)
+}

@@ -47,6 +47,8 @@ type options struct {
 	postgres      string
 	endpoints     string
 	secretsFile   string
+	adminToken    string
+	maxRetryAfter time.Duration
 	partners      int
 	simRate       float64
 	maxBacklog    int
@@ -72,6 +74,8 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.postgres, "postgres", "", "PostgreSQL URL; replaces SQLite")
 	fs.StringVar(&o.endpoints, "endpoints", "", "partner=URL,... : real endpoints instead of the simulated ones")
 	fs.StringVar(&o.secretsFile, "secrets-file", "", "file of signing secrets, one line per partner: 'partner whsec_... [whsec_...]' (current first; during a rotation the old one too, all sign); required with -endpoints; the simulation makes its own")
+	fs.StringVar(&o.adminToken, "admin-token", os.Getenv("WEBHOOK_ADMIN_TOKEN"), "bearer token the admin address requires (operator page, actions, /metrics; browsers: Basic auth, token as password); default $WEBHOOK_ADMIN_TOKEN (prefer it: a flag shows in ps). Required unless -admin is a loopback address")
+	fs.DurationVar(&o.maxRetryAfter, "max-retry-after", service.DefaultMaxRetryAfter, "cap on the wait a partner's 429/503 Retry-After asks for")
 	fs.IntVar(&o.partners, "partners", 12, "number of simulated partners (without -endpoints)")
 	fs.Float64Var(&o.simRate, "sim-rate", 20, "events per second the built-in producer posts (0: none)")
 	fs.IntVar(&o.maxBacklog, "max-backlog", 10000, "undelivered events per partner before intake answers 429")
@@ -103,6 +107,8 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("-dest-rate %v: need above 0, at most %v calls per second", o.rate, maxDestRate)
 	case o.endpoints == "" && (o.partners < 1 || o.partners > maxSimPartners):
 		return o, fmt.Errorf("-partners %d: need 1 to %d", o.partners, maxSimPartners)
+	case o.adminToken == "" && !loopbackOnly(o.admin):
+		return o, fmt.Errorf("-admin %s is reachable beyond this machine: set -admin-token or $WEBHOOK_ADMIN_TOKEN (anyone reaching it could skip a partner's events)", o.admin)
 	case o.endpoints != "" && o.secretsFile == "":
 		return o, errors.New("-endpoints needs -secrets-file: every partner's requests are signed (Standard Webhooks)")
 	}
@@ -131,6 +137,21 @@ func parseEndpoints(s string) (map[string]string, error) {
 		partners[p] = u
 	}
 	return partners, nil
+}
+
+// loopbackOnly reports whether a listen address accepts connections from
+// this machine only: a loopback IP or "localhost". An empty host (":8081"),
+// 0.0.0.0, [::] or any other name or address is not.
+func loopbackOnly(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // parseSecrets reads -secrets-file: "partner whsec_... [whsec_...]" per
@@ -246,6 +267,8 @@ func run() error {
 	svc, err := service.New(ctx, service.Config{
 		Partners:       partners,
 		Secrets:        secrets,
+		AdminToken:     o.adminToken,
+		MaxRetryAfter:  o.maxRetryAfter,
 		MaxBacklog:     o.maxBacklog,
 		Workers:        o.workers,
 		Limits:         service.DestinationLimits{Concurrency: o.concurrency, Rate: o.rate, Burst: max(1, int(o.rate/4))},
@@ -261,6 +284,10 @@ func run() error {
 	})
 	if err != nil {
 		return err
+	}
+
+	if o.adminToken == "" {
+		log.Warn("the admin address has no token: anyone on this machine can resume or skip partners (set -admin-token or $WEBHOOK_ADMIN_TOKEN)", "admin", o.admin)
 	}
 
 	intakeLn, err := net.Listen("tcp", o.intake)

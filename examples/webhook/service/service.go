@@ -111,6 +111,14 @@ type Config struct {
 	// MeterProvider receives the service's and the scheduler's metrics.
 	// Default: none recorded.
 	MeterProvider metric.MeterProvider
+	// AdminToken, when set, is required on every request to the admin
+	// handler (the operator page, its actions, the admin API, /metrics):
+	// "Authorization: Bearer <token>", or HTTP Basic authentication with the
+	// token as the password (browsers). Missing or wrong, the answer is 401
+	// without saying which. At least MinAdminTokenBytes bytes. Empty: no
+	// authentication (serve the admin handler on loopback only; the
+	// program refuses to start otherwise).
+	AdminToken string
 	// MetricsHandler, when set, is served at /metrics on the admin handler
 	// (see NewPrometheus).
 	MetricsHandler http.Handler
@@ -205,6 +213,9 @@ func (c *Config) defaults() error {
 	}
 	if c.PollInterval < 0 {
 		return fmt.Errorf("%w: PollInterval %v", ErrInvalidConfig, c.PollInterval)
+	}
+	if c.AdminToken != "" && len(c.AdminToken) < MinAdminTokenBytes {
+		return fmt.Errorf("%w: AdminToken of %d bytes: need at least %d", ErrInvalidConfig, len(c.AdminToken), MinAdminTokenBytes)
 	}
 	if c.MaxRetryAfter == 0 {
 		c.MaxRetryAfter = DefaultMaxRetryAfter
@@ -352,8 +363,9 @@ func (s *Service) IntakeHandler() http.Handler {
 
 // AdminHandler serves the operator page (GET /), the operator actions (POST
 // /partners/{partner}/resume and /skip, each logged) and, when
-// Config.MetricsHandler is set, /metrics. Serve it on an address partners
-// cannot reach: it has no authentication of its own.
+// Config.MetricsHandler is set, /metrics. With Config.AdminToken set, every
+// request needs the token (401 otherwise); without, it has no
+// authentication: serve it on loopback only.
 //
 // The actions refuse cross-origin requests (403, net/http's
 // CrossOriginProtection, from the Sec-Fetch-Site and Origin headers): being
@@ -371,7 +383,11 @@ func (s *Service) AdminHandler() http.Handler {
 	if s.cfg.MetricsHandler != nil {
 		mux.Handle("GET /metrics", s.cfg.MetricsHandler)
 	}
-	return http.NewCrossOriginProtection().Handler(mux)
+	h := http.NewCrossOriginProtection().Handler(mux)
+	if s.cfg.AdminToken != "" {
+		h = requireToken(s.cfg.AdminToken, h) // adminauth.go
+	}
+	return h
 }
 
 // Status returns every partner's backlog, age of its oldest undelivered
