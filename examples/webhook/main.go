@@ -49,6 +49,7 @@ type options struct {
 	secretsFile   string
 	adminToken    string
 	maxRetryAfter time.Duration
+	backlogSync   time.Duration
 	partners      int
 	simRate       float64
 	maxBacklog    int
@@ -76,6 +77,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.secretsFile, "secrets-file", "", "file of signing secrets, one line per partner: 'partner whsec_... [whsec_...]' (current first; during a rotation the old one too, all sign); required with -endpoints; the simulation makes its own")
 	fs.StringVar(&o.adminToken, "admin-token", os.Getenv("WEBHOOK_ADMIN_TOKEN"), "bearer token the admin address requires (operator page, actions, /metrics; browsers: Basic auth, token as password); default $WEBHOOK_ADMIN_TOKEN (prefer it: a flag shows in ps). Required unless -admin is a loopback address")
 	fs.DurationVar(&o.maxRetryAfter, "max-retry-after", service.DefaultMaxRetryAfter, "cap on the wait a partner's 429/503 Retry-After asks for")
+	fs.DurationVar(&o.backlogSync, "backlog-sync", -1, "how often each instance re-reads the partners' undelivered events from the database (needed with several instances on one -postgres database); negative: 1s with -postgres, never with SQLite")
 	fs.IntVar(&o.partners, "partners", 12, "number of simulated partners (without -endpoints)")
 	fs.Float64Var(&o.simRate, "sim-rate", 20, "events per second the built-in producer posts (0: none)")
 	fs.IntVar(&o.maxBacklog, "max-backlog", 10000, "undelivered events per partner before intake answers 429")
@@ -95,6 +97,12 @@ func parseFlags(args []string) (options, error) {
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.backlogSync < 0 {
+		o.backlogSync = 0
+		if o.postgres != "" {
+			o.backlogSync = time.Second
+		}
 	}
 	// Checked here, not left to what they feed: -sim-rate 1e10 (or +Inf)
 	// made the producer's ticker interval 0, and NewTicker panicked in its
@@ -269,6 +277,7 @@ func run() error {
 		Secrets:        secrets,
 		AdminToken:     o.adminToken,
 		MaxRetryAfter:  o.maxRetryAfter,
+		BacklogSync:    o.backlogSync,
 		MaxBacklog:     o.maxBacklog,
 		Workers:        o.workers,
 		Limits:         service.DestinationLimits{Concurrency: o.concurrency, Rate: o.rate, Burst: max(1, int(o.rate/4))},

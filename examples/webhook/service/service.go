@@ -142,6 +142,15 @@ type Config struct {
 	// for (a longer one is cut to it; the event is tried then). Such a wait
 	// spends no attempt. Default DefaultMaxRetryAfter (10 minutes).
 	MaxRetryAfter time.Duration
+	// BacklogSync is how often this instance re-reads every partner's
+	// undelivered events from the database into its in-memory backlog (the
+	// count the intake's 429 reads, the operator page's backlog and oldest
+	// age). Required when several instances share one database (each one
+	// delivers events the others accepted: without it an instance's count
+	// only grows, until it answers 429 for ever); each read costs one query
+	// returning every undelivered event's ID. 0 (the default): never (one
+	// instance). See the README's "Several instances".
+	BacklogSync time.Duration
 	// LeaseDuration is how long the relay's claim on a partner lasts
 	// without renewal (renewed every third of it): after a crash, the
 	// partners of the dead process are taken over after at most this long.
@@ -217,6 +226,9 @@ func (c *Config) defaults() error {
 	if c.AdminToken != "" && len(c.AdminToken) < MinAdminTokenBytes {
 		return fmt.Errorf("%w: AdminToken of %d bytes: need at least %d", ErrInvalidConfig, len(c.AdminToken), MinAdminTokenBytes)
 	}
+	if c.BacklogSync < 0 {
+		return fmt.Errorf("%w: BacklogSync %v", ErrInvalidConfig, c.BacklogSync)
+	}
 	if c.MaxRetryAfter == 0 {
 		c.MaxRetryAfter = DefaultMaxRetryAfter
 	}
@@ -258,6 +270,8 @@ type Service struct {
 	relay    *relay
 	schedMet *otelkeysched.Metrics[string]
 	commit   *committer
+
+	syncStop, syncDone chan struct{} // backlog sync (BacklogSync > 0)
 
 	closeOnce sync.Once
 	closeErr  error
@@ -324,6 +338,10 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s.commit = newCommitter(s.store, s.settleIntake)
+	if cfg.BacklogSync > 0 {
+		s.syncStop, s.syncDone = make(chan struct{}), make(chan struct{})
+		go s.syncBacklog(cfg.BacklogSync, s.syncStop, s.syncDone)
+	}
 	// Last: from here on a collection may read the whole service.
 	if err := s.metrics.observe(s); err != nil {
 		_ = s.Close(context.Background())
@@ -483,6 +501,10 @@ func (s *Service) Close(ctx context.Context) error {
 		if s.schedMet != nil {
 			unreg = s.schedMet.Unregister()
 		}
+		if s.syncStop != nil {
+			close(s.syncStop)
+			<-s.syncDone
+		}
 		s.commit.close()
 		s.closeErr = errors.Join(s.relay.close(ctx), s.metrics.close(), unreg)
 		s.deliver.Close()
@@ -493,6 +515,7 @@ func (s *Service) Close(ctx context.Context) error {
 // settleIntake ends an admitted event's bookkeeping with its transaction's
 // outcome (the event entered the backlog before its transaction began).
 func (s *Service) settleIntake(env Envelope, err error) {
+	s.backlog.settled(env.ID)
 	if err != nil {
 		s.backlog.drop(env.Partner, env.ID)
 		return

@@ -54,6 +54,8 @@ type Recorder struct {
 	verifiers map[string]*signing.Verifier
 	badSigs   int
 	lastBad   string
+	inFlight  map[string]int // partner -> requests being answered now
+	overlaps  map[string]int // partner -> requests that began while another was in flight
 	// OnDelivery, when set before use, is called for every accepted request
 	// (with the recorder's lock not held).
 	OnDelivery func(Delivery)
@@ -61,7 +63,8 @@ type Recorder struct {
 
 // NewRecorder returns an empty recorder.
 func NewRecorder() *Recorder {
-	return &Recorder{byP: map[string][]string{}, verifiers: map[string]*signing.Verifier{}}
+	return &Recorder{byP: map[string][]string{}, verifiers: map[string]*signing.Verifier{},
+		inFlight: map[string]int{}, overlaps: map[string]int{}}
 }
 
 // NewSecret makes a fresh signing secret for partner, makes the endpoints
@@ -86,6 +89,31 @@ func (r *Recorder) AddSecrets(partner string, secrets ...string) error {
 	r.verifiers[partner] = v
 	r.mu.Unlock()
 	return nil
+}
+
+// Overlaps returns how many requests for partner began while another
+// request for the same partner was being answered (by any endpoint of this
+// recorder): a sender that delivers one partner's events one at a time
+// makes none.
+func (r *Recorder) Overlaps(partner string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.overlaps[partner]
+}
+
+func (r *Recorder) begin(partner string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.inFlight[partner] > 0 {
+		r.overlaps[partner]++
+	}
+	r.inFlight[partner]++
+}
+
+func (r *Recorder) end(partner string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.inFlight[partner]--
 }
 
 // BadSignatures returns how many requests failed verification (401) and the
@@ -212,6 +240,8 @@ func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusUnauthorized)
 		return
 	}
+	e.rec.begin(partner)
+	defer e.rec.end(partner)
 	if b.Hang {
 		select {
 		case <-r.Context().Done():
