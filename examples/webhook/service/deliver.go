@@ -312,8 +312,11 @@ type Delivery struct {
 
 // Deliver makes one delivery attempt: nil when the endpoint answered 2xx.
 // Failures are errors wrapping ErrBulkheadFull, ErrRateLimited,
-// gobreaker.ErrOpenState or ErrTooManyRequests, a *StatusError, or the
-// transport's error (timeouts included). The attempt never takes longer than
+// gobreaker.ErrOpenState or ErrTooManyRequests (local refusals, no call), a
+// *ResponseError (a non-2xx answer: its Outcome, status, the body's first
+// bytes, a Retry-After; it wraps a *StatusError, and ErrEndpointGone for a
+// 410), or the transport's error (timeouts included). Each request is signed
+// (webhook-signature) with every secret of the partner. The attempt never takes longer than
 // the configured Timeout plus the wait for a rate token (itself bounded by
 // the same deadline).
 func (d *Deliverer) Deliver(ctx context.Context, ev Delivery) error {

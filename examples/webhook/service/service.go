@@ -19,9 +19,12 @@
 //   - delivery (Deliverer): one POST per attempt to the endpoint, through the
 //     destination's bulkhead (a concurrency budget: a hanging endpoint holds
 //     only its own share of the pool), token bucket (rate) and circuit
-//     breaker, with a timeout. Every delivery carries the Webhook-Id header,
-//     the same on every attempt: delivery is at-least-once and customers
-//     deduplicate on it.
+//     breaker, with a timeout. Every delivery carries the Standard Webhooks
+//     headers (webhook-id, the same on every attempt: delivery is
+//     at-least-once and customers deduplicate on it; webhook-timestamp;
+//     webhook-signature, one per secret of the partner: package signing).
+//     What the answer means (retry, wait for its Retry-After, give the
+//     event up, park the partner whose endpoint is gone) is Classify's.
 //   - operators: an HTML page listing partners by backlog and by the age of
 //     their oldest undelivered event, with Resume and Skip for parked ones;
 //     OpenTelemetry metrics per partner and the scheduler's own.
