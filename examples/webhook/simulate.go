@@ -47,13 +47,18 @@ func simulate(n int, rec *sim.Recorder, partners map[string]string) ([]*sim.Endp
 	return eps, nil
 }
 
-// chaos makes endpoint 3 hang for 20 s of every minute and endpoint 4 go down
-// for 40 s of every 90 s.
+// chaos makes endpoint 3 hang for 20 s of every minute, endpoint 4 go down
+// for 40 s of every 90 s, and endpoint 5 answer 429 with "Retry-After: 3"
+// for 10 s of every 45 s (its partner waits, spending no attempt).
 func chaos(ctx context.Context, eps []*sim.Endpoint, log *slog.Logger) {
 	if len(eps) < 4 {
 		return
 	}
 	hang, down := eps[2], eps[3]
+	var throttle *sim.Endpoint
+	if len(eps) >= 5 {
+		throttle = eps[4]
+	}
 	normal := sim.Behavior{Delay: 10 * time.Millisecond}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -68,6 +73,17 @@ func chaos(ctx context.Context, eps []*sim.Endpoint, log *slog.Logger) {
 			if hang.Behavior().Hang != wantHang {
 				log.Info("simulation: endpoint 3 "+map[bool]string{true: "hangs", false: "is back"}[wantHang], "url", hang.URL)
 				hang.Set(sim.Behavior{Delay: normal.Delay, Hang: wantHang})
+			}
+			if throttle != nil {
+				wantThrottle := s%45 >= 30 && s%45 < 40
+				if (throttle.Behavior().Throttle > 0) != wantThrottle {
+					log.Info("simulation: endpoint 5 "+map[bool]string{true: "answers 429 Retry-After: 3", false: "is back"}[wantThrottle], "url", throttle.URL)
+					b := sim.Behavior{Delay: normal.Delay}
+					if wantThrottle {
+						b.Throttle = 3
+					}
+					throttle.Set(b)
+				}
 			}
 			if down.Behavior().Down != wantDown {
 				log.Info("simulation: endpoint 4 "+map[bool]string{true: "is down", false: "is back"}[wantDown], "url", down.URL)

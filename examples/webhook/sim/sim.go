@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -29,6 +30,9 @@ type Behavior struct {
 	FailRate float64       // fraction of requests answered 500 (0..1)
 	Hang     bool          // requests block until the caller gives up (or Hang is cleared)
 	Down     bool          // every request answered 503
+	// Throttle, when > 0, answers every request 429 with "Retry-After:"
+	// this many seconds (a partner asking the sender to slow down).
+	Throttle int
 }
 
 // Delivery is one request an endpoint answered with a 2xx.
@@ -265,6 +269,11 @@ func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if b.Down {
 		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	if b.Throttle > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(b.Throttle))
+		w.WriteHeader(http.StatusTooManyRequests)
 		return
 	}
 	if b.FailRate > 0 && rand.Float64() < b.FailRate {

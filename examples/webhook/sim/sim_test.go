@@ -79,6 +79,9 @@ func TestEndpointBehaviours(t *testing.T) {
 	e.Set(Behavior{})
 	require.Equal(t, 503, <-done)
 	require.Equal(t, 204, post("3"))
+	e.Set(Behavior{Throttle: 3})
+	require.Equal(t, 429, post("4"))
+	e.Set(Behavior{})
 	bad, _ := rec.BadSignatures()
 	require.Zero(t, bad)
 }
