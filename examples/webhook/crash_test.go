@@ -30,17 +30,41 @@ type process struct {
 	exited        chan struct{}
 }
 
+// The service binary, built once per test run (go build into a temporary
+// directory, removed by TestMain) and shared by the tests that start it.
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildBin  string
+	buildErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		_ = os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
+
 func buildService(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "webhook")
-	args := []string{"build", "-o", bin}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	cmd := exec.Command("go", append(args, ".")...)
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
-	return bin
+	buildOnce.Do(func() {
+		if buildDir, buildErr = os.MkdirTemp("", "webhook-test-bin-"); buildErr != nil {
+			return
+		}
+		buildBin = filepath.Join(buildDir, "webhook")
+		args := []string{"build", "-o", buildBin}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v: %s", err, out)
+		}
+	})
+	require.NoError(t, buildErr)
+	return buildBin
 }
 
 func startService(t *testing.T, bin string, args ...string) *process {
