@@ -301,3 +301,30 @@ func TestClientErrorIsPermanentAndParks(t *testing.T) {
 	require.Eventually(t, func() bool { return h.status("p").Backlog == 0 }, waitLong, 5*time.Millisecond)
 	require.Contains(t, h.status("p").LastError, "endpoint answered 422")
 }
+
+// A final 4xx says the destination is up: however many, they do not open its
+// circuit breaker (which would refuse the other partners sharing it); the
+// same number of 500s does.
+func TestFinalClientErrorsDoNotOpenTheBreaker(t *testing.T) {
+	code := atomic.Int32{}
+	code.Store(400)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(int(code.Load()))
+	}))
+	defer srv.Close()
+	d := testDeliverer(t, nil, map[string]string{"p": srv.URL}, nil) // opens after 3 failures
+	ev := Delivery{Partner: "p", ID: "evt-1", Received: time.Now(), Body: []byte(`{}`)}
+	for range 5 {
+		r, ok := responseOf(d.Deliver(t.Context(), ev))
+		require.True(t, ok)
+		require.Equal(t, Permanent, r.Outcome)
+	}
+	st, _ := d.BreakerState(d.Destination("p"))
+	require.Equal(t, "closed", st.String())
+	code.Store(500)
+	for range 3 {
+		_ = d.Deliver(t.Context(), ev)
+	}
+	st, _ = d.BreakerState(d.Destination("p"))
+	require.Equal(t, "open", st.String())
+}
