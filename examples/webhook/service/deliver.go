@@ -168,6 +168,9 @@ func NewDeliverer(cfg DelivererConfig) (*Deliverer, error) {
 	if cfg.MaxRetryAfter == 0 {
 		cfg.MaxRetryAfter = DefaultMaxRetryAfter
 	}
+	if cfg.MaxRetryAfter < 0 {
+		return nil, fmt.Errorf("%w: MaxRetryAfter %v: need >= 0", ErrInvalidConfig, cfg.MaxRetryAfter)
+	}
 	d := &Deliverer{
 		timeout:   cfg.Timeout,
 		maxWait:   cfg.MaxRetryAfter,
@@ -244,10 +247,10 @@ func NewDeliverer(cfg DelivererConfig) (*Deliverer, error) {
 				MaxRequests: 1,
 				Timeout:     cfg.Breaker.OpenFor,
 				ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= failures },
-				// Our own refusals (rate) and a cancelled attempt say
-				// nothing about the endpoint's health.
 				// An endpoint answering a final 4xx is up.
 				IsSuccessful: countsAsBreakerSuccess,
+				// Our own refusals (rate) and a cancelled attempt say
+				// nothing about the endpoint's health.
 				IsExcluded: func(err error) bool {
 					return errors.Is(err, ErrRateLimited) || errors.Is(err, context.Canceled)
 				},
@@ -315,10 +318,10 @@ type Delivery struct {
 // gobreaker.ErrOpenState or ErrTooManyRequests (local refusals, no call), a
 // *ResponseError (a non-2xx answer: its Outcome, status, the body's first
 // bytes, a Retry-After; it wraps a *StatusError, and ErrEndpointGone for a
-// 410), or the transport's error (timeouts included). Each request is signed
-// (webhook-signature) with every secret of the partner. The attempt never takes longer than
-// the configured Timeout plus the wait for a rate token (itself bounded by
-// the same deadline).
+// 410), or the transport's error (timeouts included). Each request is
+// signed (webhook-signature) with every secret of the partner. The attempt
+// never takes longer than the configured Timeout plus the wait for a rate
+// token (itself bounded by the same deadline).
 func (d *Deliverer) Deliver(ctx context.Context, ev Delivery) error {
 	if d.zero() {
 		return ErrZeroDeliverer

@@ -212,7 +212,7 @@ func responseOf(err error) (Response, bool) {
 	return Response{}, false
 }
 
-// countsForBreaker tells the destination's circuit breaker which answers say
+// countsAsBreakerSuccess tells the destination's circuit breaker which answers say
 // the destination is unhealthy: the endpoint answering 4xx (Permanent, Gone)
 // is up, so those count as successes; everything else that failed counts.
 func countsAsBreakerSuccess(err error) bool {
