@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -29,17 +30,41 @@ type process struct {
 	exited        chan struct{}
 }
 
+// The service binary, built once per test run (go build into a temporary
+// directory, removed by TestMain) and shared by the tests that start it.
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildBin  string
+	buildErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		_ = os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
+
 func buildService(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "webhook")
-	args := []string{"build", "-o", bin}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	cmd := exec.Command("go", append(args, ".")...)
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
-	return bin
+	buildOnce.Do(func() {
+		if buildDir, buildErr = os.MkdirTemp("", "webhook-test-bin-"); buildErr != nil {
+			return
+		}
+		buildBin = filepath.Join(buildDir, "webhook")
+		args := []string{"build", "-o", buildBin}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v: %s", err, out)
+		}
+	})
+	require.NoError(t, buildErr)
+	return buildBin
 }
 
 func startService(t *testing.T, bin string, args ...string) *process {
@@ -109,15 +134,19 @@ func TestCrashDuringDeliveryLosesNothing(t *testing.T) {
 		"d": {Delay: 40 * time.Millisecond},
 	}
 	var eps []string
+	var secrets strings.Builder
 	for p, b := range behaviors {
 		e, err := sim.NewEndpoint(rec, b)
 		require.NoError(t, err)
 		defer e.Close()
 		eps = append(eps, p+"="+e.URL)
+		sec, err := rec.NewSecret(p)
+		require.NoError(t, err)
+		fmt.Fprintf(&secrets, "%s %s\n", p, sec)
 	}
 	db := filepath.Join(t.TempDir(), "webhook.db")
 	args := []string{"-db", db, "-intake", "127.0.0.1:0", "-admin", "127.0.0.1:0",
-		"-endpoints", strings.Join(eps, ","), "-sim-rate", "0",
+		"-endpoints", strings.Join(eps, ","), "-secrets-file", writeSecrets(t, secrets.String()), "-sim-rate", "0",
 		"-timeout", "500ms", "-relay-name", "webhook-1", "-breaker-open", "100ms", "-attempts", "1000", "-backoff", "5ms", "-log", "warn"}
 
 	p := startService(t, bin, args...)
@@ -187,6 +216,8 @@ func TestCrashDuringDeliveryLosesNothing(t *testing.T) {
 		dups += d
 	}
 	t.Logf("all %d events delivered in order per partner after the crash; %d duplicates", total, dups)
+	bad, last := rec.BadSignatures()
+	require.Zero(t, bad, "requests whose signature did not verify; the last: %s", last)
 }
 
 // leaseExpiry returns the earliest expiry of the partner leases owner holds
@@ -204,6 +235,14 @@ func leaseExpiry(t *testing.T, path, owner string) time.Time {
 	require.Positive(t, n, "the killed relay held no lease")
 	t.Logf("the killed relay held %d partner leases", n)
 	return time.UnixMicro(micros.Int64)
+}
+
+// writeSecrets writes a -secrets-file (mode 0600) and returns its path.
+func writeSecrets(t *testing.T, text string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "secrets")
+	require.NoError(t, os.WriteFile(path, []byte(text), 0o600))
+	return path
 }
 
 type syncBuffer struct {

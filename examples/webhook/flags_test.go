@@ -36,8 +36,10 @@ func TestFlagsRefuseBadValues(t *testing.T) {
 	o, err := parseFlags([]string{"-sim-rate", "0", "-dest-rate", "50", "-partners", "3"})
 	require.NoError(t, err)
 	require.Equal(t, 3, o.partners)
-	_, err = parseFlags([]string{"-endpoints", "a=http://x", "-partners", "0"})
+	_, err = parseFlags([]string{"-endpoints", "a=http://x", "-secrets-file", "s", "-partners", "0"})
 	require.NoError(t, err, "-partners is the simulation's only")
+	_, err = parseFlags([]string{"-endpoints", "a=http://x"})
+	require.ErrorContains(t, err, "-secrets-file", "real endpoints need their secrets")
 
 	_, err = parseEndpoints("a=http://x,b=http://y, a=http://z")
 	require.ErrorContains(t, err, `partner "a" given twice`)
@@ -60,4 +62,39 @@ func TestProduceAtExtremeRates(t *testing.T) {
 			produce(ctx, "http://127.0.0.1:1", []string{"p"}, rate, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		})
 	}
+}
+
+// -secrets-file: one line per partner, the current secret first; comments
+// and blank lines skipped; a partner twice or without a secret is an error.
+func TestSecretsFileParses(t *testing.T) {
+	got, err := parseSecrets("# acme rotates\nacme whsec_new whsec_old\n\n  globex   whsec_g  \n")
+	require.NoError(t, err)
+	require.Equal(t, map[string][]string{"acme": {"whsec_new", "whsec_old"}, "globex": {"whsec_g"}}, got)
+	_, err = parseSecrets("acme\n")
+	require.ErrorContains(t, err, "line 1")
+	_, err = parseSecrets("acme whsec_a\nacme whsec_b\n")
+	require.ErrorContains(t, err, "given twice")
+}
+
+// The admin address needs a token unless it listens on loopback only; then
+// the token is optional (the program warns).
+func TestAdminTokenRequiredBeyondLoopback(t *testing.T) {
+	for addr, loop := range map[string]bool{
+		"127.0.0.1:8081": true, "127.0.0.2:0": true, "[::1]:8081": true, "localhost:8081": true,
+		":8081": false, "0.0.0.0:8081": false, "[::]:8081": false, "10.0.0.5:8081": false, "example.com:8081": false, "garbage": false,
+	} {
+		require.Equal(t, loop, loopbackOnly(addr), addr)
+		_, err := parseFlags([]string{"-admin", addr})
+		if loop {
+			require.NoError(t, err, addr)
+		} else {
+			require.ErrorContains(t, err, "-admin-token", addr)
+		}
+		_, err = parseFlags([]string{"-admin", addr, "-admin-token", "0123456789abcdef"})
+		require.NoError(t, err, addr)
+	}
+	t.Setenv("WEBHOOK_ADMIN_TOKEN", "0123456789abcdef")
+	o, err := parseFlags([]string{"-admin", ":8081"})
+	require.NoError(t, err)
+	require.Equal(t, "0123456789abcdef", o.adminToken)
 }

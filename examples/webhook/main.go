@@ -46,6 +46,10 @@ type options struct {
 	dbPath        string
 	postgres      string
 	endpoints     string
+	secretsFile   string
+	adminToken    string
+	maxRetryAfter time.Duration
+	backlogSync   time.Duration
 	partners      int
 	simRate       float64
 	maxBacklog    int
@@ -71,6 +75,10 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.dbPath, "db", "", "SQLite database file (default: a new file in a temporary directory)")
 	fs.StringVar(&o.postgres, "postgres", "", "PostgreSQL URL; replaces SQLite")
 	fs.StringVar(&o.endpoints, "endpoints", "", "partner=URL,... : real endpoints instead of the simulated ones")
+	fs.StringVar(&o.secretsFile, "secrets-file", "", "file of signing secrets, one line per partner: 'partner whsec_... [whsec_...]' (current first; during a rotation the old one too, all sign); required with -endpoints; the simulation makes its own")
+	fs.StringVar(&o.adminToken, "admin-token", os.Getenv("WEBHOOK_ADMIN_TOKEN"), "bearer token the admin address requires (operator page, actions, /metrics; browsers: Basic auth, token as password); default $WEBHOOK_ADMIN_TOKEN (prefer it: a flag shows in ps). Required unless -admin is a loopback address")
+	fs.DurationVar(&o.maxRetryAfter, "max-retry-after", service.DefaultMaxRetryAfter, "cap on the wait a partner's 429/503 Retry-After asks for")
+	fs.DurationVar(&o.backlogSync, "backlog-sync", -1, "how often each instance re-reads the partners' undelivered events from the database (needed with several instances on one -postgres database); negative: 1s with -postgres, never with SQLite")
 	fs.IntVar(&o.partners, "partners", 12, "number of simulated partners (without -endpoints)")
 	fs.Float64Var(&o.simRate, "sim-rate", 20, "events per second the built-in producer posts (0: none)")
 	fs.IntVar(&o.maxBacklog, "max-backlog", 10000, "undelivered events per partner before intake answers 429")
@@ -92,6 +100,12 @@ func parseFlags(args []string) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	if o.backlogSync < 0 {
+		o.backlogSync = 0
+		if o.postgres != "" {
+			o.backlogSync = time.Second
+		}
+	}
 	// Checked here, not left to what they feed: -sim-rate 1e10 (or +Inf)
 	// made the producer's ticker interval 0, and NewTicker panicked in its
 	// goroutine, killing the service; -dest-rate +Inf made the burst an
@@ -105,6 +119,10 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("-history %v: need at least 1m", o.history)
 	case o.endpoints == "" && (o.partners < 1 || o.partners > maxSimPartners):
 		return o, fmt.Errorf("-partners %d: need 1 to %d", o.partners, maxSimPartners)
+	case o.adminToken == "" && !loopbackOnly(o.admin):
+		return o, fmt.Errorf("-admin %s is reachable beyond this machine: set -admin-token or $WEBHOOK_ADMIN_TOKEN (anyone reaching it could skip a partner's events)", o.admin)
+	case o.endpoints != "" && o.secretsFile == "":
+		return o, errors.New("-endpoints needs -secrets-file: every partner's requests are signed (Standard Webhooks)")
 	}
 	return o, nil
 }
@@ -133,6 +151,43 @@ func parseEndpoints(s string) (map[string]string, error) {
 	return partners, nil
 }
 
+// loopbackOnly reports whether a listen address accepts connections from
+// this machine only: a loopback IP or "localhost". An empty host (":8081"),
+// 0.0.0.0, [::] or any other name or address is not.
+func loopbackOnly(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// parseSecrets reads -secrets-file: "partner whsec_... [whsec_...]" per
+// line; blank lines and lines starting with # are skipped. A partner named
+// twice is an error. The secrets are checked by service.New (which names
+// the partner, never the secret).
+func parseSecrets(text string) (map[string][]string, error) {
+	out := map[string][]string{}
+	for i, line := range strings.Split(text, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		if len(f) < 2 {
+			return nil, fmt.Errorf("-secrets-file line %d: need 'partner whsec_...'", i+1)
+		}
+		if _, dup := out[f[0]]; dup {
+			return nil, fmt.Errorf("-secrets-file line %d: partner %q given twice", i+1, f[0])
+		}
+		out[f[0]] = f[1:]
+	}
+	return out, nil
+}
+
 func run() error {
 	o, err := parseFlags(os.Args[1:])
 	if err != nil {
@@ -149,18 +204,42 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	// Partners and their endpoints.
+	// Partners, their endpoints and signing secrets.
 	partners := map[string]string{}
+	secrets := map[string][]string{}
+	if o.secretsFile != "" {
+		b, err := os.ReadFile(o.secretsFile)
+		if err != nil {
+			return err
+		}
+		if secrets, err = parseSecrets(string(b)); err != nil {
+			return err
+		}
+	}
 	var endpoints []*sim.Endpoint
+	var rec *sim.Recorder
 	if o.endpoints != "" {
 		if partners, err = parseEndpoints(o.endpoints); err != nil {
 			return err
 		}
 	} else {
-		rec := sim.NewRecorder()
+		rec = sim.NewRecorder()
 		eps, err := simulate(o.partners, rec, partners)
 		if err != nil {
 			return err
+		}
+		// The simulated endpoints verify every request's signature with
+		// the partner's secrets (from -secrets-file, else fresh ones).
+		for p := range partners {
+			if secrets[p] == nil {
+				sec, err := rec.NewSecret(p)
+				if err != nil {
+					return err
+				}
+				secrets[p] = []string{sec}
+			} else if err := rec.AddSecrets(p, secrets[p]...); err != nil {
+				return fmt.Errorf("-secrets-file, partner %q: %w", p, err)
+			}
 		}
 		endpoints = eps
 		defer func() {
@@ -199,6 +278,10 @@ func run() error {
 
 	svc, err := service.New(ctx, service.Config{
 		Partners:       partners,
+		Secrets:        secrets,
+		AdminToken:     o.adminToken,
+		MaxRetryAfter:  o.maxRetryAfter,
+		BacklogSync:    o.backlogSync,
 		MaxBacklog:     o.maxBacklog,
 		Workers:        o.workers,
 		Limits:         service.DestinationLimits{Concurrency: o.concurrency, Rate: o.rate, Burst: max(1, int(o.rate/4))},
@@ -215,6 +298,10 @@ func run() error {
 	})
 	if err != nil {
 		return err
+	}
+
+	if o.adminToken == "" {
+		log.Warn("the admin address has no token: anyone on this machine can resume or skip partners (set -admin-token or $WEBHOOK_ADMIN_TOKEN)", "admin", o.admin)
 	}
 
 	intakeLn, err := net.Listen("tcp", o.intake)
@@ -258,6 +345,9 @@ func run() error {
 	if len(endpoints) > 0 && o.simRate > 0 {
 		go produce(ctx, intakeURL, names, o.simRate, log)
 		go chaos(ctx, endpoints, log)
+	}
+	if rec != nil {
+		go watchSignatures(ctx, rec, log)
 	}
 
 	select {

@@ -47,13 +47,18 @@ func simulate(n int, rec *sim.Recorder, partners map[string]string) ([]*sim.Endp
 	return eps, nil
 }
 
-// chaos makes endpoint 3 hang for 20 s of every minute and endpoint 4 go down
-// for 40 s of every 90 s.
+// chaos makes endpoint 3 hang for 20 s of every minute, endpoint 4 go down
+// for 40 s of every 90 s, and endpoint 5 answer 429 with "Retry-After: 3"
+// for 10 s of every 45 s (its partner waits, spending no attempt).
 func chaos(ctx context.Context, eps []*sim.Endpoint, log *slog.Logger) {
 	if len(eps) < 4 {
 		return
 	}
 	hang, down := eps[2], eps[3]
+	var throttle *sim.Endpoint
+	if len(eps) >= 5 {
+		throttle = eps[4]
+	}
 	normal := sim.Behavior{Delay: 10 * time.Millisecond}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -68,6 +73,17 @@ func chaos(ctx context.Context, eps []*sim.Endpoint, log *slog.Logger) {
 			if hang.Behavior().Hang != wantHang {
 				log.Info("simulation: endpoint 3 "+map[bool]string{true: "hangs", false: "is back"}[wantHang], "url", hang.URL)
 				hang.Set(sim.Behavior{Delay: normal.Delay, Hang: wantHang})
+			}
+			if throttle != nil {
+				wantThrottle := s%45 >= 30 && s%45 < 40
+				if (throttle.Behavior().Throttle > 0) != wantThrottle {
+					log.Info("simulation: endpoint 5 "+map[bool]string{true: "answers 429 Retry-After: 3", false: "is back"}[wantThrottle], "url", throttle.URL)
+					b := sim.Behavior{Delay: normal.Delay}
+					if wantThrottle {
+						b.Throttle = 3
+					}
+					throttle.Set(b)
+				}
 			}
 			if down.Behavior().Down != wantDown {
 				log.Info("simulation: endpoint 4 "+map[bool]string{true: "is down", false: "is back"}[wantDown], "url", down.URL)
@@ -109,6 +125,25 @@ func produce(ctx context.Context, intake string, partners []string, rate float64
 			if rejected%100 == 1 {
 				log.Info("simulation: intake pushed back (429)", "partner", p, "rejected so far", rejected)
 			}
+		}
+	}
+}
+
+// watchSignatures logs, every second, requests the simulated endpoints
+// refused because their signature did not verify (there should be none).
+func watchSignatures(ctx context.Context, rec *sim.Recorder, log *slog.Logger) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	seen := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if n, last := rec.BadSignatures(); n > seen {
+			log.Error("simulation: endpoints refused requests whose webhook-signature did not verify", "count", n-seen, "total", n, "last reason", last)
+			seen = n
 		}
 	}
 }

@@ -15,6 +15,7 @@ type backlog struct {
 	mu       sync.Mutex
 	bound    int
 	partners map[string]*partnerBacklog
+	sync     syncNote // backlogsync.go
 }
 
 type partnerBacklog struct {
@@ -75,6 +76,7 @@ func (b *backlog) commit(partner, id string, received time.Time) {
 		p.reserved--
 	}
 	p.add(id, received)
+	b.noteTx(id)
 }
 
 func (p *partnerBacklog) add(id string, received time.Time) {
@@ -120,6 +122,7 @@ func (b *backlog) done(partner, id string, delivered bool) {
 		p.order.Remove(e)
 		delete(p.byID, id)
 	}
+	b.noteDone(id)
 	if delivered {
 		p.delivered++
 	} else {

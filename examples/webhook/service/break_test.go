@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/examples/webhook/signing"
 	"github.com/keysched/keysched/examples/webhook/sim"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/metric"
@@ -276,6 +277,7 @@ func TestPerDestinationKeysAreCheckedAndNormalised(t *testing.T) {
 	base := func(per map[string]DestinationLimits) DelivererConfig {
 		return DelivererConfig{
 			Endpoints:      map[string]string{"p": "https://api.example.com/hooks", "q": "http://10.0.0.1:8080/x"},
+			Secrets:        map[string][]signing.Secret{"p": {testSecret(t)}, "q": {testSecret(t)}},
 			Limits:         DestinationLimits{8, 100, 10},
 			PerDestination: per,
 			Breaker:        BreakerSettings{1, time.Second},

@@ -5,26 +5,30 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net"
 	"net/http"
 	"net/url"
 	"slices"
-	"strconv"
 	"time"
 
+	"github.com/keysched/keysched/examples/webhook/signing"
 	"github.com/sony/gobreaker/v2"
 	"golang.org/x/sync/semaphore"
 	"golang.org/x/time/rate"
 )
 
-// Headers every delivery carries. They follow the Standard Webhooks
-// specification's names (https://www.standardwebhooks.com): the ID is stable
-// across redeliveries of one event, so a customer deduplicates on it.
+// Headers every delivery carries. The first three are the Standard Webhooks
+// specification's (https://www.standardwebhooks.com; package signing): the
+// ID is stable across redeliveries of one event, so a customer deduplicates
+// on it; the timestamp is the attempt's, as the specification says (a
+// receiver refuses a stale one: replay protection), the intake time is the
+// body's "received_at"; the signature is one "v1,<base64>" per secret of the
+// partner.
 const (
 	HeaderID        = "Webhook-Id"        // the event's ID, the same on every attempt
-	HeaderTimestamp = "Webhook-Timestamp" // the event's intake time, Unix seconds
+	HeaderTimestamp = "Webhook-Timestamp" // the attempt's time, Unix seconds
+	HeaderSignature = "Webhook-Signature" // HMAC-SHA256 of id.timestamp.body per secret, space-separated
 	HeaderPartner   = "Webhook-Partner"   // the partner (the scheduler key)
 )
 
@@ -59,7 +63,8 @@ func Refused(err error) bool {
 }
 
 // StatusError is the error of a delivery the endpoint answered with a non-2xx
-// status. Retrieve it with errors.As.
+// status. Retrieve it with errors.As (it is inside a *ResponseError, which
+// carries the classification and the body's first bytes).
 type StatusError struct {
 	Code int
 }
@@ -119,7 +124,9 @@ type destination struct {
 type Deliverer struct {
 	client    *http.Client
 	timeout   time.Duration
+	maxWait   time.Duration
 	endpoints map[string]*url.URL // partner -> endpoint
+	secrets   map[string][]signing.Secret
 	dests     map[string]*destination
 	byPartner map[string]*destination
 	onState   func(dest string, from, to gobreaker.State)
@@ -128,7 +135,11 @@ type Deliverer struct {
 // DelivererConfig configures NewDeliverer.
 type DelivererConfig struct {
 	Endpoints map[string]string // partner -> endpoint URL (http or https)
-	Limits    DestinationLimits // applied to every destination
+	// Secrets maps every partner of Endpoints to its signing secrets (at
+	// least one; during a rotation the new and the old, all of them sign
+	// every request). A partner without one is an ErrInvalidConfig.
+	Secrets map[string][]signing.Secret
+	Limits  DestinationLimits // applied to every destination
 	// PerDestination overrides Limits for a destination, keyed by
 	// "scheme://host:port" (without the port, the scheme's default). A key
 	// that is no endpoint's destination is an ErrInvalidConfig.
@@ -136,6 +147,9 @@ type DelivererConfig struct {
 	Breaker        BreakerSettings
 	// Timeout bounds each call from dial to the end of the response body.
 	Timeout time.Duration
+	// MaxRetryAfter caps the wait a Retry-After asks for (Classify).
+	// Default DefaultMaxRetryAfter.
+	MaxRetryAfter time.Duration
 	// OnBreakerState is called when a destination's breaker changes state.
 	OnBreakerState func(dest string, from, to gobreaker.State)
 }
@@ -151,9 +165,17 @@ func NewDeliverer(cfg DelivererConfig) (*Deliverer, error) {
 	if cfg.Breaker.Failures == 0 || cfg.Breaker.OpenFor <= 0 {
 		return nil, fmt.Errorf("%w: breaker %+v: need Failures >= 1 and OpenFor > 0", ErrInvalidConfig, cfg.Breaker)
 	}
+	if cfg.MaxRetryAfter == 0 {
+		cfg.MaxRetryAfter = DefaultMaxRetryAfter
+	}
+	if cfg.MaxRetryAfter < 0 {
+		return nil, fmt.Errorf("%w: MaxRetryAfter %v: need >= 0", ErrInvalidConfig, cfg.MaxRetryAfter)
+	}
 	d := &Deliverer{
 		timeout:   cfg.Timeout,
+		maxWait:   cfg.MaxRetryAfter,
 		endpoints: map[string]*url.URL{},
+		secrets:   map[string][]signing.Secret{},
 		dests:     map[string]*destination{},
 		byPartner: map[string]*destination{},
 		onState:   cfg.OnBreakerState,
@@ -169,7 +191,12 @@ func NewDeliverer(cfg DelivererConfig) (*Deliverer, error) {
 			MaxIdleConnsPerHost:   64,
 			IdleConnTimeout:       90 * time.Second,
 		},
-		// A webhook endpoint that redirects is misconfigured: do not follow.
+		// Redirects are not followed: the answer is a failed attempt with
+		// its 3xx status. Following would send the signed event to a URL
+		// the operator never configured (another host, perhaps: the
+		// payload leaks, and the destination's bulkhead, breaker and rate
+		// limit are bypassed), and Go's client turns a POST into a GET on
+		// 301/302/303. A moved endpoint is a configuration change.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 	// PerDestination's keys, normalised: "https://api.example.com" is
@@ -197,6 +224,11 @@ func NewDeliverer(cfg DelivererConfig) (*Deliverer, error) {
 			return nil, fmt.Errorf("%w: partner %q: endpoint %q is not an http(s) URL", ErrInvalidConfig, partner, raw)
 		}
 		d.endpoints[partner] = u
+		secs := cfg.Secrets[partner]
+		if len(secs) == 0 || slices.ContainsFunc(secs, signing.Secret.IsZero) {
+			return nil, fmt.Errorf("%w: partner %q has no signing secret", ErrInvalidConfig, partner)
+		}
+		d.secrets[partner] = slices.Clone(secs)
 		name := destName(u)
 		dst := d.dests[name]
 		if dst == nil {
@@ -215,6 +247,8 @@ func NewDeliverer(cfg DelivererConfig) (*Deliverer, error) {
 				MaxRequests: 1,
 				Timeout:     cfg.Breaker.OpenFor,
 				ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= failures },
+				// An endpoint answering a final 4xx is up.
+				IsSuccessful: countsAsBreakerSuccess,
 				// Our own refusals (rate) and a cancelled attempt say
 				// nothing about the endpoint's health.
 				IsExcluded: func(err error) bool {
@@ -277,15 +311,18 @@ type Delivery struct {
 	ID       string    // stable across attempts: the dedup key for the customer
 	Received time.Time // intake time
 	Body     []byte    // sent as is, Content-Type application/json
-	Outcome  *Outcome  // when set, Deliver fills it with what the HTTP call returned (history.go)
+	Call     *Call     // when set, Deliver fills it with what the HTTP call returned (history.go)
 }
 
 // Deliver makes one delivery attempt: nil when the endpoint answered 2xx.
 // Failures are errors wrapping ErrBulkheadFull, ErrRateLimited,
-// gobreaker.ErrOpenState or ErrTooManyRequests, a *StatusError, or the
-// transport's error (timeouts included). The attempt never takes longer than
-// the configured Timeout plus the wait for a rate token (itself bounded by
-// the same deadline).
+// gobreaker.ErrOpenState or ErrTooManyRequests (local refusals, no call), a
+// *ResponseError (a non-2xx answer: its Outcome, status, the body's first
+// bytes, a Retry-After; it wraps a *StatusError, and ErrEndpointGone for a
+// 410), or the transport's error (timeouts included). Each request is
+// signed (webhook-signature) with every secret of the partner. The attempt
+// never takes longer than the configured Timeout plus the wait for a rate
+// token (itself bounded by the same deadline).
 func (d *Deliverer) Deliver(ctx context.Context, ev Delivery) error {
 	if d.zero() {
 		return ErrZeroDeliverer
@@ -326,25 +363,17 @@ func (d *Deliverer) post(ctx context.Context, u *url.URL, ev Delivery) error {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "keysched-webhook/1")
-	req.Header.Set(HeaderID, ev.ID)
-	req.Header.Set(HeaderTimestamp, strconv.FormatInt(ev.Received.Unix(), 10))
+	// webhook-id, webhook-timestamp (now: this attempt's time) and
+	// webhook-signature.
+	signing.SetHeaders(req.Header, ev.ID, time.Now(), ev.Body, d.secrets[ev.Partner]...)
 	req.Header.Set(HeaderPartner, ev.Partner)
 	start := time.Now()
 	resp, err := d.client.Do(req)
-	if err != nil {
-		ev.Outcome.record(start, 0, nil)
-		return err
-	}
-	// Read a bounded amount so the connection can be reused; the first
-	// AttemptBodyBytes go to the attempt's record.
-	var head headWriter
-	_, _ = io.Copy(&head, io.LimitReader(resp.Body, 64<<10))
-	_ = resp.Body.Close()
-	ev.Outcome.record(start, resp.StatusCode, head.b)
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return &StatusError{Code: resp.StatusCode}
-	}
-	return nil
+	// What the answer means: response.go (reads and closes the body). The
+	// call's status and the body's first bytes go to the attempt's record.
+	r := Classify(resp, err, time.Now(), d.maxWait)
+	ev.Call.record(start, r.Status, r.Body)
+	return r.err()
 }
 
 // Close releases idle connections.

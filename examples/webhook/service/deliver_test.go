@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keysched/keysched/examples/webhook/signing"
 	"github.com/keysched/keysched/examples/webhook/sim"
 	"github.com/sony/gobreaker/v2"
 	"github.com/stretchr/testify/require"
@@ -21,10 +22,23 @@ func newEndpoint(t *testing.T, rec *sim.Recorder, b sim.Behavior) *sim.Endpoint 
 	return e
 }
 
-func testDeliverer(t *testing.T, endpoints map[string]string, mod func(*DelivererConfig)) *Deliverer {
+// testDeliverer makes a Deliverer for endpoints, each partner with a fresh
+// signing secret that rec's endpoints accept (rec may be nil for endpoints
+// that are no sim.Endpoint).
+func testDeliverer(t *testing.T, rec *sim.Recorder, endpoints map[string]string, mod func(*DelivererConfig)) *Deliverer {
 	t.Helper()
+	secrets := map[string][]signing.Secret{}
+	for p := range endpoints {
+		s, err := signing.NewSecret()
+		require.NoError(t, err)
+		secrets[p] = []signing.Secret{s}
+		if rec != nil {
+			require.NoError(t, rec.AddSecrets(p, s.Encode()))
+		}
+	}
 	cfg := DelivererConfig{
 		Endpoints: endpoints,
+		Secrets:   secrets,
 		Limits:    DestinationLimits{Concurrency: 4, Rate: 1000, Burst: 100},
 		Breaker:   BreakerSettings{Failures: 3, OpenFor: 50 * time.Millisecond},
 		Timeout:   2 * time.Second,
@@ -41,7 +55,7 @@ func testDeliverer(t *testing.T, endpoints map[string]string, mod func(*Delivere
 func TestDeliverCarriesStableID(t *testing.T) {
 	rec := sim.NewRecorder()
 	ep := newEndpoint(t, rec, sim.Behavior{Down: true})
-	d := testDeliverer(t, map[string]string{"p": ep.URL}, nil)
+	d := testDeliverer(t, rec, map[string]string{"p": ep.URL}, nil)
 	ev := Delivery{Partner: "p", ID: "evt-1", Received: time.Now(), Body: []byte(`{"id":"evt-1"}`)}
 	var se *StatusError
 	require.ErrorAs(t, d.Deliver(t.Context(), ev), &se)
@@ -55,7 +69,7 @@ func TestDeliverCarriesStableID(t *testing.T) {
 }
 
 func TestDeliverUnknownPartnerAndBadConfig(t *testing.T) {
-	d := testDeliverer(t, map[string]string{"p": "http://127.0.0.1:1/x"}, nil)
+	d := testDeliverer(t, nil, map[string]string{"p": "http://127.0.0.1:1/x"}, nil)
 	require.ErrorIs(t, d.Deliver(t.Context(), Delivery{Partner: "nobody", ID: "x"}), ErrUnknownPartner)
 
 	for _, cfg := range []DelivererConfig{
@@ -75,7 +89,7 @@ func TestBulkheadIsolatesHangingDestination(t *testing.T) {
 	rec := sim.NewRecorder()
 	hang := newEndpoint(t, rec, sim.Behavior{Hang: true})
 	ok := newEndpoint(t, rec, sim.Behavior{})
-	d := testDeliverer(t, map[string]string{"h1": hang.URL, "h2": hang.URL, "h3": hang.URL, "ok": ok.URL},
+	d := testDeliverer(t, rec, map[string]string{"h1": hang.URL, "h2": hang.URL, "h3": hang.URL, "ok": ok.URL},
 		func(c *DelivererConfig) { c.Limits.Concurrency = 2; c.Timeout = time.Minute })
 	require.Equal(t, d.Destination("h1"), d.Destination("h3"))
 	require.NotEqual(t, d.Destination("h1"), d.Destination("ok"))
@@ -103,7 +117,7 @@ func TestBulkheadIsolatesHangingDestination(t *testing.T) {
 func TestBreakerOpensAndRecovers(t *testing.T) {
 	rec := sim.NewRecorder()
 	ep := newEndpoint(t, rec, sim.Behavior{Down: true})
-	d := testDeliverer(t, map[string]string{"p": ep.URL}, nil)
+	d := testDeliverer(t, rec, map[string]string{"p": ep.URL}, nil)
 	for range 3 {
 		var se *StatusError
 		require.ErrorAs(t, d.Deliver(t.Context(), Delivery{Partner: "p", ID: "x"}), &se)
@@ -124,7 +138,7 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 func TestRateLimitDoesNotTripBreaker(t *testing.T) {
 	rec := sim.NewRecorder()
 	ep := newEndpoint(t, rec, sim.Behavior{})
-	d := testDeliverer(t, map[string]string{"p": ep.URL}, func(c *DelivererConfig) {
+	d := testDeliverer(t, rec, map[string]string{"p": ep.URL}, func(c *DelivererConfig) {
 		c.Limits = DestinationLimits{Concurrency: 4, Rate: 0.001, Burst: 1}
 		c.Timeout = time.Second
 		c.Breaker.Failures = 1
@@ -142,7 +156,7 @@ func TestRateLimitDoesNotTripBreaker(t *testing.T) {
 func TestDeliverTimesOut(t *testing.T) {
 	rec := sim.NewRecorder()
 	ep := newEndpoint(t, rec, sim.Behavior{Hang: true})
-	d := testDeliverer(t, map[string]string{"p": ep.URL}, func(c *DelivererConfig) { c.Timeout = 100 * time.Millisecond })
+	d := testDeliverer(t, rec, map[string]string{"p": ep.URL}, func(c *DelivererConfig) { c.Timeout = 100 * time.Millisecond })
 	err := d.Deliver(t.Context(), Delivery{Partner: "p", ID: "1"})
 	var ne net.Error
 	if !errors.Is(err, context.DeadlineExceeded) && !(errors.As(err, &ne) && ne.Timeout()) {

@@ -28,6 +28,9 @@ func Example() {
 	rec.OnDelivery = func(d sim.Delivery) { delivered <- d }
 	endpoint, _ := sim.NewEndpoint(rec, sim.Behavior{})
 	defer endpoint.Close()
+	// The partner's signing secret: the endpoint verifies every request's
+	// webhook-signature with it (package signing).
+	secret, _ := rec.NewSecret("acme")
 
 	store, err := service.OpenSQLite(ctx, filepath.Join(dir, "webhook.db"))
 	if err != nil {
@@ -37,6 +40,7 @@ func Example() {
 	defer store.Close()
 	svc, err := service.New(ctx, service.Config{
 		Partners: map[string]string{"acme": endpoint.URL},
+		Secrets:  map[string][]string{"acme": {secret}},
 		Store:    store,
 		Logger:   slog.New(slog.DiscardHandler),
 	})

@@ -76,6 +76,7 @@ func newHarnessOn(t *testing.T, open func() (*Store, error), behaviors map[strin
 	h := &harness{t: t, rec: sim.NewRecorder(), eps: map[string]*sim.Endpoint{}, accepted: map[string][]string{}, open: open}
 	cfg := quickConfig()
 	cfg.Partners = map[string]string{}
+	cfg.Secrets = map[string][]string{}
 	for p, b := range behaviors {
 		e, err := sim.NewEndpoint(h.rec, b)
 		require.NoError(t, err)
@@ -84,6 +85,15 @@ func newHarnessOn(t *testing.T, open func() (*Store, error), behaviors map[strin
 	}
 	if mod != nil {
 		mod(&cfg)
+	}
+	// Every partner signs with a fresh secret its endpoint accepts, unless
+	// the test gave one.
+	for p := range cfg.Partners {
+		if cfg.Secrets[p] == nil {
+			sec, err := h.rec.NewSecret(p)
+			require.NoError(t, err)
+			cfg.Secrets[p] = []string{sec}
+		}
 	}
 	h.start(cfg)
 	t.Cleanup(func() {

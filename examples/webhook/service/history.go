@@ -12,14 +12,15 @@ import (
 )
 
 // AttemptBodyBytes bounds the response body kept with each recorded
-// attempt: its first 512 bytes (invalid UTF-8 and NUL bytes replaced by
+// attempt: its first BodyPrefixBytes (256) bytes (invalid UTF-8 and NUL bytes replaced by
 // U+FFFD, so the record is text on both databases).
-const AttemptBodyBytes = 512
+const AttemptBodyBytes = BodyPrefixBytes
 
-// An Outcome is what one delivery attempt's HTTP call returned. Deliver
-// fills the Outcome a Delivery points to (a nil Delivery.Outcome records
-// nothing); it stays zero when no call was made (a local refusal).
-type Outcome struct {
+// A Call is what one delivery attempt's HTTP call returned. Deliver
+// fills the Call a Delivery points to (a nil Delivery.Call records
+// nothing); it stays zero when no call was made (a local refusal). How the
+// answer is classified is Classify's (response.go).
+type Call struct {
 	Called   bool          // the request was sent (an answer came, or a transport error)
 	Start    time.Time     // when the request was sent
 	Duration time.Duration // request sent to response body read (or the transport's error)
@@ -29,22 +30,11 @@ type Outcome struct {
 
 // record is the deliverer's hook: the call that started at start ended with
 // status (0: a transport error) and body's first bytes.
-func (o *Outcome) record(start time.Time, status int, body []byte) {
+func (o *Call) record(start time.Time, status int, body []byte) {
 	if o == nil {
 		return
 	}
-	*o = Outcome{Called: true, Start: start, Duration: time.Since(start), Status: status, Body: body}
-}
-
-// headWriter keeps the first AttemptBodyBytes bytes written to it and
-// discards the rest.
-type headWriter struct{ b []byte }
-
-func (h *headWriter) Write(p []byte) (int, error) {
-	if room := AttemptBodyBytes - len(h.b); room > 0 {
-		h.b = append(h.b, p[:min(room, len(p))]...)
-	}
-	return len(p), nil
+	*o = Call{Called: true, Start: start, Duration: time.Since(start), Status: status, Body: body}
 }
 
 // Attempt is one recorded delivery attempt of an event.

@@ -19,9 +19,12 @@
 //   - delivery (Deliverer): one POST per attempt to the endpoint, through the
 //     destination's bulkhead (a concurrency budget: a hanging endpoint holds
 //     only its own share of the pool), token bucket (rate) and circuit
-//     breaker, with a timeout. Every delivery carries the Webhook-Id header,
-//     the same on every attempt: delivery is at-least-once and customers
-//     deduplicate on it.
+//     breaker, with a timeout. Every delivery carries the Standard Webhooks
+//     headers (webhook-id, the same on every attempt: delivery is
+//     at-least-once and customers deduplicate on it; webhook-timestamp;
+//     webhook-signature, one per secret of the partner: package signing).
+//     What the answer means (retry, wait for its Retry-After, give the
+//     event up, park the partner whose endpoint is gone) is Classify's.
 //   - operators: an HTML page listing partners by backlog and by the age of
 //     their oldest undelivered event, with Resume and Skip for parked ones;
 //     OpenTelemetry metrics per partner and the scheduler's own.
@@ -40,6 +43,7 @@ import (
 
 	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/db/outbox"
+	"github.com/keysched/keysched/examples/webhook/signing"
 	"github.com/keysched/keysched/otelkeysched"
 	"github.com/sony/gobreaker/v2"
 	"go.opentelemetry.io/otel/attribute"
@@ -80,6 +84,14 @@ type Config struct {
 	// Partners maps each partner (the scheduler key; 1 to 64 characters of
 	// letters, digits and ._-) to its customer endpoint URL. Required.
 	Partners map[string]string
+	// Secrets maps every partner to its Standard Webhooks signing secrets,
+	// in the "whsec_" form (package signing: base64 of 24 to 64 random
+	// bytes), the current one first. Every request carries one signature
+	// per secret: during a rotation give the new and the old one, until the
+	// receiver has switched. Required for every partner; a missing or
+	// malformed secret is an ErrInvalidConfig (naming the partner, never
+	// the secret).
+	Secrets map[string][]string
 	// MaxBacklog bounds each partner's accepted, undelivered events; at the
 	// bound intake answers 429. Default 10,000.
 	MaxBacklog int
@@ -111,6 +123,14 @@ type Config struct {
 	// MeterProvider receives the service's and the scheduler's metrics.
 	// Default: none recorded.
 	MeterProvider metric.MeterProvider
+	// AdminToken, when set, is required on every request to the admin
+	// handler (the operator page, its actions, the admin API, /metrics):
+	// "Authorization: Bearer <token>", or HTTP Basic authentication with the
+	// token as the password (browsers). Missing or wrong, the answer is 401
+	// without saying which. At least MinAdminTokenBytes bytes. Empty: no
+	// authentication (serve the admin handler on loopback only; the
+	// program refuses to start otherwise).
+	AdminToken string
 	// MetricsHandler, when set, is served at /metrics on the admin handler
 	// (see NewPrometheus).
 	MetricsHandler http.Handler
@@ -130,6 +150,19 @@ type Config struct {
 	// outbox.WithTakeOverOnStart).
 	// Default "webhook".
 	RelayName string
+	// MaxRetryAfter caps the wait a 429 or 503 answer's Retry-After asks
+	// for (a longer one is cut to it; the event is tried then). Such a wait
+	// spends no attempt. Default DefaultMaxRetryAfter (10 minutes).
+	MaxRetryAfter time.Duration
+	// BacklogSync is how often this instance re-reads every partner's
+	// undelivered events from the database into its in-memory backlog (the
+	// count the intake's 429 reads, the operator page's backlog and oldest
+	// age). Required when several instances share one database (each one
+	// delivers events the others accepted: without it an instance's count
+	// only grows, until it answers 429 for ever); each read costs one query
+	// returning every undelivered event's ID. 0 (the default): never (one
+	// instance). See the README's "Several instances".
+	BacklogSync time.Duration
 	// LeaseDuration is how long the relay's claim on a partner lasts
 	// without renewal (renewed every third of it): after a crash, the
 	// partners of the dead process are taken over after at most this long.
@@ -157,6 +190,21 @@ func (c *Config) defaults() error {
 	for p := range c.Partners {
 		if !partnerRe.MatchString(p) {
 			return fmt.Errorf("%w: partner name %q: need 1 to 64 of [A-Za-z0-9._-]", ErrInvalidConfig, p)
+		}
+	}
+	for p := range c.Partners {
+		if len(c.Secrets[p]) == 0 {
+			return fmt.Errorf("%w: partner %q has no signing secret (Config.Secrets)", ErrInvalidConfig, p)
+		}
+		for i, raw := range c.Secrets[p] {
+			if _, err := signing.ParseSecret(raw); err != nil {
+				return fmt.Errorf("%w: partner %q, secret %d: %w", ErrInvalidConfig, p, i, err)
+			}
+		}
+	}
+	for p := range c.Secrets {
+		if _, ok := c.Partners[p]; !ok {
+			return fmt.Errorf("%w: Secrets for %q, which is no partner", ErrInvalidConfig, p)
 		}
 	}
 	if c.Store == nil {
@@ -197,6 +245,18 @@ func (c *Config) defaults() error {
 	}
 	if c.PollInterval < 0 {
 		return fmt.Errorf("%w: PollInterval %v", ErrInvalidConfig, c.PollInterval)
+	}
+	if c.AdminToken != "" && len(c.AdminToken) < MinAdminTokenBytes {
+		return fmt.Errorf("%w: AdminToken of %d bytes: need at least %d", ErrInvalidConfig, len(c.AdminToken), MinAdminTokenBytes)
+	}
+	if c.BacklogSync < 0 {
+		return fmt.Errorf("%w: BacklogSync %v", ErrInvalidConfig, c.BacklogSync)
+	}
+	if c.MaxRetryAfter == 0 {
+		c.MaxRetryAfter = DefaultMaxRetryAfter
+	}
+	if c.MaxRetryAfter < 0 {
+		return fmt.Errorf("%w: MaxRetryAfter %v", ErrInvalidConfig, c.MaxRetryAfter)
 	}
 	if c.RelayName == "" {
 		c.RelayName = "webhook"
@@ -249,6 +309,8 @@ type Service struct {
 	bgStop   chan struct{}
 	bgDone   []chan struct{}
 
+	syncStop, syncDone chan struct{} // backlog sync (BacklogSync > 0)
+
 	closeOnce sync.Once
 	closeErr  error
 	closed    atomic.Bool
@@ -266,9 +328,16 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	slices.Sort(s.partners)
 	s.backlog = newBacklog(cfg.MaxBacklog, s.partners)
+	secrets := map[string][]signing.Secret{}
+	for p, raws := range cfg.Secrets {
+		for _, raw := range raws {
+			sec, _ := signing.ParseSecret(raw) // checked by defaults
+			secrets[p] = append(secrets[p], sec)
+		}
+	}
 	d, err := NewDeliverer(DelivererConfig{
-		Endpoints: cfg.Partners, Limits: cfg.Limits, PerDestination: cfg.PerDestination,
-		Breaker: cfg.Breaker, Timeout: cfg.Timeout,
+		Endpoints: cfg.Partners, Secrets: secrets, Limits: cfg.Limits, PerDestination: cfg.PerDestination,
+		Breaker: cfg.Breaker, Timeout: cfg.Timeout, MaxRetryAfter: cfg.MaxRetryAfter,
 		OnBreakerState: func(dest string, from, to gobreaker.State) {
 			s.log.Warn("circuit breaker", "destination", dest, "from", from.String(), "to", to.String())
 		},
@@ -315,6 +384,10 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	s.bgDone = []chan struct{}{make(chan struct{}), make(chan struct{})}
 	go s.cleaner(s.bgStop, s.bgDone[0])
 	go s.sampler(s.bgStop, s.bgDone[1])
+	if cfg.BacklogSync > 0 {
+		s.syncStop, s.syncDone = make(chan struct{}), make(chan struct{})
+		go s.syncBacklog(cfg.BacklogSync, s.syncStop, s.syncDone)
+	}
 	// Last: from here on a collection may read the whole service.
 	if err := s.metrics.observe(s); err != nil {
 		_ = s.Close(context.Background())
@@ -356,8 +429,9 @@ func (s *Service) IntakeHandler() http.Handler {
 // /partners/{partner}/resume and /skip, each logged), the event lookup and
 // replay (GET /events/{id}, POST /events/{id}/replay and
 // /partners/{partner}/replay, the pages under /ui/: see events_http.go) and, when
-// Config.MetricsHandler is set, /metrics. Serve it on an address partners
-// cannot reach: it has no authentication of its own.
+// Config.MetricsHandler is set, /metrics. With Config.AdminToken set, every
+// request needs the token (401 otherwise); without, it has no
+// authentication: serve it on loopback only.
 //
 // The actions refuse cross-origin requests (403, net/http's
 // CrossOriginProtection, from the Sec-Fetch-Site and Origin headers): being
@@ -376,7 +450,11 @@ func (s *Service) AdminHandler() http.Handler {
 	if s.cfg.MetricsHandler != nil {
 		mux.Handle("GET /metrics", s.cfg.MetricsHandler)
 	}
-	return http.NewCrossOriginProtection().Handler(mux)
+	h := http.NewCrossOriginProtection().Handler(mux)
+	if s.cfg.AdminToken != "" {
+		h = requireToken(s.cfg.AdminToken, h) // adminauth.go
+	}
+	return h
 }
 
 // Status returns every partner's backlog, age of its oldest undelivered
@@ -473,6 +551,10 @@ func (s *Service) Close(ctx context.Context) error {
 		if s.schedMet != nil {
 			unreg = s.schedMet.Unregister()
 		}
+		if s.syncStop != nil {
+			close(s.syncStop)
+			<-s.syncDone
+		}
 		s.commit.close()
 		close(s.bgStop)
 		for _, d := range s.bgDone {
@@ -489,6 +571,7 @@ func (s *Service) Close(ctx context.Context) error {
 // settleIntake ends an admitted event's bookkeeping with its transaction's
 // outcome (the event entered the backlog before its transaction began).
 func (s *Service) settleIntake(env Envelope, err error) {
+	s.backlog.settled(env.ID)
 	if err != nil {
 		s.backlog.drop(env.Partner, env.ID)
 		return
@@ -517,8 +600,8 @@ func (s *Service) settleIntake(env Envelope, err error) {
 func (s *Service) sink(ctx context.Context, e outbox.Event) error {
 	partner := e.Key
 	id, replay := webhookID(e)
-	var out Outcome
-	err := s.deliver.Deliver(ctx, Delivery{Partner: partner, ID: id, Received: e.CreatedAt, Body: e.Payload, Outcome: &out})
+	var out Call
+	err := s.deliver.Deliver(ctx, Delivery{Partner: partner, ID: id, Received: e.CreatedAt, Body: e.Payload, Call: &out})
 	if err != nil && Refused(err) {
 		s.metrics.refused(ctx, partner)
 		return keysched.Snooze(err, 0)
@@ -542,9 +625,9 @@ func (s *Service) sink(ctx context.Context, e outbox.Event) error {
 		return err
 	}
 	if err != nil {
-		s.backlog.failedAttempt(partner, err)
-		s.metrics.failed(ctx, partner)
-		return err
+		// What the answer means (response.go): a retry, a Retry-After
+		// snooze, or a final refusal.
+		return s.forRelay(ctx, partner, id, err)
 	}
 	s.backlog.done(partner, e.ID, true)
 	s.metrics.settled(ctx, partner)

@@ -176,6 +176,9 @@ func TestHangingEndpointDoesNotStallOthers(t *testing.T) {
 		c.Retry = keysched.RetryPolicy{MaxAttempts: 1000, InitialBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond}
 		for _, p := range []string{"h1", "h2", "h3", "h4"} {
 			c.Partners[p] = hang.URL
+			sec, err := rec.NewSecret(p) // the hanging endpoint's recorder verifies them
+			require.NoError(t, err)
+			c.Secrets[p] = []string{sec}
 		}
 	})
 	for i := range 10 {

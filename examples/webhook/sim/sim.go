@@ -11,8 +11,11 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
+
+	"github.com/keysched/keysched/examples/webhook/signing"
 )
 
 // Header names the endpoints read (the service's delivery headers).
@@ -27,6 +30,9 @@ type Behavior struct {
 	FailRate float64       // fraction of requests answered 500 (0..1)
 	Hang     bool          // requests block until the caller gives up (or Hang is cleared)
 	Down     bool          // every request answered 503
+	// Throttle, when > 0, answers every request 429 with "Retry-After:"
+	// this many seconds (a partner asking the sender to slow down).
+	Throttle int
 }
 
 // Delivery is one request an endpoint answered with a 2xx.
@@ -38,19 +44,107 @@ type Delivery struct {
 }
 
 // Recorder keeps, per partner, the IDs endpoints accepted, in arrival order
-// (duplicates included). Safe for concurrent use.
+// (duplicates included), and holds each partner's signing secrets: an
+// endpoint verifies every request's Standard Webhooks signature (package
+// signing) before anything else, and answers 401, counted in BadSignatures,
+// when it fails or when the partner has no secret here. Register secrets
+// with NewSecret or AddSecrets before the service delivers. Safe for
+// concurrent use.
 type Recorder struct {
-	mu       sync.Mutex
-	byP      map[string][]string
-	total    int
-	attempts int
+	mu        sync.Mutex
+	byP       map[string][]string
+	total     int
+	attempts  int
+	verifiers map[string]*signing.Verifier
+	badSigs   int
+	lastBad   string
+	inFlight  map[string]int // partner -> requests being answered now
+	overlaps  map[string]int // partner -> requests that began while another was in flight
 	// OnDelivery, when set before use, is called for every accepted request
 	// (with the recorder's lock not held).
 	OnDelivery func(Delivery)
 }
 
 // NewRecorder returns an empty recorder.
-func NewRecorder() *Recorder { return &Recorder{byP: map[string][]string{}} }
+func NewRecorder() *Recorder {
+	return &Recorder{byP: map[string][]string{}, verifiers: map[string]*signing.Verifier{},
+		inFlight: map[string]int{}, overlaps: map[string]int{}}
+}
+
+// NewSecret makes a fresh signing secret for partner, makes the endpoints
+// accept it (only it) for that partner, and returns its "whsec_" form for
+// the service's configuration.
+func (r *Recorder) NewSecret(partner string) (string, error) {
+	s, err := signing.NewSecret()
+	if err != nil {
+		return "", err
+	}
+	return s.Encode(), r.AddSecrets(partner, s.Encode())
+}
+
+// AddSecrets sets the secrets ("whsec_" form) the endpoints accept for
+// partner (a receiver rotating holds the old and the new one).
+func (r *Recorder) AddSecrets(partner string, secrets ...string) error {
+	v, err := signing.NewVerifier(secrets)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.verifiers[partner] = v
+	r.mu.Unlock()
+	return nil
+}
+
+// Overlaps returns how many requests for partner began while another
+// request for the same partner was being answered (by any endpoint of this
+// recorder): a sender that delivers one partner's events one at a time
+// makes none.
+func (r *Recorder) Overlaps(partner string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.overlaps[partner]
+}
+
+func (r *Recorder) begin(partner string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.inFlight[partner] > 0 {
+		r.overlaps[partner]++
+	}
+	r.inFlight[partner]++
+}
+
+func (r *Recorder) end(partner string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.inFlight[partner]--
+}
+
+// BadSignatures returns how many requests failed verification (401) and the
+// last one's reason.
+func (r *Recorder) BadSignatures() (n int, last string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.badSigs, r.lastBad
+}
+
+// verify checks a request's signature against partner's secrets.
+func (r *Recorder) verify(partner string, h http.Header, body []byte) error {
+	r.mu.Lock()
+	v := r.verifiers[partner]
+	r.mu.Unlock()
+	err := errors.New("sim: no signing secret for partner " + partner)
+	if v != nil {
+		err = v.Verify(h, body)
+	}
+	if err != nil {
+		r.mu.Lock()
+		r.badSigs++
+		r.lastBad = err.Error()
+		r.mu.Unlock()
+	}
+	return err
+}
 
 func (r *Recorder) record(d Delivery) {
 	r.mu.Lock()
@@ -146,6 +240,12 @@ func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusBadRequest)
 		return
 	}
+	if err := e.rec.verify(partner, r.Header, body); err != nil {
+		http.Error(w, err.Error(), http.StatusUnauthorized)
+		return
+	}
+	e.rec.begin(partner)
+	defer e.rec.end(partner)
 	if b.Hang {
 		select {
 		case <-r.Context().Done():
@@ -169,6 +269,11 @@ func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if b.Down {
 		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	if b.Throttle > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(b.Throttle))
+		w.WriteHeader(http.StatusTooManyRequests)
 		return
 	}
 	if b.FailRate > 0 && rand.Float64() < b.FailRate {

@@ -5,6 +5,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/keysched/keysched/examples/webhook/signing"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -44,10 +47,13 @@ func TestEndpointBehaviours(t *testing.T) {
 	e, err := NewEndpoint(rec, Behavior{Down: true})
 	require.NoError(t, err)
 	defer e.Close()
+	secret, err := signing.NewSecret()
+	require.NoError(t, err)
+	require.NoError(t, rec.AddSecrets("p", secret.Encode()))
 	post := func(id string) int {
 		req, _ := http.NewRequest(http.MethodPost, e.URL, strings.NewReader(`{}`))
 		if id != "" {
-			req.Header.Set(headerID, id)
+			signing.SetHeaders(req.Header, id, time.Now(), []byte(`{}`), secret)
 			req.Header.Set(headerPartner, "p")
 		}
 		resp, err := http.DefaultClient.Do(req)
@@ -73,4 +79,41 @@ func TestEndpointBehaviours(t *testing.T) {
 	e.Set(Behavior{})
 	require.Equal(t, 503, <-done)
 	require.Equal(t, 204, post("3"))
+	e.Set(Behavior{Throttle: 3})
+	require.Equal(t, 429, post("4"))
+	e.Set(Behavior{})
+	bad, _ := rec.BadSignatures()
+	require.Zero(t, bad)
+}
+
+// An endpoint verifies the signature before anything else: a wrong secret,
+// a changed body, or a partner it holds no secret for is a 401, counted.
+func TestEndpointRefusesBadSignatures(t *testing.T) {
+	rec := NewRecorder()
+	e, err := NewEndpoint(rec, Behavior{})
+	require.NoError(t, err)
+	defer e.Close()
+	good, err := rec.NewSecret("p")
+	require.NoError(t, err)
+	sec, err := signing.ParseSecret(good)
+	require.NoError(t, err)
+	other, err := signing.NewSecret()
+	require.NoError(t, err)
+	post := func(partner string, s signing.Secret, signed, sent string) int {
+		req, _ := http.NewRequest(http.MethodPost, e.URL, strings.NewReader(sent))
+		signing.SetHeaders(req.Header, "evt-1", time.Now(), []byte(signed), s)
+		req.Header.Set(headerPartner, partner)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, 401, post("p", other, `{}`, `{}`))
+	require.Equal(t, 401, post("p", sec, `{}`, `{ }`))
+	require.Equal(t, 401, post("q", sec, `{}`, `{}`))
+	require.Equal(t, 204, post("p", sec, `{}`, `{}`))
+	n, last := rec.BadSignatures()
+	require.Equal(t, 3, n)
+	require.Contains(t, last, "no signing secret for partner q")
+	require.Equal(t, []string{"evt-1"}, rec.IDs("p"))
 }

@@ -135,6 +135,7 @@ type result struct {
 	healthyDone          time.Duration // from the first send to the last healthy first arrival
 	parked               int
 	orderViolations      int
+	badSignatures        int // requests the endpoints refused: signature failed verification
 	drainedHealthy       bool
 	throughputWindowSecs float64
 }
@@ -186,6 +187,7 @@ func runOnce(p params, bad float64) (result, error) {
 		}
 	}
 	partners := map[string]string{}
+	secrets := map[string][]string{}
 	names := make([]string, p.partners)
 	nBad := int(float64(p.partners)*bad + 0.5)
 	res.badPartners = nBad
@@ -213,6 +215,13 @@ func runOnce(p params, bad float64) (result, error) {
 		}
 		eps = append(eps, e)
 		partners[name] = e.URL
+		// The endpoint verifies every request's Standard Webhooks
+		// signature with the partner's secret.
+		sec, err := rec.NewSecret(name)
+		if err != nil {
+			return res, err
+		}
+		secrets[name] = []string{sec}
 	}
 
 	// The service.
@@ -228,6 +237,7 @@ func runOnce(p params, bad float64) (result, error) {
 	defer store.Close()
 	svc, err := service.New(ctx, service.Config{
 		Partners:   partners,
+		Secrets:    secrets,
 		MaxBacklog: p.maxBacklog,
 		Workers:    p.workers,
 		Limits:     service.DestinationLimits{Concurrency: p.concurrency, Rate: 500, Burst: 100},
@@ -356,6 +366,7 @@ func runOnce(p params, bad float64) (result, error) {
 		}
 	}
 	mu.Unlock()
+	res.badSignatures, _ = rec.BadSignatures()
 
 	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer scancel()
@@ -380,9 +391,9 @@ func printResults(p params, rs []result) {
 	fmt.Printf("burst: %d events over %v to %d partners; delivery timeout %v, %d workers, bulkhead %d per destination\n",
 		p.events, p.over, p.partners, p.timeout, p.workers, p.concurrency)
 	fmt.Printf("bad endpoints: half answer after %v, half fail %.0f%% of calls\n\n", p.slowDelay, p.failRate*100)
-	fmt.Printf("%-24s %9s %6s %6s %9s %9s %9s %9s %12s %11s %11s %11s %13s %8s %6s %6s\n",
+	fmt.Printf("%-24s %9s %6s %6s %9s %9s %9s %9s %12s %11s %11s %11s %13s %8s %6s %6s %6s\n",
 		"run", "accepted", "429", "errors", "intake50", "intake99", "intake999", "intakemax",
-		"deliveries/s", "healthy50", "healthy99", "healthy999", "healthy done", "bad dlv", "dups", "order")
+		"deliveries/s", "healthy50", "healthy99", "healthy999", "healthy done", "bad dlv", "dups", "order", "badsig")
 	for _, r := range rs {
 		rate := 0.0
 		if r.healthyDone > 0 {
@@ -390,12 +401,12 @@ func printResults(p params, rs []result) {
 		}
 		hd := fmt.Sprintf("%d/%d", r.healthyDelivered, r.healthyAccepted)
 		bd := fmt.Sprintf("%d/%d", r.badDelivered, r.badAccepted)
-		fmt.Printf("%-24s %9d %6d %6d %9s %9s %9s %9s %12.0f %11s %11s %11s %13s %8s %6d %6d\n",
+		fmt.Printf("%-24s %9d %6d %6d %9s %9s %9s %9s %12.0f %11s %11s %11s %13s %8s %6d %6d %6d\n",
 			r.name, r.accepted, r.r429, r.errors,
 			ms(r.intake.ValueAtQuantile(50)), ms(r.intake.ValueAtQuantile(99)), ms(r.intake.ValueAtQuantile(99.9)), ms(r.intake.Max()),
 			rate,
 			ms(r.healthy.ValueAtQuantile(50)), ms(r.healthy.ValueAtQuantile(99)), ms(r.healthy.ValueAtQuantile(99.9)),
-			hd, bd, r.duplicates, r.orderViolations)
+			hd, bd, r.duplicates, r.orderViolations, r.badSignatures)
 		if !r.drainedHealthy {
 			fmt.Printf("  (healthy partners not fully delivered within -drain)\n")
 		}
@@ -405,4 +416,5 @@ func printResults(p params, rs []result) {
 	}
 	fmt.Printf("\ndeliveries/s: healthy partners' first arrivals / time from the burst's start to the last one.\n")
 	fmt.Printf("healthy50/99/999: intake (service clock) to first arrival at the endpoint, healthy partners only.\n")
+	fmt.Printf("badsig: requests an endpoint refused (401) because their webhook-signature did not verify; must be 0.\n")
 }
