@@ -30,6 +30,7 @@ func TestConfigFieldsMeetByOneRule(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Config{Partners: map[string]string{"p": "http://x"}, Store: &Store{},
+				Secrets: map[string][]string{"p": {testSecret(t).Encode()}},
 				Timeout: tc.timeout, PollInterval: tc.poll, LeaseDuration: tc.lease}
 			err := c.defaults()
 			if tc.want == 0 {
@@ -49,6 +50,7 @@ func TestBadRetryIsInvalidConfig(t *testing.T) {
 	defer st.Close()
 	cfg := quickConfig()
 	cfg.Partners, cfg.Store = map[string]string{"p": "http://127.0.0.1:1"}, st
+	cfg.Secrets = map[string][]string{"p": {testSecret(t).Encode()}}
 	cfg.Retry = keysched.RetryPolicy{MaxAttempts: 3} // no InitialBackoff
 	_, err = New(t.Context(), cfg)
 	require.ErrorIs(t, err, ErrInvalidConfig)
@@ -57,3 +59,4 @@ func TestBadRetryIsInvalidConfig(t *testing.T) {
 	require.Equal(t, "WithRetry", oe.Option)
 	require.Contains(t, err.Error(), "Retry: ")
 }
+
