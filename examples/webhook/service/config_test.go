@@ -59,4 +59,3 @@ func TestBadRetryIsInvalidConfig(t *testing.T) {
 	require.Equal(t, "WithRetry", oe.Option)
 	require.Contains(t, err.Error(), "Retry: ")
 }
-
