@@ -295,15 +295,23 @@ func TestFencedRelayDoesNotMark(t *testing.T) {
 	}
 }
 
-// oldSchema returns the DDL of the version before the token column: Schema
-// without the column and without the statement that adds it.
-func oldSchema(ob *outbox.Outbox) []string {
+// oldSchema returns the DDL of the version before the token column (token
+// false) or before the epoch column (token true): Schema without the
+// columns and the statements that add them (and the epoch counter).
+func oldSchema(ob *outbox.Outbox, token bool) []string {
 	var old []string
 	for _, s := range ob.Schema() {
-		if strings.Contains(s, "ADD COLUMN IF NOT EXISTS token") {
+		if strings.Contains(s, "_lease_epoch") || strings.Contains(s, "ADD COLUMN IF NOT EXISTS epoch") ||
+			(!token && strings.Contains(s, "ADD COLUMN IF NOT EXISTS token")) {
 			continue
 		}
-		old = append(old, strings.Replace(s, ",\n\ttoken      TEXT\n)", "\n)", 1))
+		for _, col := range []string{",\n\tepoch      BIGINT NOT NULL DEFAULT 0", ",\n\tepoch      INTEGER NOT NULL DEFAULT 0"} {
+			s = strings.Replace(s, col, "", 1)
+		}
+		if !token {
+			s = strings.Replace(s, ",\n\ttoken      TEXT\n)", "\n)", 1)
+		}
+		old = append(old, s)
 	}
 	return old
 }
@@ -319,7 +327,7 @@ func TestUpgradeFromSchemaWithoutToken(t *testing.T) {
 		ob, err := outbox.New(db, outbox.WithTable(dbtest.Table(t, db, "ob")))
 		require.NoError(t, err)
 		lease := ob.Table() + "_lease"
-		for _, s := range oldSchema(ob) {
+		for _, s := range oldSchema(ob, false) {
 			_, err := db.ExecContext(ctx, s)
 			require.NoError(t, err, s)
 		}
