@@ -234,10 +234,11 @@ func (o *Outbox) zero() bool { return o == nil || o.db == nil }
 // Upgrading: the lease table gained a token column (each relay's fencing
 // token, see WithOwner), then an epoch column (each claim's epoch, see
 // ClaimFrom) with its counter, <table>_lease_epoch (a sequence on
-// PostgreSQL, a one-row table on SQLite). On PostgreSQL Schema includes
-// ALTER TABLE ... ADD COLUMN IF NOT EXISTS for both. SQLite has no such
-// clause: CreateSchema adds each column the table lacks; with your own
-// migrations, run Schema's statements (they create the counter) and then,
+// PostgreSQL, a one-row table and two triggers on SQLite). On PostgreSQL
+// Schema includes ALTER TABLE ... ADD COLUMN IF NOT EXISTS for both. SQLite
+// has no such clause: CreateSchema adds each column the table lacks; with
+// your own migrations, run Schema's statements (they create the counter)
+// and then,
 // once, ALTER TABLE <table>_lease ADD COLUMN token TEXT (if missing) and
 // ALTER TABLE <table>_lease ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0. A
 // relay refuses to run (Run returns an error wrapping ErrSchemaOutdated) on

@@ -85,9 +85,16 @@ $$`,
 		`CREATE INDEX IF NOT EXISTS ` + t + `_lease_owner ON ` + t + `_lease (owner)`,
 		// Each claim's epoch: one counter per outbox (one row), so that a
 		// key's epoch grows across claims even when its lease row was
-		// deleted (released) in between.
+		// deleted (released) in between. A claim computes its epochs from
+		// the counter and the triggers move the counter up to them, so
+		// that a claim is one statement (SQLite's write lock is held for
+		// one statement, not a transaction's round trips).
 		`CREATE TABLE IF NOT EXISTS ` + t + `_lease_epoch (id INTEGER PRIMARY KEY CHECK (id = 1), n INTEGER NOT NULL)`,
 		`INSERT OR IGNORE INTO ` + t + `_lease_epoch (id, n) VALUES (1, 0)`,
+		`CREATE TRIGGER IF NOT EXISTS ` + t + `_lease_epoch_insert AFTER INSERT ON ` + t + `_lease
+BEGIN UPDATE ` + t + `_lease_epoch SET n = max(n, NEW.epoch) WHERE id = 1; END`,
+		`CREATE TRIGGER IF NOT EXISTS ` + t + `_lease_epoch_update AFTER UPDATE OF epoch ON ` + t + `_lease
+BEGIN UPDATE ` + t + `_lease_epoch SET n = max(n, NEW.epoch) WHERE id = 1; END`,
 	}
 }
 
@@ -116,8 +123,7 @@ type queries struct {
 	releaseOthers                      string // WithTakeOverOnStart
 	candidates, candidatesPark         string
 	acquireInsert, acquireTakeover     string // Postgres
-	acquireUpsert                      string // SQLite: %s is the VALUES list
-	nextEpochs                         string // SQLite: reserves epochs
+	acquireUpsert                      string // SQLite: %s is the VALUES list (key, owner, expires_at, token, i)
 	fetch                              string
 	fetchPark                          string // fetch, nothing of a key with a dead row
 	markSentDelete, markSentUpdate     string // SQLite: a prefix; the (seq, epoch) list and markSentSuffix are appended
@@ -201,8 +207,10 @@ UPDATE ` + t + ` AS o SET state = 2, attempts = o.attempts + $4, last_error = $5
 		// lock.
 		q.renew = `UPDATE ` + l + ` SET expires_at = ? WHERE owner = ? AND token = ? AND (key, epoch) IN ` // the (key, epoch) list and RETURNING are appended
 		q.release = `DELETE FROM ` + l + ` WHERE owner = ? AND token = ? AND (key, epoch) IN `
-		q.nextEpochs = `UPDATE ` + l + `_epoch SET n = n + ? WHERE id = 1 RETURNING n`
-		q.acquireUpsert = `INSERT INTO ` + l + ` (key, owner, expires_at, token, epoch) VALUES %s
+		// %s: rows (key, owner, expires_at, token, i), i = 1, 2, ...: the
+		// claims' epochs are the counter plus i (the triggers move it on).
+		q.acquireUpsert = `INSERT INTO ` + l + ` (key, owner, expires_at, token, epoch)
+	SELECT column1, column2, column3, column4, (SELECT n FROM ` + l + `_epoch WHERE id = 1) + column5 FROM (VALUES %s) WHERE true
 	ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at, token = excluded.token, epoch = excluded.epoch
 	WHERE ` + l + `.expires_at <= ? OR (` + l + `.owner = excluded.owner AND ` + l + `.token = excluded.token) RETURNING key, epoch`
 		fetch := `SELECT ` + rowCols + ` FROM ` + t + ` AS o WHERE o.key = ? AND o.state = 0 AND o.seq > ?

@@ -31,8 +31,10 @@ import (
 // use. ctx ends when the relay's lease on the key ends (see the package doc)
 // or when the relay shuts down: a Sink must return promptly then, and a
 // publish still in flight after that may reach the broker after another relay
-// has taken the key over. The same event can be published more than once
-// (at-least-once): consumers deduplicate on Event.ID (see package inbox).
+// has taken the key over (ClaimFrom(ctx) gives the call's claim epoch, a
+// fencing token for the downstream). The same event can be published more
+// than once (at-least-once): consumers deduplicate on Event.ID (see package
+// inbox).
 type Sink func(ctx context.Context, e Event) error
 
 // A Claim is the claim under which a sink call publishes a row: the row's
@@ -1209,28 +1211,18 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 		now := time.Now()
 		exp := now.Add(r.cfg.lease).UnixMicro()
 		for len(cands) > 0 {
-			n := min(len(cands), 200)
-			var ks map[string]int64
-			err := r.sqliteTx(ctx, func(tx *sql.Tx) error {
-				// Reserve n epochs; those of keys not claimed are skipped.
-				var high int64
-				if err := tx.QueryRowContext(ctx, r.o.q.nextEpochs, n).Scan(&high); err != nil {
-					return err
+			n := min(len(cands), 150)
+			args := make([]any, 0, 5*n+1)
+			var b strings.Builder
+			for i, k := range cands[:n] {
+				if i > 0 {
+					b.WriteString(", ")
 				}
-				args := make([]any, 0, 5*n+1)
-				var b strings.Builder
-				for i, k := range cands[:n] {
-					if i > 0 {
-						b.WriteString(", ")
-					}
-					b.WriteString("(?, ?, ?, ?, ?)")
-					args = append(args, k, r.cfg.owner, exp, r.token, high-int64(n-1-i))
-				}
-				args = append(args, now.UnixMicro())
-				var err error
-				ks, err = r.queryClaims(ctx, tx, fmt.Sprintf(r.o.q.acquireUpsert, b.String()), args...)
-				return err
-			})
+				b.WriteString("(?, ?, ?, ?, ?)")
+				args = append(args, k, r.cfg.owner, exp, r.token, i+1)
+			}
+			args = append(args, now.UnixMicro())
+			ks, err := r.queryClaims(ctx, r.o.db, fmt.Sprintf(r.o.q.acquireUpsert, b.String()), args...)
 			if err != nil {
 				r.dbError("claim keys", err)
 				break
