@@ -275,10 +275,11 @@ func WithLogger(l *slog.Logger) RelayOption {
 // The name is not what makes a lease a relay's: each Relay also gets a
 // fencing token (Token, a random UUID per NewRelay) stored with the name in
 // every lease row it takes, and claims, renewals, marks (sent or dead) and
-// releases all require both. So relays sharing a name are safe: two replicas
-// configured alike, or a restart or rolling deploy while the old process
-// still runs each hold their own keys, and a key is published by one of them
-// at a time, in order. A relay whose lease was taken (after it expired)
+// releases all require both (and renewals, marks, releases and fetches the
+// epoch of the claim they belong to: see ClaimFrom). So relays sharing a
+// name are safe: two replicas configured alike, or a restart or rolling
+// deploy while the old process still runs each hold their own keys, and a
+// key is published by one of them at a time, in order. A relay whose lease was taken (after it expired)
 // finds out at its next renewal or mark (0 rows), cancels the key's sink
 // call in flight, gives its rows back unmarked (they stay pending for the
 // new holder, which publishes them again: duplicates, never a loss) and
