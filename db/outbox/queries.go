@@ -161,9 +161,13 @@ func newQueries(d Dialect, t string) queries {
 	// epoch, owner, token), still the key's lease row.
 	if d == Postgres {
 		notLeased = `NOT EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.expires_at > now() AND (l.owner <> ? OR l.token IS DISTINCT FROM ?))`
+		// The lease rows are locked in key order (byte order, as the
+		// relay sorts them), the order marks lock them in too: a renewal
+		// and a mark of one relay never deadlock.
 		q.renew = `UPDATE ` + l + ` AS l SET expires_at = now() + $3::bigint * interval '1 microsecond'
-	FROM unnest($4::text[], $5::bigint[]) AS h(key, epoch)
-	WHERE l.owner = $1 AND l.token = $2 AND l.key = h.key AND l.epoch = h.epoch RETURNING l.key, l.epoch`
+	FROM (SELECT x.key FROM ` + l + ` AS x JOIN unnest($4::text[], $5::bigint[]) AS h(key, epoch) ON x.key = h.key AND x.epoch = h.epoch
+		WHERE x.owner = $1 AND x.token = $2 ORDER BY x.key COLLATE "C" FOR UPDATE OF x) AS c
+	WHERE l.key = c.key RETURNING l.key, l.epoch`
 		q.release = `DELETE FROM ` + l + ` AS l USING unnest($3::text[], $4::bigint[]) AS h(key, epoch)
 	WHERE l.owner = $1 AND l.token = $2 AND l.key = h.key AND l.epoch = h.epoch`
 		// Every claim takes a new epoch from the outbox's sequence.
@@ -191,7 +195,7 @@ func newQueries(d Dialect, t string) queries {
 		// had read the row as pending.
 		held := `WITH h AS MATERIALIZED (SELECT l.key, l.epoch FROM ` + l + ` AS l
 	WHERE l.owner = $4 AND l.token = $5 AND (l.key, l.epoch) IN (SELECT k, e FROM unnest($2::text[], $3::bigint[]) AS c(k, e))
-	ORDER BY l.key FOR SHARE OF l)
+	ORDER BY l.key COLLATE "C" FOR SHARE OF l)
 `
 		mine := `unnest($1::bigint[], $2::text[], $3::bigint[]) AS m(seq, key, epoch), h
 	WHERE o.seq = m.seq AND o.key = m.key AND h.key = m.key AND h.epoch = m.epoch AND o.state = 0 RETURNING o.seq`
