@@ -29,7 +29,8 @@ type system interface {
 // the whole run.
 type workload struct {
 	events, keys, perTx int
-	writers             int // concurrent writing goroutines (the application's requests)
+	writers             int  // concurrent writing goroutines (the application's requests)
+	backlog             bool // write every event before the consumers start
 	failing             bool
 	timeout             time.Duration
 }
@@ -133,48 +134,35 @@ type result struct {
 func run(ctx context.Context, sys system, wl workload, n int) (result, error) {
 	rec := newRecorder(wl)
 	rec.start = time.Now()
+	var wdur time.Duration
+	werr := make(chan error, 1)
+	if wl.backlog {
+		if err := rec.writeAll(ctx, sys); err != nil {
+			return result{}, err
+		}
+		wdur = time.Since(rec.start)
+		werr <- nil
+	}
 	stop, err := sys.start(ctx, n, rec.deliver)
 	if err != nil {
 		return result{}, err
 	}
-	rec.start = time.Now()
+	from := int64(0) // the delivery rates' start: the writers' or, with a backlog, the consumers'
+	if wl.backlog {
+		from = rec.now()
+	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	// Writer w writes the events of keys k with k mod writers == w, in
-	// event order, so a key's events are committed in its order.
-	werr := make(chan error, 1)
-	var wdur time.Duration
-	go func() {
-		errs := make(chan error, wl.writers)
-		for w := range wl.writers {
-			go func() {
-				idx := make([]int, 0, wl.perTx)
-				for i := 0; i < wl.events; i++ {
-					if i%wl.keys%wl.writers != w {
-						continue
-					}
-					idx = append(idx, i)
-					if len(idx) == wl.perTx {
-						if err := rec.commitTx(wctx, sys, idx); err != nil {
-							errs <- err
-							return
-						}
-						idx = idx[:0]
-					}
-				}
-				errs <- rec.commitTx(wctx, sys, idx)
-			}()
-		}
-		var all []error
-		for range wl.writers {
-			all = append(all, <-errs)
-		}
-		wdur = time.Since(rec.start)
-		werr <- errors.Join(all...)
-	}()
+	if !wl.backlog {
+		go func() {
+			err := rec.writeAll(wctx, sys)
+			wdur = time.Since(rec.start)
+			werr <- err
+		}()
+	}
 	timer := time.NewTimer(wl.timeout)
 	defer timer.Stop()
-	timedOut, written := false, false
+	timedOut, written := false, wl.backlog
 	select {
 	case <-rec.done:
 	case <-timer.C:
@@ -236,17 +224,49 @@ func run(ctx context.Context, sys system, wl workload, n int) (result, error) {
 	if timedOut {
 		lastAll, lastOther = end, end
 	}
-	if lastAll > 0 {
-		res.DeliverRate = float64(res.Delivered) / (time.Duration(lastAll).Seconds())
+	if lastAll > from {
+		res.DeliverRate = float64(res.Delivered) / (time.Duration(lastAll - from).Seconds())
 	}
-	if lastOther > 0 {
-		res.OtherRate = float64(others) / (time.Duration(lastOther).Seconds())
+	if lastOther > from {
+		res.OtherRate = float64(others) / (time.Duration(lastOther - from).Seconds())
 	}
 	res.P50ms, res.P99ms = quantile(lat, 0.50), quantile(lat, 0.99)
 	rec.mu.Lock()
 	res.OrderViolations = rec.viol
 	rec.mu.Unlock()
 	return res, nil
+}
+
+// writeAll writes the workload: writer w writes the events of keys k with
+// k mod writers == w, in event order, so a key's events are committed in
+// its order.
+func (r *recorder) writeAll(ctx context.Context, sys system) error {
+	wl := r.wl
+	errs := make(chan error, wl.writers)
+	for w := range wl.writers {
+		go func() {
+			idx := make([]int, 0, wl.perTx)
+			for i := 0; i < wl.events; i++ {
+				if i%wl.keys%wl.writers != w {
+					continue
+				}
+				idx = append(idx, i)
+				if len(idx) == wl.perTx {
+					if err := r.commitTx(ctx, sys, idx); err != nil {
+						errs <- err
+						return
+					}
+					idx = idx[:0]
+				}
+			}
+			errs <- r.commitTx(ctx, sys, idx)
+		}()
+	}
+	var all []error
+	for range wl.writers {
+		all = append(all, <-errs)
+	}
+	return errors.Join(all...)
 }
 
 // commitTx writes and commits the events idx (none: nothing) and records

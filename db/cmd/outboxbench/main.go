@@ -69,6 +69,7 @@ func mainErr(ctx context.Context, args []string, out io.Writer) error {
 		events  = fs.Int("events", 10000, "events per run")
 		keys    = fs.Int("keys", 100, "keys the events are spread over (event i has key i mod keys)")
 		perTx   = fs.Int("per-tx", 5, "events written per transaction")
+		backlog = fs.Bool("backlog", false, "write every event before the consumers start: the delivery rate is the consumers' alone (from their start), commit-to-delivery includes the wait")
 		writers = fs.Int("writers", 4, "concurrent writers (each writes its keys' events in order, in its own transactions)")
 		relays  = fs.String("relays", "1,2", "consumer counts to measure (relays, River clients, forwarders; comma-separated)")
 		rounds  = fs.Int("rounds", 3, "runs per configuration (the summary gives medians)")
@@ -83,7 +84,7 @@ func mainErr(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	cfg := config{dsn: *dsn, rounds: *rounds, batch: *batch, isolation: *isolate, only: *only, json: *asJSON,
-		wl: workload{events: *events, keys: *keys, perTx: *perTx, writers: *writers, timeout: *timeout}}
+		wl: workload{events: *events, keys: *keys, perTx: *perTx, writers: *writers, backlog: *backlog, timeout: *timeout}}
 	switch {
 	case *events < 1, *keys < 2, *perTx < 1, *writers < 1, *rounds < 1, *batch < 1, *timeout <= 0:
 		return errors.New("--events, --per-tx, --writers, --rounds and --batch must be at least 1, --keys at least 2, --timeout positive")
@@ -162,8 +163,12 @@ func bench(ctx context.Context, cfg config, out io.Writer) error {
 	enc := json.NewEncoder(out)
 	var sums []summary
 	if !cfg.json {
-		fmt.Fprintf(out, "outboxbench: %d events on %d keys, %d per transaction, %d writers, consumers %v, %d rounds; load average %s\n",
-			cfg.wl.events, cfg.wl.keys, cfg.wl.perTx, cfg.wl.writers, cfg.consumers, cfg.rounds, loadavg())
+		shape := "written while the consumers run"
+		if cfg.wl.backlog {
+			shape = "written before the consumers start (--backlog)"
+		}
+		fmt.Fprintf(out, "outboxbench: %d events on %d keys, %d per transaction, %d writers, %s; consumers %v, %d rounds; load average %s\n",
+			cfg.wl.events, cfg.wl.keys, cfg.wl.perTx, cfg.wl.writers, shape, cfg.consumers, cfg.rounds, loadavg())
 		fmt.Fprintf(out, "%-8s %-16s %4s %-15s %5s %10s %10s %10s %8s %8s %6s %6s %5s\n",
 			"db", "system", "cons", "scenario", "round", "write/s", "deliv/s", "others/s", "p50 ms", "p99 ms", "viol", "dups", "load")
 	}

@@ -33,6 +33,14 @@ func TestEverySystemDeliversEveryEventOnce(t *testing.T) {
 	if err := mainErr(context.Background(), append(common, "--only", "throughput", "--timeout", "60s"), &out); err != nil {
 		t.Fatal(err)
 	}
+	var backlog bytes.Buffer
+	if err := mainErr(context.Background(), []string{"--json", "--db", "sqlite", "--systems", "keysched", "--backlog", "--events", "100",
+		"--keys", "10", "--relays", "1", "--rounds", "1", "--only", "throughput"}, &backlog); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(backlog.Bytes(), []byte(`"delivered":100,`)) {
+		t.Errorf("--backlog: not every event delivered:\n%s", backlog.String())
+	}
 	if err := mainErr(context.Background(), append(common, "--only", "isolation", "--timeout", "60s", "--systems", "keysched"), &out); err != nil {
 		t.Fatal(err)
 	}

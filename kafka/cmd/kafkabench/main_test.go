@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
 )
@@ -41,6 +42,11 @@ func TestTinyRun(t *testing.T) {
 		if r.Events != 300 || r.Partitions != 2 || r.OrderViolations != 0 || r.EventsPerSec <= 0 || r.BoundEventsPerSec <= 0 ||
 			r.MeasuredWorkUs < 100 || r.MeasuredBoundEventsPerSec <= 0 || r.MeasuredBoundEventsPerSec > r.BoundEventsPerSec || r.CPUNsPerEvent <= 0 {
 			t.Errorf("result %+v", r)
+		}
+		// The bound scales with 1/work: the measured bound is the
+		// nominal one times 100µs / the measured work.
+		if want := r.BoundEventsPerSec * 100 / r.MeasuredWorkUs; math.Abs(r.MeasuredBoundEventsPerSec-want) > want/100 {
+			t.Errorf("measured bound %.0f, want %.0f (work %.1fµs)", r.MeasuredBoundEventsPerSec, want, r.MeasuredWorkUs)
 		}
 		names = append(names, r.Consumer)
 	}
