@@ -217,15 +217,19 @@ func bench(ctx context.Context, cfg config, out io.Writer) error {
 	return nil
 }
 
-// benchOne runs rounds of one configuration: a healthy run, then (with
-// isolation) a failing-key run, alternating so that the drift of a shared
-// machine hits both alike.
+// benchOne runs rounds of one configuration: a healthy run and (with
+// isolation) a failing-key run, the pair's order swapped every other round,
+// so that the drift of a shared machine and a warm-up hit both alike.
 func benchOne(ctx context.Context, cfg config, env *dbEnv, sysName string, n int, out io.Writer, enc *json.Encoder) (summary, error) {
 	s := summary{Kind: "summary", DB: env.name, System: systemLabel(sysName), Consumers: n, Rounds: cfg.rounds}
 	var write, deliv, p50, p99, okOthers, badOthers, ratios, loads []float64
 	for round := 1; round <= cfg.rounds; round++ {
-		var healthy result
-		for _, failing := range []bool{false, true} {
+		var healthy, failed result
+		order := []bool{false, true}
+		if round%2 == 0 {
+			order = []bool{true, false} // the first run of a pair is not always the same scenario
+		}
+		for _, failing := range order {
 			if (failing && (!cfg.isolation || cfg.only == "throughput")) || (!failing && cfg.only == "isolation") {
 				continue
 			}
@@ -261,14 +265,15 @@ func benchOne(ctx context.Context, cfg config, env *dbEnv, sysName string, n int
 				okOthers = append(okOthers, r.OtherRate)
 				s.OrderViolations += r.OrderViolations
 			} else {
+				failed = r
 				badOthers = append(badOthers, r.OtherRate)
 				if r.TimedOut {
 					s.FailingTimedOut++
 				}
-				if healthy.OtherRate > 0 {
-					ratios = append(ratios, r.OtherRate/healthy.OtherRate)
-				}
 			}
+		}
+		if healthy.OtherRate > 0 && failed.Scenario != "" {
+			ratios = append(ratios, failed.OtherRate/healthy.OtherRate)
 		}
 	}
 	s.WriteRate, s.DeliverRate, s.P50ms, s.P99ms = median(write), median(deliv), median(p50), median(p99)
