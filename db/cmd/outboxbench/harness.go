@@ -54,6 +54,7 @@ type recorder struct {
 	maxSeq   []int
 	viol     int64
 	left     atomic.Int64
+	awaited  int64
 	done     chan struct{}
 }
 
@@ -68,6 +69,7 @@ func newRecorder(wl workload) *recorder {
 		wait -= (wl.events + wl.keys - 1) / wl.keys // key 0's events
 	}
 	r.left.Store(int64(wait))
+	r.awaited = int64(wait)
 	return r
 }
 
@@ -121,7 +123,8 @@ type result struct {
 	OtherRate       float64 `json:"other_keys_events_per_s"`
 	P50ms           float64 `json:"commit_to_delivery_p50_ms"`
 	P99ms           float64 `json:"commit_to_delivery_p99_ms"`
-	Delivered       int     `json:"delivered"`
+	Delivered       int     `json:"delivered"` // first deliveries
+	Awaited         int     `json:"awaited"`   // the events the run waits for: all, or the other keys' when key 0 fails
 	OrderViolations int64   `json:"order_violations"`
 	Duplicates      int64   `json:"duplicates"`
 	BadCalls        int64   `json:"failing_key_sink_calls"`
@@ -197,7 +200,7 @@ func run(ctx context.Context, sys system, wl workload, n int) (result, error) {
 	if err := stop(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
 		return result{}, fmt.Errorf("stop: %w", err)
 	}
-	res := result{Events: wl.events, Keys: wl.keys, PerTx: wl.perTx, Consumers: n, TimedOut: timedOut,
+	res := result{Awaited: int(rec.awaited), Events: wl.events, Keys: wl.keys, PerTx: wl.perTx, Consumers: n, TimedOut: timedOut,
 		Duplicates: rec.dups.Load(), BadCalls: rec.badCalls.Load(), Scenario: "healthy"}
 	if wl.failing {
 		res.Scenario = "one key failing"

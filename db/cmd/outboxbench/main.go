@@ -283,7 +283,7 @@ func benchOne(ctx context.Context, cfg config, env *dbEnv, sysName string, n int
 
 func timedOut(r result) string {
 	if r.TimedOut {
-		return fmt.Sprintf("  TIMED OUT: %d of %d delivered", r.Delivered, r.Events)
+		return fmt.Sprintf("  TIMED OUT: %d of %d awaited events delivered", r.Delivered, r.Awaited)
 	}
 	return ""
 }
