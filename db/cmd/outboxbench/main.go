@@ -155,6 +155,7 @@ type summary struct {
 	OtherHealthy    float64 `json:"other_keys_events_per_s_healthy"`
 	OtherFailing    float64 `json:"other_keys_events_per_s_failing"`
 	IsolationRatio  float64 `json:"isolation_ratio"` // median of failing/healthy per round
+	FailingRuns     int     `json:"failing_runs"` // 0: no isolation runs (the three fields above are then 0)
 	FailingTimedOut int     `json:"failing_runs_timed_out"`
 	Load1           float64 `json:"load_avg_1m"`
 }
@@ -210,9 +211,12 @@ func bench(ctx context.Context, cfg config, out io.Writer) error {
 	fmt.Fprintf(out, "%-8s %-16s %4s %10s %10s %8s %8s %6s %6s %12s %12s %6s\n",
 		"db", "system", "cons", "write/s", "deliv/s", "p50 ms", "p99 ms", "viol", "dups", "others ok/s", "others 1bad/s", "ratio")
 	for _, s := range sums {
-		fmt.Fprintf(out, "%-8s %-16s %4d %10.0f %10.0f %8.1f %8.1f %6d %6d %12.0f %12.0f %6.2f\n",
-			s.DB, s.System, s.Consumers, s.WriteRate, s.DeliverRate, s.P50ms, s.P99ms, s.OrderViolations, s.Duplicates,
-			s.OtherHealthy, s.OtherFailing, s.IsolationRatio)
+		iso := fmt.Sprintf("%12.0f %12.0f %6.2f", s.OtherHealthy, s.OtherFailing, s.IsolationRatio)
+		if s.FailingRuns == 0 {
+			iso = fmt.Sprintf("%12.0f %12s %6s", s.OtherHealthy, "-", "-")
+		}
+		fmt.Fprintf(out, "%-8s %-16s %4d %10.0f %10.0f %8.1f %8.1f %6d %6d %s\n",
+			s.DB, s.System, s.Consumers, s.WriteRate, s.DeliverRate, s.P50ms, s.P99ms, s.OrderViolations, s.Duplicates, iso)
 	}
 	return nil
 }
@@ -266,6 +270,7 @@ func benchOne(ctx context.Context, cfg config, env *dbEnv, sysName string, n int
 				s.OrderViolations += r.OrderViolations
 			} else {
 				failed = r
+				s.FailingRuns++
 				badOthers = append(badOthers, r.OtherRate)
 				if r.TimedOut {
 					s.FailingTimedOut++
