@@ -155,7 +155,7 @@ type summary struct {
 	OtherHealthy    float64 `json:"other_keys_events_per_s_healthy"`
 	OtherFailing    float64 `json:"other_keys_events_per_s_failing"`
 	IsolationRatio  float64 `json:"isolation_ratio"` // median of failing/healthy per round
-	FailingRuns     int     `json:"failing_runs"` // 0: no isolation runs (the three fields above are then 0)
+	FailingRuns     int     `json:"failing_runs"`    // 0: no isolation runs (the three fields above are then 0)
 	FailingTimedOut int     `json:"failing_runs_timed_out"`
 	Load1           float64 `json:"load_avg_1m"`
 }
