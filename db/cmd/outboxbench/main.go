@@ -1,323 +1,320 @@
-// Command outboxbench measures the transactional outbox: events per second
-// written (outbox.Write in transactions of --per-tx events) and published
-// (relay to a no-op sink, until every event was published), on SQLite and
-// PostgreSQL, with 1 and 2 relays; and the relay's per-key isolation: the
-// other keys' throughput while one key's sink fails, against a run where it
-// does not.
+// Command outboxbench puts keysched's transactional outbox next to its rivals
+// doing the same job on the same database: River (transactional enqueue of a
+// job, a worker delivers it) and Watermill (the SQL publisher on the
+// application's transaction with its forwarder component). An application
+// writes N events over K keys in transactions of a few events while the
+// consumers (the outbox's relays, River clients, Watermill forwarders) run;
+// each event goes to one sink. Per system and consumer count it reports the
+// events per second written and delivered, the p50/p99 from commit to first
+// delivery, per-key order violations (an event delivered after a later event
+// of its key), duplicates, and, in a second run, what one key's sink failing
+// for the whole run does to the other keys' throughput.
 //
-//	go run ./db/cmd/outboxbench                      # both databases, throughput and isolation
-//	go run ./db/cmd/outboxbench --db sqlite --events 50000
-//	go run ./db/cmd/outboxbench --dsn 'postgres://user@host/db'
+//	go run ./db/cmd/outboxbench                                  # both databases, all systems
+//	go run ./db/cmd/outboxbench --db sqlite --events 20000 --json
+//	go run ./db/cmd/outboxbench --db postgres --dsn 'postgres://user@host/db' --systems keysched,river
 //
 // PostgreSQL is reached at --dsn (default: the local socket, database
 // keysched_test, as the OS user); it is skipped with a message when it cannot
-// be reached. Each run uses a fresh table, dropped afterwards.
+// be reached. SQLite is a fresh WAL file per run in a temporary directory.
+// Each run uses fresh tables (a fresh schema for River), dropped afterwards.
+// Watermill runs on PostgreSQL only: watermill-sql has no SQLite adapter.
+//
+// The program is a module of its own so that the db module's users do not
+// download River and Watermill.
 package main
 
 import (
 	"context"
-	"database/sql"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
+	"io"
 	"os"
-	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/db/outbox"
-	"github.com/keysched/keysched/db/sqldb"
 )
 
+type config struct {
+	dbs, systems []string
+	dsn          string
+	wl           workload
+	consumers    []int
+	rounds       int
+	batch        int
+	isolation    bool
+	only         string
+	json         bool
+}
+
 func main() {
-	var (
-		which   = flag.String("db", "sqlite,postgres", "databases to measure: sqlite, postgres or both (comma-separated)")
-		dsn     = flag.String("dsn", "host=/var/run/postgresql dbname=keysched_test", "PostgreSQL DSN")
-		events  = flag.Int("events", 20000, "events per throughput run")
-		keys    = flag.Int("keys", 500, "keys the events are spread over")
-		perTx   = flag.Int("per-tx", 100, "events written per transaction")
-		relays  = flag.String("relays", "1,2", "relay counts to measure (comma-separated)")
-		rounds  = flag.Int("rounds", 3, "runs per configuration")
-		isolate = flag.Duration("fail-for", time.Minute, "isolation run: how long key \"bad\"'s sink fails, from the relay's start (0: skip the isolation runs); the run ends when the other keys are done")
-		batch   = flag.Int("batch", outbox.DefaultBatchSize, "relay batch size")
-		profile = flag.String("cpuprofile", "", "write a CPU profile to this file")
-		only    = flag.String("only", "", "run only the throughput or only the isolation runs")
-	)
-	flag.Parse()
-	if *profile != "" {
-		f, err := os.Create(*profile)
-		if err != nil {
-			fatal(err)
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fatal(err)
-		}
-		defer pprof.StopCPUProfile()
+	if err := mainErr(context.Background(), os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "outboxbench:", err)
+		os.Exit(1)
 	}
-	ctx := context.Background()
-	var relayCounts []int
+}
+
+func mainErr(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("outboxbench", flag.ContinueOnError)
+	var (
+		which   = fs.String("db", "sqlite,postgres", "databases to measure: sqlite, postgres or both (comma-separated)")
+		dsn     = fs.String("dsn", "host=/var/run/postgresql dbname=keysched_test", "PostgreSQL DSN")
+		systems = fs.String("systems", "keysched,river,watermill", "systems to measure (comma-separated): keysched (the outbox's relays), river, watermill")
+		events  = fs.Int("events", 10000, "events per run")
+		keys    = fs.Int("keys", 100, "keys the events are spread over (event i has key i mod keys)")
+		perTx   = fs.Int("per-tx", 5, "events written per transaction")
+		backlog = fs.Bool("backlog", false, "write every event before the consumers start: the delivery rate is the consumers' alone (from their start), commit-to-delivery includes the wait")
+		writers = fs.Int("writers", 4, "concurrent writers (each writes its keys' events in order, in its own transactions)")
+		relays  = fs.String("relays", "1,2", "consumer counts to measure (relays, River clients, forwarders; comma-separated)")
+		rounds  = fs.Int("rounds", 3, "runs per configuration (the summary gives medians)")
+		timeout = fs.Duration("timeout", 2*time.Minute, "a run's limit: a run that has not delivered every awaited event by then ends and is marked timed out")
+		isolate = fs.Bool("isolation", true, "after each healthy run, a run where key 0's sink fails for the whole run")
+		batch   = fs.Int("batch", outbox.DefaultBatchSize, "outbox relay batch size")
+		profile = fs.String("cpuprofile", "", "write a CPU profile to this file")
+		only    = fs.String("only", "", "run only the healthy (\"throughput\") or only the failing-key (\"isolation\") runs")
+		asJSON  = fs.Bool("json", false, "print one JSON object per run and per summary row, one a line, instead of the tables")
+	)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg := config{dsn: *dsn, rounds: *rounds, batch: *batch, isolation: *isolate, only: *only, json: *asJSON,
+		wl: workload{events: *events, keys: *keys, perTx: *perTx, writers: *writers, backlog: *backlog, timeout: *timeout}}
+	switch {
+	case *events < 1, *keys < 2, *perTx < 1, *writers < 1, *rounds < 1, *batch < 1, *timeout <= 0:
+		return errors.New("--events, --per-tx, --writers, --rounds and --batch must be at least 1, --keys at least 2, --timeout positive")
+	case *only != "" && *only != "throughput" && *only != "isolation":
+		return fmt.Errorf("--only: %q is neither throughput nor isolation", *only)
+	}
 	for _, s := range strings.Split(*relays, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 1 {
-			fatal(fmt.Errorf("--relays: bad count %q", s))
+			return fmt.Errorf("--relays: bad count %q", s)
 		}
-		relayCounts = append(relayCounts, n)
+		cfg.consumers = append(cfg.consumers, n)
 	}
-	for _, name := range strings.Split(*which, ",") {
-		name = strings.TrimSpace(name)
-		db, cleanup, err := open(ctx, name, *dsn)
+	for _, s := range strings.Split(*systems, ",") {
+		s = strings.TrimSpace(s)
+		if _, ok := constructors[s]; !ok {
+			return fmt.Errorf("--systems: unknown system %q (keysched, river, watermill)", s)
+		}
+		cfg.systems = append(cfg.systems, s)
+	}
+	for _, s := range strings.Split(*which, ",") {
+		cfg.dbs = append(cfg.dbs, strings.TrimSpace(s))
+	}
+	if *profile != "" {
+		f, err := os.Create(*profile)
 		if err != nil {
-			fmt.Printf("%s: SKIPPED: %v\n", name, err)
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	return bench(ctx, cfg, out)
+}
+
+var constructors = map[string]func(ctx context.Context, env *dbEnv, keys, batch int) (system, error){
+	"keysched": newOutboxSystem,
+	"river": func(ctx context.Context, env *dbEnv, keys, _ int) (system, error) {
+		return newRiverSystem(ctx, env, keys)
+	},
+	"watermill": func(ctx context.Context, env *dbEnv, keys, _ int) (system, error) {
+		return newWatermillSystem(ctx, env, keys)
+	},
+}
+
+func systemLabel(name string) string {
+	if name == "keysched" {
+		return "keysched outbox"
+	}
+	return name
+}
+
+// summary is the median over rounds of one configuration.
+type summary struct {
+	Kind            string  `json:"kind"` // "summary"
+	DB              string  `json:"db"`
+	System          string  `json:"system"`
+	Consumers       int     `json:"consumers"`
+	Rounds          int     `json:"rounds"`
+	WriteRate       float64 `json:"write_events_per_s"`
+	DeliverRate     float64 `json:"delivered_events_per_s"`
+	P50ms           float64 `json:"commit_to_delivery_p50_ms"`
+	P99ms           float64 `json:"commit_to_delivery_p99_ms"`
+	OrderViolations int64   `json:"order_violations"` // summed over the healthy rounds
+	Duplicates      int64   `json:"duplicates"`       // summed over all rounds
+	OtherHealthy    float64 `json:"other_keys_events_per_s_healthy"`
+	OtherFailing    float64 `json:"other_keys_events_per_s_failing"`
+	IsolationRatio  float64 `json:"isolation_ratio"` // median of failing/healthy per round
+	FailingRuns     int     `json:"failing_runs"`    // 0: no isolation runs (the three fields above are then 0)
+	FailingTimedOut int     `json:"failing_runs_timed_out"`
+	Load1           float64 `json:"load_avg_1m"`
+}
+
+func bench(ctx context.Context, cfg config, out io.Writer) error {
+	enc := json.NewEncoder(out)
+	var sums []summary
+	if !cfg.json {
+		shape := "written while the consumers run"
+		if cfg.wl.backlog {
+			shape = "written before the consumers start (--backlog)"
+		}
+		fmt.Fprintf(out, "outboxbench: %d events on %d keys, %d per transaction, %d writers, %s; consumers %v, %d rounds; load average %s\n",
+			cfg.wl.events, cfg.wl.keys, cfg.wl.perTx, cfg.wl.writers, shape, cfg.consumers, cfg.rounds, loadavg())
+		fmt.Fprintf(out, "%-8s %-16s %4s %-15s %5s %10s %10s %10s %8s %8s %6s %6s %5s\n",
+			"db", "system", "cons", "scenario", "round", "write/s", "deliv/s", "others/s", "p50 ms", "p99 ms", "viol", "dups", "load")
+	}
+	for _, dbName := range cfg.dbs {
+		env, cleanup, err := newEnv(ctx, dbName, cfg.dsn)
+		if err != nil {
+			if !cfg.json {
+				fmt.Fprintf(out, "%s: SKIPPED: %v\n", dbName, err)
+			}
 			continue
 		}
-		fmt.Printf("== %s: %d events on %d keys, %d per transaction, batch %d\n", name, *events, *keys, *perTx, *batch)
-		fmt.Printf("%-8s %-7s %5s %12s %12s %8s\n", "db", "relays", "round", "write ev/s", "relay ev/s", "dups")
-		for _, nr := range relayCounts {
-			if *only == "isolation" {
-				break
-			}
-			for round := 1; round <= *rounds; round++ {
-				w, r, dups, err := throughput(ctx, db, *events, *keys, *perTx, nr, *batch)
-				if err != nil {
-					fatal(err)
+		for _, sysName := range cfg.systems {
+			for _, n := range cfg.consumers {
+				s, err := benchOne(ctx, cfg, env, sysName, n, out, enc)
+				if errors.Is(err, errNoWatermillSQLite) {
+					if !cfg.json {
+						fmt.Fprintf(out, "%-8s %-16s SKIPPED: %v\n", dbName, sysName, err)
+					}
+					break
 				}
-				fmt.Printf("%-8s %-7d %5d %12.0f %12.0f %8d\n", name, nr, round, w, r, dups)
-			}
-		}
-		if *isolate > 0 && *only != "throughput" {
-			// Baseline and failing runs alternate, so that drift of this
-			// shared machine hits both alike.
-			var ratios []float64
-			for round := 1; round <= *rounds; round++ {
-				base, err := isolation(ctx, db, *events, *keys, *perTx, *batch, 0)
 				if err != nil {
-					fatal(err)
+					cleanup()
+					return fmt.Errorf("%s %s %d: %w", dbName, sysName, n, err)
 				}
-				failing, err := isolation(ctx, db, *events, *keys, *perTx, *batch, *isolate)
-				if err != nil {
-					fatal(err)
-				}
-				ratios = append(ratios, failing.rate/base.rate)
-				fmt.Printf("%-8s isolation round %d: other keys %0.f ev/s while key \"bad\" fails (%d sink calls, all failed: %v), %0.f ev/s when it does not: ratio %.2f\n",
-					name, round, failing.rate, failing.badCalls, failing.stillFailing, base.rate, failing.rate/base.rate)
+				sums = append(sums, s)
 			}
-			slices.Sort(ratios)
-			fmt.Printf("%-8s isolation: median ratio %.2f over %d rounds\n", name, ratios[len(ratios)/2], len(ratios))
 		}
 		cleanup()
 	}
-}
-
-func fatal(err error) {
-	fmt.Fprintln(os.Stderr, "outboxbench:", err)
-	os.Exit(1)
-}
-
-var tables atomic.Int64
-
-func open(ctx context.Context, name, dsn string) (*sql.DB, func(), error) {
-	switch name {
-	case "sqlite":
-		dir, err := os.MkdirTemp("", "outboxbench")
-		if err != nil {
-			return nil, nil, err
-		}
-		db, err := sqldb.OpenSQLite(filepath.Join(dir, "bench.db"))
-		if err != nil {
-			return nil, nil, err
-		}
-		return db, func() { db.Close(); os.RemoveAll(dir) }, nil
-	case "postgres":
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		db, err := sqldb.OpenPostgres(cctx, dsn)
-		if err != nil {
-			return nil, nil, err
-		}
-		db.SetMaxOpenConns(32)
-		return db, func() { db.Close() }, nil
-	}
-	return nil, nil, fmt.Errorf("unknown database %q (sqlite or postgres)", name)
-}
-
-func newOutbox(ctx context.Context, db *sql.DB) (*outbox.Outbox, func(), error) {
-	name := fmt.Sprintf("outboxbench_%d_%d", os.Getpid(), tables.Add(1))
-	ob, err := outbox.New(db, outbox.WithTable(name))
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := ob.CreateSchema(ctx); err != nil {
-		return nil, nil, err
-	}
-	drop := func() {
-		db.ExecContext(ctx, "DROP TABLE IF EXISTS "+name)
-		db.ExecContext(ctx, "DROP TABLE IF EXISTS "+name+"_lease")
-		if ob.Dialect() == outbox.Postgres {
-			db.ExecContext(ctx, "DROP FUNCTION IF EXISTS "+name+"_notify() CASCADE")
-		}
-	}
-	return ob, drop, nil
-}
-
-// write writes n events over keys keys (plus, first, bad events on key
-// "bad"), perTx per transaction, and returns the events per second.
-func write(ctx context.Context, ob *outbox.Outbox, n, keys, perTx, bad int) (float64, error) {
-	start := time.Now()
-	var tx *sql.Tx
-	written := 0
-	payload := []byte(`{"amount":100,"currency":"EUR"}`)
-	emit := func(key string) error {
-		if tx == nil {
-			var err error
-			if tx, err = ob.DB().BeginTx(ctx, nil); err != nil {
+	if cfg.json {
+		for _, s := range sums {
+			if err := enc.Encode(s); err != nil {
 				return err
 			}
 		}
-		if _, err := ob.Write(ctx, tx, outbox.Event{Key: key, Type: "deposit", Payload: payload}); err != nil {
-			return err
-		}
-		if written++; written%perTx == 0 {
-			err := tx.Commit()
-			tx = nil
-			return err
-		}
 		return nil
 	}
-	for i := 0; i < bad; i++ {
-		if err := emit("bad"); err != nil {
-			return 0, err
+	fmt.Fprintf(out, "\nmedians over rounds (load average now %s):\n", loadavg())
+	fmt.Fprintf(out, "%-8s %-16s %4s %10s %10s %8s %8s %6s %6s %12s %12s %6s\n",
+		"db", "system", "cons", "write/s", "deliv/s", "p50 ms", "p99 ms", "viol", "dups", "others ok/s", "others 1bad/s", "ratio")
+	for _, s := range sums {
+		iso := fmt.Sprintf("%12.0f %12.0f %6.2f", s.OtherHealthy, s.OtherFailing, s.IsolationRatio)
+		if s.FailingRuns == 0 {
+			iso = fmt.Sprintf("%12.0f %12s %6s", s.OtherHealthy, "-", "-")
 		}
+		fmt.Fprintf(out, "%-8s %-16s %4d %10.0f %10.0f %8.1f %8.1f %6d %6d %s\n",
+			s.DB, s.System, s.Consumers, s.WriteRate, s.DeliverRate, s.P50ms, s.P99ms, s.OrderViolations, s.Duplicates, iso)
 	}
-	for i := 0; i < n; i++ {
-		if err := emit(fmt.Sprintf("key-%04d", i%keys)); err != nil {
-			return 0, err
-		}
-	}
-	if tx != nil {
-		if err := tx.Commit(); err != nil {
-			return 0, err
-		}
-	}
-	return float64(written) / time.Since(start).Seconds(), nil
+	return nil
 }
 
-var quiet = slog.New(slog.DiscardHandler)
-
-// throughput writes a backlog of n events, then runs nr relays with a no-op
-// sink until every event was published.
-func throughput(ctx context.Context, db *sql.DB, n, keys, perTx, nr, batch int) (writeRate, relayRate float64, dups int, err error) {
-	ob, drop, err := newOutbox(ctx, db)
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	defer drop()
-	if writeRate, err = write(ctx, ob, n, keys, perTx, 0); err != nil {
-		return 0, 0, 0, err
-	}
-	var calls atomic.Int64
-	done := make(chan struct{})
-	sink := func(ctx context.Context, e outbox.Event) error {
-		if calls.Add(1) == int64(n) {
-			close(done)
+// benchOne runs rounds of one configuration: a healthy run and (with
+// isolation) a failing-key run, the pair's order swapped every other round,
+// so that the drift of a shared machine and a warm-up hit both alike.
+func benchOne(ctx context.Context, cfg config, env *dbEnv, sysName string, n int, out io.Writer, enc *json.Encoder) (summary, error) {
+	s := summary{Kind: "summary", DB: env.name, System: systemLabel(sysName), Consumers: n, Rounds: cfg.rounds}
+	var write, deliv, p50, p99, okOthers, badOthers, ratios, loads []float64
+	for round := 1; round <= cfg.rounds; round++ {
+		var healthy, failed result
+		order := []bool{false, true}
+		if round%2 == 0 {
+			order = []bool{true, false} // the first run of a pair is not always the same scenario
 		}
-		return nil
-	}
-	start := time.Now()
-	stop, err := startRelays(ctx, ob, sink, nr, batch)
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	<-done
-	elapsed := time.Since(start)
-	if err := stop(ctx); err != nil {
-		return 0, 0, 0, err
-	}
-	return writeRate, float64(n) / elapsed.Seconds(), int(calls.Load()) - n, nil
-}
-
-func startRelays(ctx context.Context, ob *outbox.Outbox, sink outbox.Sink, nr, batch int, opts ...outbox.RelayOption) (stop func(context.Context) error, err error) {
-	var rs []*outbox.Relay
-	var wg sync.WaitGroup
-	errs := make(chan error, nr)
-	for i := 0; i < nr; i++ {
-		r, err := ob.NewRelay(sink, append([]outbox.RelayOption{outbox.WithLogger(quiet), outbox.WithBatchSize(batch), outbox.WithPollInterval(20 * time.Millisecond)}, opts...)...)
-		if err != nil {
-			return nil, err
-		}
-		rs = append(rs, r)
-		wg.Add(1)
-		go func() { defer wg.Done(); errs <- r.Run(ctx) }()
-	}
-	return func(cctx context.Context) error {
-		var all []error
-		for _, r := range rs {
-			all = append(all, r.Close(cctx))
-		}
-		wg.Wait()
-		close(errs)
-		for e := range errs {
-			all = append(all, e)
-		}
-		return errors.Join(all...)
-	}, nil
-}
-
-type isoResult struct {
-	rate         float64
-	badCalls     int64
-	stillFailing bool
-}
-
-// isolation writes 1,000 events of key "bad" (the oldest rows) and n events
-// on keys keys, and runs one relay whose sink fails every call of key "bad"
-// for failFor (retried with backoff from 10 ms to 100 ms). It returns the
-// other keys' events per second until all of them were published.
-func isolation(ctx context.Context, db *sql.DB, n, keys, perTx, batch int, failFor time.Duration) (isoResult, error) {
-	ob, drop, err := newOutbox(ctx, db)
-	if err != nil {
-		return isoResult{}, err
-	}
-	defer drop()
-	if _, err := write(ctx, ob, n, keys, perTx, 1000); err != nil {
-		return isoResult{}, err
-	}
-	var others, badCalls atomic.Int64
-	done := make(chan struct{})
-	start := time.Now()
-	errDown := errors.New("endpoint down")
-	sink := func(ctx context.Context, e outbox.Event) error {
-		if e.Key == "bad" {
-			badCalls.Add(1)
-			if time.Since(start) < failFor {
-				return errDown
+		for _, failing := range order {
+			if (failing && (!cfg.isolation || cfg.only == "throughput")) || (!failing && cfg.only == "isolation") {
+				continue
 			}
-			return nil
+			sys, err := constructors[sysName](ctx, env, cfg.wl.keys, cfg.batch)
+			if err != nil {
+				return s, err
+			}
+			wl := cfg.wl
+			wl.failing = failing
+			r, err := run(ctx, sys, wl, n)
+			sys.close()
+			if err != nil {
+				return s, err
+			}
+			r.DB, r.System, r.Round, r.Load1 = env.name, s.System, round, load1()
+			loads = append(loads, r.Load1)
+			if cfg.json {
+				if err := enc.Encode(struct {
+					Kind string `json:"kind"`
+					result
+				}{"run", r}); err != nil {
+					return s, err
+				}
+			} else {
+				fmt.Fprintf(out, "%-8s %-16s %4d %-15s %5d %10.0f %10.0f %10.0f %8.1f %8.1f %6d %6d %5.1f%s\n",
+					r.DB, r.System, n, r.Scenario, round, r.WriteRate, r.DeliverRate, r.OtherRate, r.P50ms, r.P99ms,
+					r.OrderViolations, r.Duplicates, r.Load1, timedOut(r))
+			}
+			s.Duplicates += r.Duplicates
+			if !failing {
+				healthy = r
+				write, deliv, p50, p99 = append(write, r.WriteRate), append(deliv, r.DeliverRate), append(p50, r.P50ms), append(p99, r.P99ms)
+				okOthers = append(okOthers, r.OtherRate)
+				s.OrderViolations += r.OrderViolations
+			} else {
+				failed = r
+				s.FailingRuns++
+				badOthers = append(badOthers, r.OtherRate)
+				if r.TimedOut {
+					s.FailingTimedOut++
+				}
+			}
 		}
-		if others.Add(1) == int64(n) {
-			close(done)
+		if healthy.OtherRate > 0 && failed.Scenario != "" {
+			ratios = append(ratios, failed.OtherRate/healthy.OtherRate)
 		}
-		return nil
 	}
-	stop, err := startRelays(ctx, ob, sink, 1, batch,
-		outbox.WithRetry(keysched.RetryPolicy{MaxAttempts: 1 << 30, InitialBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond}))
+	s.WriteRate, s.DeliverRate, s.P50ms, s.P99ms = median(write), median(deliv), median(p50), median(p99)
+	s.OtherHealthy, s.OtherFailing, s.IsolationRatio, s.Load1 = median(okOthers), median(badOthers), median(ratios), median(loads)
+	return s, nil
+}
+
+func timedOut(r result) string {
+	if r.TimedOut {
+		return fmt.Sprintf("  TIMED OUT: %d of %d awaited events delivered", r.Delivered, r.Awaited)
+	}
+	return ""
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	xs = slices.Clone(xs)
+	slices.Sort(xs)
+	return xs[len(xs)/2]
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {
-		return isoResult{}, err
+		return "unknown"
 	}
-	<-done
-	elapsed := time.Since(start)
-	still := elapsed < failFor
-	// The failing key's rows are still retrying: give them back.
-	cctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	if err := stop(cctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		return isoResult{}, err
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
 	}
-	return isoResult{rate: float64(n) / elapsed.Seconds(), badCalls: badCalls.Load(), stillFailing: still}, nil
+	return strings.Join(f[:3], " ")
+}
+
+func load1() float64 {
+	f, _ := strconv.ParseFloat(strings.Fields(loadavg() + " 0")[0], 64)
+	return f
 }

@@ -5,7 +5,9 @@
 // a time on a goroutine of its own (the shape of franz-go's
 // goroutine-per-partition example). It reports, for each, events per second,
 // p99 latency (from the poll that returned a record to the end of its
-// handler), order violations and duplicates, next to the stream's own bound.
+// handler), order violations, duplicates and CPU time per event, next to the
+// stream's own bound: from the work as given (--work io=1ms) and from the
+// work as measured on this machine (a 1 ms sleep takes longer).
 //
 // By default it starts an in-process kfake cluster; --brokers uses a real
 // one (it creates the topic, named by --topic plus a random suffix, and
@@ -14,6 +16,7 @@
 //	go run ./kafka/cmd/kafkabench --work io=1ms --partitions 8 --trace ../shared/data/git-history.tsv.gz
 //	go run ./kafka/cmd/kafkabench --work io=1ms --partitions 8 --synthetic
 //	go run ./kafka/cmd/kafkabench --work none --partitions 8 --json
+//	go run ./kafka/cmd/kafkabench --work none --partitions 8 --rounds 40   # over a million records
 package main
 
 import (
@@ -57,6 +60,7 @@ type cli struct {
 	Zipf      float64 `default:"0.5" placeholder:"S" help:"--synthetic: Zipf exponent of key popularity; 0 is uniform (default ${default})."`
 	Seed      uint64  `default:"1" placeholder:"N" help:"--synthetic: random seed (default ${default})."`
 	Limit     int     `default:"0" placeholder:"N" help:"Use only the first N events; 0: all (default ${default})."`
+	Rounds    int     `default:"1" placeholder:"R" help:"Produce the stream R times, one copy after another, keys prefixed with the round number (r/KEY): independent keys, a longer run (after --limit) (default ${default})."`
 
 	Work        string        `default:"io=1ms" placeholder:"SPEC" help:"Each handler's work: none; io=DUR (sleeps DUR, like a network call); cpu=DUR (a busy loop) (default ${default})."`
 	Workers     int           `default:"256" placeholder:"N" help:"The adapter's workers (keysched.WithWorkers) (default ${default})."`
@@ -74,15 +78,21 @@ type Result struct {
 	Events            int     `json:"events"`
 	Seconds           float64 `json:"seconds"`
 	EventsPerSec      float64 `json:"events_per_sec"`
-	BoundEventsPerSec float64 `json:"bound_events_per_sec"`
-	P99us             float64 `json:"p99_us"`
-	OrderViolations   int64   `json:"order_violations"`
-	Duplicates        int64   `json:"duplicates"`
+	BoundEventsPerSec float64 `json:"bound_events_per_sec"` // from the nominal work (--work); 0 with none
+	// MeasuredWorkUs is one handler's work as measured here, alone (the
+	// mean of sequential calls); MeasuredBoundEventsPerSec the bound from
+	// it. 0 with --work none.
+	MeasuredWorkUs            float64 `json:"measured_work_us"`
+	MeasuredBoundEventsPerSec float64 `json:"measured_bound_events_per_sec"`
+	P99us                     float64 `json:"p99_us"`
+	OrderViolations           int64   `json:"order_violations"`
+	Duplicates                int64   `json:"duplicates"`
 	// CPUSeconds is the process's CPU time (user + system) during the
 	// consumer's run, the in-process cluster's included: on a loaded
-	// machine it compares consumers better than wall time. Table output
-	// only.
-	CPUSeconds float64 `json:"-"`
+	// machine it compares consumers better than wall time; CPUNsPerEvent
+	// is that per event.
+	CPUSeconds    float64 `json:"cpu_seconds"`
+	CPUNsPerEvent float64 `json:"cpu_ns_per_event"`
 }
 
 func main() {
@@ -139,8 +149,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if c.Partitions < 1 || c.Workers < 1 || c.MaxInFlight < 1 || c.Limit < 0 {
-		return errors.New("--partitions, --workers and --max-in-flight need at least 1, --limit 0 or more")
+	if c.Partitions < 1 || c.Workers < 1 || c.MaxInFlight < 1 || c.Limit < 0 || c.Rounds < 1 {
+		return errors.New("--partitions, --workers, --max-in-flight and --rounds need at least 1, --limit 0 or more")
 	}
 	for _, name := range c.Consumers {
 		if !slices.Contains([]string{"keysched", "plain", "keysched-partition"}, name) {
@@ -152,6 +162,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	events = trace.Limit(events, c.Limit)
+	if c.Rounds > 1 {
+		events = trace.Rounds(events, c.Rounds)
+	}
 	if len(events) == 0 {
 		return errors.New("the stream is empty")
 	}
@@ -173,10 +186,14 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err := produce(seeds, topic, s); err != nil {
 		return err
 	}
-	bound := 0.0
+	// The stream's bound: it cannot end before its hottest key's events ran
+	// one after another, nor before all events' work spread over the
+	// workers. From the nominal work, and from the work as it takes here.
+	bound, measured, mbound := 0.0, time.Duration(0), 0.0
 	if work.kind != "none" {
-		secs := max(float64(s.hottest)*work.dur.Seconds(), float64(len(events))*work.dur.Seconds()/float64(c.Workers))
-		bound = float64(len(events)) / secs
+		bound = s.bound(work.dur, c.Workers)
+		measured = work.measure()
+		mbound = s.bound(measured, c.Workers)
 	}
 	if c.CPUProfile != "" {
 		f, err := os.Create(c.CPUProfile)
@@ -194,7 +211,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if !c.JSON {
 		fmt.Fprintf(stdout, "%d events, %d keys, hottest key %d events, %d partitions, work %s, %d workers\n",
 			len(events), s.keys, s.hottest, c.Partitions, c.Work, c.Workers)
-		fmt.Fprintln(tw, "consumer\tevents/s\tof bound\tp99 µs\tseconds\tcpu µs/event\torder violations\tduplicates\t")
+		if measured > 0 {
+			fmt.Fprintf(stdout, "one handler's work (%s) takes %v here when alone (mean of %d calls)\n", c.Work, measured.Round(time.Microsecond), work.measureCalls())
+		}
+		fmt.Fprintln(tw, "consumer\tevents/s\tof bound\tof measured bound\tp99 µs\tseconds\tcpu ns/event\torder violations\tduplicates\t")
 	}
 	for i, name := range c.Consumers {
 		cpu0 := cpuTime()
@@ -204,26 +224,55 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 		r.Partitions, r.BoundEventsPerSec = c.Partitions, bound
+		r.MeasuredWorkUs, r.MeasuredBoundEventsPerSec = float64(measured)/1e3, mbound
+		r.CPUNsPerEvent = 1e9 * r.CPUSeconds / float64(r.Events)
 		results = append(results, r)
 		if c.JSON {
 			b, _ := json.Marshal(r)
 			fmt.Fprintln(stdout, string(b))
 		} else {
-			of := "-"
+			of, ofm := "-", "-"
 			if bound > 0 {
 				of = fmt.Sprintf("%.0f%%", 100*r.EventsPerSec/bound)
+				ofm = fmt.Sprintf("%.0f%%", 100*r.EventsPerSec/mbound)
 			}
-			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%.0f\t%.2f\t%.2f\t%d\t%d\t\n", r.Consumer, r.EventsPerSec, of, r.P99us, r.Seconds,
-				1e6*r.CPUSeconds/float64(r.Events), r.OrderViolations, r.Duplicates)
+			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%.0f\t%.2f\t%.0f\t%d\t%d\t\n", r.Consumer, r.EventsPerSec, of, ofm, r.P99us, r.Seconds,
+				r.CPUNsPerEvent, r.OrderViolations, r.Duplicates)
 		}
 	}
 	if !c.JSON {
 		tw.Flush()
 		if bound > 0 {
-			fmt.Fprintf(stdout, "bound: %.0f events/s = events / max(hottest key's events x work, events x work / workers)\n", bound)
+			fmt.Fprintf(stdout, "bound: %.0f events/s = events / max(hottest key's events x work, events x work / workers), work %v as given\n", bound, work.dur)
+			fmt.Fprintf(stdout, "measured bound: %.0f events/s, the same with the work as measured here (%v)\n", mbound, measured.Round(time.Microsecond))
 		}
 	}
 	return nil
+}
+
+// bound is the stream's best events/s with work w per event and the given
+// workers: events / max(hottest key's events x w, events x w / workers).
+func (s *stream) bound(w time.Duration, workers int) float64 {
+	secs := max(float64(s.hottest)*w.Seconds(), float64(len(s.events))*w.Seconds()/float64(workers))
+	return float64(len(s.events)) / secs
+}
+
+// measureCalls is how many sequential calls measure takes: about half a
+// second of nominal work, 20 to 2,000 calls.
+func (w workSpec) measureCalls() int {
+	return min(2000, max(20, int(500*time.Millisecond/max(w.dur, time.Nanosecond))))
+}
+
+// measure returns the mean duration of one call of the work, alone (calls
+// one after another on one goroutine): what a time.Sleep(1ms) costs here
+// (timer slack, scheduling on a loaded machine), not what it was asked for.
+func (w workSpec) measure() time.Duration {
+	n := w.measureCalls()
+	start := time.Now()
+	for range n {
+		w.do()
+	}
+	return time.Since(start) / time.Duration(n)
 }
 
 // cpuTime is the process's CPU time so far (0 where getrusage is missing).

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
 )
@@ -12,7 +13,7 @@ import (
 // carry the documented fields, every event is handled, none out of order.
 func TestTinyRun(t *testing.T) {
 	var out, errOut bytes.Buffer
-	err := run([]string{"--synthetic", "--events", "300", "--keys", "20", "--work", "io=100us", "--partitions", "2",
+	err := run([]string{"--synthetic", "--events", "150", "--rounds", "2", "--keys", "20", "--work", "io=100us", "--partitions", "2",
 		"--workers", "8", "--json"}, &out, &errOut)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, errOut.String())
@@ -25,18 +26,27 @@ func TestTinyRun(t *testing.T) {
 			t.Fatalf("%q: %v", sc.Text(), err)
 		}
 		for _, f := range []string{"consumer", "partitions", "events", "seconds", "events_per_sec", "bound_events_per_sec",
-			"p99_us", "order_violations", "duplicates"} {
+			"p99_us", "order_violations", "duplicates", "measured_work_us", "measured_bound_events_per_sec",
+			"cpu_seconds", "cpu_ns_per_event"} {
 			if _, ok := fields[f]; !ok {
 				t.Errorf("line %q lacks %s", sc.Text(), f)
 			}
 		}
-		if len(fields) != 9 {
-			t.Errorf("line %q: %d fields, want 9", sc.Text(), len(fields))
+		if len(fields) != 13 {
+			t.Errorf("line %q: %d fields, want 13", sc.Text(), len(fields))
 		}
 		var r Result
 		_ = json.Unmarshal(sc.Bytes(), &r)
-		if r.Events != 300 || r.Partitions != 2 || r.OrderViolations != 0 || r.EventsPerSec <= 0 || r.BoundEventsPerSec <= 0 {
+		// --rounds 2: the 150 events twice, keys prefixed per round. The
+		// work is measured: a 100µs sleep takes at least 100µs.
+		if r.Events != 300 || r.Partitions != 2 || r.OrderViolations != 0 || r.EventsPerSec <= 0 || r.BoundEventsPerSec <= 0 ||
+			r.MeasuredWorkUs < 100 || r.MeasuredBoundEventsPerSec <= 0 || r.MeasuredBoundEventsPerSec > r.BoundEventsPerSec || r.CPUNsPerEvent <= 0 {
 			t.Errorf("result %+v", r)
+		}
+		// The bound scales with 1/work: the measured bound is the
+		// nominal one times 100µs / the measured work.
+		if want := r.BoundEventsPerSec * 100 / r.MeasuredWorkUs; math.Abs(r.MeasuredBoundEventsPerSec-want) > want/100 {
+			t.Errorf("measured bound %.0f, want %.0f (work %.1fµs)", r.MeasuredBoundEventsPerSec, want, r.MeasuredWorkUs)
 		}
 		names = append(names, r.Consumer)
 	}
@@ -50,6 +60,7 @@ func TestBadFlags(t *testing.T) {
 		{"--work", "io=-1ms"},
 		{"--work", "sleep"},
 		{"--partitions", "0"},
+		{"--rounds", "0"},
 		{"--consumers", "nope"},
 		{"--synthetic", "--trace", "x"},
 	} {
