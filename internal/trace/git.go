@@ -12,7 +12,7 @@ import (
 	"strings"
 )
 
-// gitLogArgs is the command of shared/data/README.md, with the settings that
+// gitLogArgs is the command of cmd/keybench/data/README.md, with the settings that
 // could change its output pinned: paths quoted as git does by default, no
 // colour, no signature lines.
 var gitLogArgs = []string{
@@ -24,7 +24,7 @@ var gitLogArgs = []string{
 // FromGit builds a stream from the first-parent history of the git
 // repository at dir (its work tree or .git directory), oldest commit first:
 // one event per file a commit changes against its first parent, the way
-// shared/data/git-history.tsv.gz was made. It runs
+// cmd/keybench/data/git-history.tsv.gz was made. It runs
 //
 //	git log --first-parent --diff-merges=first-parent --raw --no-renames \
 //	        --no-abbrev --reverse --format='C %H %at' HEAD

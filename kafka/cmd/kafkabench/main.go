@@ -11,7 +11,7 @@
 // one (it creates the topic, named by --topic plus a random suffix, and
 // leaves it).
 //
-//	go run ./kafka/cmd/kafkabench --work io=1ms --partitions 8 --trace ../shared/data/git-history.tsv.gz
+//	go run ./kafka/cmd/kafkabench --work io=1ms --partitions 8 --trace cmd/keybench/data/git-history.tsv.gz
 //	go run ./kafka/cmd/kafkabench --work io=1ms --partitions 8 --synthetic
 //	go run ./kafka/cmd/kafkabench --work none --partitions 8 --json
 package main
@@ -50,7 +50,7 @@ type cli struct {
 	Topic      string   `default:"kafkabench" help:"Topic name prefix; a random suffix is added (default ${default})."`
 	Partitions int      `default:"8" placeholder:"P" help:"Partitions of the topic (default ${default})."`
 
-	Trace     string  `placeholder:"FILE" xor:"source" help:"Produce the keyed stream in FILE (plain or gzipped TSV: seq, unix_time, commit, key, prev_blob, next_blob, status; e.g. ../shared/data/git-history.tsv.gz). Default: the embedded sample, the first 20,000 events of the git/git history."`
+	Trace     string  `placeholder:"FILE" xor:"source" help:"Produce the keyed stream in FILE (plain or gzipped TSV: seq, unix_time, commit, key, prev_blob, next_blob, status; e.g. cmd/keybench/data/git-history.tsv.gz). Default: the embedded sample, the first 20,000 events of the git/git history."`
 	Synthetic bool    `xor:"source" help:"Generate the stream: --events events over --keys keys, key popularity Zipf(--zipf): many keys, mild skew."`
 	Events    int     `default:"100000" placeholder:"N" help:"--synthetic: events (default ${default})."`
 	Keys      int     `default:"10000" placeholder:"N" help:"--synthetic: distinct keys (default ${default})."`
