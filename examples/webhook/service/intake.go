@@ -91,7 +91,9 @@ func parseIntake(r *http.Request, w http.ResponseWriter) (IntakeRequest, int, er
 	if err := dec.Decode(&req); err != nil {
 		return req, http.StatusBadRequest, fmt.Errorf("body is not the expected JSON object: %v", err)
 	}
-	if dec.More() {
+	// Only white space may follow the object. (dec.More does not say so: it
+	// is false before a stray ']' or '}', and such a body was accepted.)
+	if _, err := dec.Token(); err != io.EOF {
 		return req, http.StatusBadRequest, errors.New("body has data after the JSON object")
 	}
 	if !typeRe.MatchString(req.Type) {
