@@ -107,6 +107,11 @@ func ParseGitLog(r io.Reader) ([]Event, error) {
 			if len(f) != 5 || !isHexID([]byte(f[2])) || !isHexID([]byte(f[3])) || len(f[4]) == 0 || len(path) == 0 {
 				return nil, &ParseError{line, fmt.Sprintf("raw line %q: want \":<mode> <mode> <blob> <blob> <status>\\t<path>\"", b)}
 			}
+			if bytes.IndexByte(path, '\t') >= 0 {
+				// git quotes a path with a tab; a raw one cannot be a key of
+				// the TSV stream, which has no escapes.
+				return nil, &ParseError{line, fmt.Sprintf("raw line %q: a tab in the path (git quotes such paths: is core.quotePath off?)", b)}
+			}
 			if st := f[4][0]; len(f[4]) != 1 || !validStatus(st) {
 				return nil, &ParseError{line, fmt.Sprintf("raw line %q: status %q is not one of A, M, D, T (renames must be off)", b, f[4])}
 			}
