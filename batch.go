@@ -71,8 +71,7 @@ func (s *Scheduler[K]) checkBatch(ctx context.Context, items []BatchItem[K]) err
 			return fmt.Errorf("keysched: batch item %d: %w", i, ErrNilTask)
 		}
 		if s.keyCheck && !validKey(items[i].Key) {
-			return fmt.Errorf("keysched: batch item %d: %w: a %T key that is not comparable, or not equal to itself (NaN)",
-				i, ErrInvalidKey, items[i].Key)
+			return fmt.Errorf("keysched: batch item %d: %w", i, invalidKey(items[i].Key))
 		}
 	}
 	return ctx.Err()

@@ -400,7 +400,7 @@ func (s *Scheduler[K]) check(ctx context.Context, key K, task Task) error {
 		return ErrNilTask
 	}
 	if s.keyCheck && !validKey(key) {
-		return fmt.Errorf("%w: a %T key that is not comparable, or not equal to itself (NaN)", ErrInvalidKey, key)
+		return invalidKey(key)
 	}
 	return ctx.Err()
 }

@@ -414,7 +414,7 @@ func (s *Scheduler[K]) unpark(key K) (*node[K], error) {
 		return nil, ErrZeroScheduler
 	}
 	if s.keyCheck && !validKey(key) {
-		return nil, fmt.Errorf("%w: %T value", ErrInvalidKey, key)
+		return nil, invalidKey(key)
 	}
 	s.parked.mu.Lock()
 	n, ok := s.parked.m[key]
