@@ -2,6 +2,7 @@ package keysched
 
 import (
 	"context"
+	"errors"
 	"fmt"
 )
 
@@ -79,7 +80,7 @@ func (s *Scheduler[K]) checkBatch(ctx context.Context, items []BatchItem[K]) err
 
 func (s *Scheduler[K]) submitBatch(ctx context.Context, items []BatchItem[K], wait bool) ([]*Completion, error) {
 	if err := s.checkBatch(ctx, items); err != nil {
-		if err == ErrZeroScheduler {
+		if errors.Is(err, ErrZeroScheduler) {
 			return nil, err
 		}
 		s.core.rejected.Add(uint64(len(items)))

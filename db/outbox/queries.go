@@ -91,18 +91,18 @@ type queries struct {
 	insert, listDead, parkedKeys, moveDead, hasDead, countStates string
 
 	// relay
-	renew, release, releaseAll         string // renew: only the keys given (SQLite: a prefix)
-	releaseOthers                      string // WithTakeOverOnStart
-	candidates, candidatesPark         string
-	acquireInsert, acquireTakeover     string // Postgres
-	acquireUpsert                      string // SQLite: %s is the VALUES list
-	fetch                              string
-	fetchPark                          string // fetch, nothing of a key with a dead row
-	markSentDelete, markSentUpdate     string // SQLite: a prefix; the seq list and markSentSuffix are appended
-	markSentSuffix                     string
-	probeToken                         string // fails when the lease table lacks the token column
-	markDead, cleanup                  string
-	listenChannel, notifyChannelQuoted string
+	renew, release, releaseAll     string // renew: only the keys given (SQLite: a prefix)
+	releaseOthers                  string // WithTakeOverOnStart
+	candidates, candidatesPark     string
+	acquireInsert, acquireTakeover string // Postgres
+	acquireUpsert                  string // SQLite: %s is the VALUES list
+	fetch                          string
+	fetchPark                      string // fetch, nothing of a key with a dead row
+	markSentDelete, markSentUpdate string // SQLite: a prefix; the seq list and markSentSuffix are appended
+	markSentSuffix                 string
+	probeToken                     string // fails when the lease table lacks the token column
+	markDead, cleanup              string
+	listenChannel                  string
 }
 
 const rowCols = `seq, id, key, type, payload, headers, created_at, attempts`

@@ -59,7 +59,7 @@ func buildService(t *testing.T) string {
 		}
 		out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
 		if err != nil {
-			built.err = fmt.Errorf("go build: %v: %s", err, out)
+			built.err = fmt.Errorf("go build: %w: %s", err, out)
 		}
 	})
 	require.NoError(t, built.err)

@@ -157,10 +157,11 @@ func newOutbox(ctx context.Context, db *sql.DB) (*outbox.Outbox, func(), error) 
 		return nil, nil, err
 	}
 	drop := func() {
-		db.ExecContext(ctx, "DROP TABLE IF EXISTS "+name)
-		db.ExecContext(ctx, "DROP TABLE IF EXISTS "+name+"_lease")
+		// Best effort: a table left behind is named for this run only.
+		_, _ = db.ExecContext(ctx, "DROP TABLE IF EXISTS "+name)
+		_, _ = db.ExecContext(ctx, "DROP TABLE IF EXISTS "+name+"_lease")
 		if ob.Dialect() == outbox.Postgres {
-			db.ExecContext(ctx, "DROP FUNCTION IF EXISTS "+name+"_notify() CASCADE")
+			_, _ = db.ExecContext(ctx, "DROP FUNCTION IF EXISTS "+name+"_notify() CASCADE")
 		}
 	}
 	return ob, drop, nil

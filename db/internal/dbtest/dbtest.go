@@ -95,10 +95,10 @@ func Table(t testing.TB, db *sql.DB, prefix string) string {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		for _, s := range []string{name, name + "_lease"} {
-			db.ExecContext(ctx, "DROP TABLE IF EXISTS "+s)
+			_, _ = db.ExecContext(ctx, "DROP TABLE IF EXISTS "+s) // best effort: named for this test only
 		}
 		if d, _ := sqldb.Detect(db); d == sqldb.Postgres {
-			db.ExecContext(ctx, "DROP FUNCTION IF EXISTS "+name+"_notify() CASCADE")
+			_, _ = db.ExecContext(ctx, "DROP FUNCTION IF EXISTS "+name+"_notify() CASCADE")
 		}
 	})
 	return name

@@ -189,7 +189,6 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	var results []Result
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	if !c.JSON {
 		fmt.Fprintf(stdout, "%d events, %d keys, hottest key %d events, %d partitions, work %s, %d workers\n",
@@ -204,7 +203,6 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 		r.Partitions, r.BoundEventsPerSec = c.Partitions, bound
-		results = append(results, r)
 		if c.JSON {
 			b, _ := json.Marshal(r)
 			fmt.Fprintln(stdout, string(b))

@@ -136,7 +136,6 @@ type result struct {
 	parked               int
 	orderViolations      int
 	drainedHealthy       bool
-	throughputWindowSecs float64
 }
 
 func runOnce(p params, bad float64) (result, error) {
