@@ -2,6 +2,7 @@ package keysched
 
 import (
 	"context"
+	"errors"
 	"fmt"
 )
 
@@ -71,8 +72,7 @@ func (s *Scheduler[K]) checkBatch(ctx context.Context, items []BatchItem[K]) err
 			return fmt.Errorf("keysched: batch item %d: %w", i, ErrNilTask)
 		}
 		if s.keyCheck && !validKey(items[i].Key) {
-			return fmt.Errorf("keysched: batch item %d: %w: a %T key that is not comparable, or not equal to itself (NaN)",
-				i, ErrInvalidKey, items[i].Key)
+			return fmt.Errorf("keysched: batch item %d: %w", i, invalidKey(items[i].Key))
 		}
 	}
 	return ctx.Err()
@@ -80,7 +80,7 @@ func (s *Scheduler[K]) checkBatch(ctx context.Context, items []BatchItem[K]) err
 
 func (s *Scheduler[K]) submitBatch(ctx context.Context, items []BatchItem[K], wait bool) ([]*Completion, error) {
 	if err := s.checkBatch(ctx, items); err != nil {
-		if err == ErrZeroScheduler {
+		if errors.Is(err, ErrZeroScheduler) {
 			return nil, err
 		}
 		s.core.rejected.Add(uint64(len(items)))

@@ -2,6 +2,7 @@ package keysched
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"runtime"
@@ -326,7 +327,7 @@ func (s *Scheduler[K]) TrySubmit(ctx context.Context, key K, task Task) (*Comple
 // counters (counter.go) are striped: their Adds rarely contend.
 func (s *Scheduler[K]) submit(ctx context.Context, key K, task Task, wait bool) (*Completion, error) {
 	if err := s.check(ctx, key, task); err != nil {
-		if err == ErrZeroScheduler {
+		if errors.Is(err, ErrZeroScheduler) {
 			return nil, err
 		}
 		s.core.rejected.Add(1)
@@ -401,7 +402,7 @@ func (s *Scheduler[K]) check(ctx context.Context, key K, task Task) error {
 		return ErrNilTask
 	}
 	if s.keyCheck && !validKey(key) {
-		return fmt.Errorf("%w: a %T key that is not comparable, or not equal to itself (NaN)", ErrInvalidKey, key)
+		return invalidKey(key)
 	}
 	return ctx.Err()
 }
@@ -522,7 +523,7 @@ func (s *Scheduler[K]) Close(ctx context.Context) error {
 	var err error
 	if werr := s.pending.waitIdle(ctx, s.giveUp); werr != nil {
 		err = s.giveUpOnTasks(werr) // close.go
-		_ = s.workers.release(nil)
+		s.workers.releaseNow()
 	} else {
 		// Every task and dead letter is done: only idle workers are left to
 		// exit. A later Close giving up need not wait for them either.

@@ -2,6 +2,7 @@ package keysched
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 )
@@ -56,9 +57,33 @@ type CloseError struct {
 	Cause error
 }
 
+// Error reads as one sentence, the cause first, counts of zero left out:
+// "keysched: Close gave up (context deadline exceeded): 770 accepted tasks
+// did not run, 2 still running, 3 dead letters not yet delivered".
 func (e *CloseError) Error() string {
-	return fmt.Sprintf("keysched: close: %d accepted tasks did not run (%v), %d still running, %d not yet aborted, %d dead letters not yet delivered: %v",
-		e.NotRun, ErrAborted, e.Running, e.Unreached, e.Undelivered, e.Cause)
+	var b strings.Builder
+	b.WriteString("keysched: Close gave up")
+	if e.Cause != nil {
+		fmt.Fprintf(&b, " (%v)", e.Cause)
+	}
+	fmt.Fprintf(&b, ": %d accepted %s did not run", e.NotRun, plural(e.NotRun, "task", "tasks"))
+	if e.Running > 0 {
+		fmt.Fprintf(&b, ", %d still running", e.Running)
+	}
+	if e.Unreached > 0 {
+		fmt.Fprintf(&b, ", %d not yet reached by the abort", e.Unreached)
+	}
+	if e.Undelivered > 0 {
+		fmt.Fprintf(&b, ", %d dead %s not yet delivered", e.Undelivered, plural(e.Undelivered, "letter", "letters"))
+	}
+	return b.String()
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // Unwrap returns ErrAborted and the cause.

@@ -24,7 +24,7 @@ func TestWaitOnOwnKeyLaterTask(t *testing.T) {
 	ctx := watchdog(t)
 	for name, via := range map[string]func(context.Context) context.Context{
 		"task context":    func(c context.Context) context.Context { return c },
-		"derived context": func(c context.Context) context.Context { return context.WithValue(c, "k", 1) },
+		"derived context": func(c context.Context) context.Context { return context.WithValue(c, ctxKey("k"), 1) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			c, err := s.Submit(ctx, "A", func(tctx context.Context) error {

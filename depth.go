@@ -127,13 +127,13 @@ func (b *pendingBound) tryAcquireN(want int64) (int64, error) {
 // least one), waiting for the first when wait is set.
 func (b *pendingBound) acquireN(ctx context.Context, want int64, wait bool, closing <-chan struct{}) (int64, error) {
 	got, err := b.tryAcquireN(want)
-	if err != ErrFull || !wait {
+	if !errors.Is(err, ErrFull) || !wait {
 		return got, err
 	}
 	for {
 		ch := b.room.register()
 		got, err = b.tryAcquireN(want)
-		if err != ErrFull {
+		if !errors.Is(err, ErrFull) {
 			b.room.unregister()
 			return got, err
 		}
@@ -161,13 +161,13 @@ func (b *pendingBound) releaseN(n int64) {
 // the scheduler closes (closing is closed when Close starts).
 func (b *pendingBound) acquire(ctx context.Context, wait bool, closing <-chan struct{}) error {
 	err := b.tryAcquire()
-	if err != ErrFull || !wait {
+	if !errors.Is(err, ErrFull) || !wait {
 		return err
 	}
 	for {
 		ch := b.room.register()
 		err = b.tryAcquire()
-		if err != ErrFull {
+		if !errors.Is(err, ErrFull) {
 			b.room.unregister()
 			return err
 		}

@@ -177,3 +177,25 @@ func optionError(option string, value any, format string, args ...any) error {
 	}
 	return e
 }
+
+// invalidKey is the ErrInvalidKey error for a key validKey refused, saying
+// which case it found: a key holding a value that is not comparable (the
+// runtime's message names its type), or one not equal to itself (a NaN,
+// possibly inside a struct, array or interface).
+func invalidKey[K comparable](k K) error {
+	var why string
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				why = fmt.Sprintf("a %T key that is not comparable (%v)", k, r)
+			}
+		}()
+		if k != k {
+			why = fmt.Sprintf("a %T key that is not equal to itself (it holds a NaN)", k)
+		}
+	}()
+	if why == "" {
+		why = fmt.Sprintf("a %T key", k) // not reached: validKey refused k
+	}
+	return fmt.Errorf("%w: %s", ErrInvalidKey, why)
+}

@@ -477,7 +477,7 @@ func ExamplePanicError() {
 
 	c, _ := s.Submit(ctx, "k", func(context.Context) error {
 		var m map[string]int
-		m["x"] = 1 // assignment to entry in nil map
+		m["x"] = 1 //nolint:staticcheck // SA5000: the panic this example shows
 		return nil
 	})
 	err := c.Wait(ctx)

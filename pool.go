@@ -212,14 +212,18 @@ func (w *workers) retire(more func() bool) bool {
 	return true
 }
 
+// releaseNow releases the scheduler's own pool without waiting for its
+// workers to exit. A shared pool is left alone.
+func (w *workers) releaseNow() {
+	if w.own {
+		w.pool.Release()
+	}
+}
+
 // release releases the scheduler's own pool, waiting for its workers to exit
-// until ctx ends (nil: do not wait). A shared pool is left alone.
+// until ctx ends. A shared pool is left alone.
 func (w *workers) release(ctx context.Context) error {
 	if !w.own {
-		return nil
-	}
-	if ctx == nil {
-		w.pool.Release()
 		return nil
 	}
 	// Every task has finished by now: a context that ends while the idle

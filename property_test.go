@@ -196,7 +196,7 @@ func (m *psm) Submit(t *rapid.T) {
 			_, err := m.s.Submit(wctx, key, m.task(p))
 			cancel()
 			require.ErrorIs(t, err, context.DeadlineExceeded)
-			if err != context.DeadlineExceeded {
+			if err != context.DeadlineExceeded { //nolint:errorlint // the bare ctx error (nothing waited) vs one wrapped with wantErr
 				require.ErrorIs(t, err, wantErr)
 			}
 		} else {
@@ -264,7 +264,7 @@ func (m *psm) SubmitBatch(t *rapid.T) {
 		cs, err = m.s.SubmitBatch(ctx, items)
 		cancel()
 		require.ErrorIs(t, err, context.DeadlineExceeded)
-		if err == context.DeadlineExceeded {
+		if err == context.DeadlineExceeded { //nolint:errorlint // bare: the deadline passed before SubmitBatch looked
 			// The deadline passed before SubmitBatch looked: nothing accepted.
 			accept, wantErr = 0, context.DeadlineExceeded
 		}

@@ -394,7 +394,9 @@ func (s *Scheduler[K]) Skip(key K) error {
 	errs := c.more.Load().fail.errs
 	last := errs[len(errs)-1]
 	out := outFailed
-	if _, panicked := last.(*PanicError); panicked {
+	// The runner records a recovered panic as a bare *PanicError; a task's
+	// own error that wraps one is a failure, not a panic.
+	if _, panicked := last.(*PanicError); panicked { //nolint:errorlint // see above
 		out = outPanicked
 	}
 	s.core.finish(c, out, last)
@@ -414,7 +416,7 @@ func (s *Scheduler[K]) unpark(key K) (*node[K], error) {
 		return nil, ErrZeroScheduler
 	}
 	if s.keyCheck && !validKey(key) {
-		return nil, fmt.Errorf("%w: %T value", ErrInvalidKey, key)
+		return nil, invalidKey(key)
 	}
 	s.parked.mu.Lock()
 	n, ok := s.parked.m[key]

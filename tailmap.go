@@ -27,8 +27,15 @@ type tailMap[K comparable] struct {
 	m *xsync.Map[K, *chainHdr]
 }
 
+// tailMapGrowOnly makes the tail map grow-only (a test switch, to measure
+// the two against each other).
+var tailMapGrowOnly = true
+
 func newTailMap[K comparable]() tailMap[K] {
-	return tailMap[K]{m: xsync.NewMap[K, *chainHdr](xsync.WithGrowOnly())}
+	if tailMapGrowOnly {
+		return tailMap[K]{m: xsync.NewMap[K, *chainHdr](xsync.WithGrowOnly())}
+	}
+	return tailMap[K]{m: xsync.NewMap[K, *chainHdr]()}
 }
 
 // append links n at the end of its key's chain. It reports head when n starts

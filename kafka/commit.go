@@ -3,6 +3,7 @@ package kafka
 import (
 	"context"
 	"errors"
+	"math"
 	"strconv"
 	"strings"
 
@@ -79,7 +80,7 @@ func encodeFinished(base int64, unfinished []int64, complete bool, highest int64
 // offset.
 func decodeFinished(meta string, base int64) []span {
 	rest, ok := strings.CutPrefix(meta, metaPrefix)
-	if !ok {
+	if !ok || base < 0 {
 		return nil
 	}
 	b, runs, ok := strings.Cut(rest, ":")
@@ -98,10 +99,16 @@ func decodeFinished(meta string, base int64) []span {
 		}
 		gap, err1 := strconv.ParseInt(g, 36, 64)
 		n, err2 := strconv.ParseInt(l, 36, 64)
-		if err1 != nil || err2 != nil || gap < 1 || n < 1 || prev > (1<<62) || gap > (1<<62) || n > (1<<62) {
+		// A run must start above the previous one and end within int64:
+		// metadata is written by anyone sharing the group, and an overflow
+		// would turn a run around (a claim nobody wrote).
+		if err1 != nil || err2 != nil || gap < 1 || n < 1 || gap > math.MaxInt64-prev {
 			return nil
 		}
 		from := prev + gap
+		if n-1 > math.MaxInt64-from {
+			return nil
+		}
 		to := from + n - 1
 		out = append(out, span{from, to})
 		prev = to

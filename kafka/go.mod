@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/alecthomas/kong v1.17.0
-	github.com/keysched/keysched v0.0.0
+	github.com/keysched/keysched v0.1.0
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
 	github.com/twmb/franz-go/pkg/kmsg v1.15.1
@@ -26,7 +26,7 @@ require (
 )
 
 require (
-	github.com/keysched/keysched/otelkeysched v0.0.0
+	github.com/keysched/keysched/otelkeysched v0.1.0
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/panjf2000/ants/v2 v2.12.1 // indirect
 	github.com/pierrec/lz4/v4 v4.1.33 // indirect

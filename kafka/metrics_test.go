@@ -28,7 +28,7 @@ func metricValues(t *testing.T, r *sdkmetric.ManualReader) map[string]int64 {
 	id := func(name string, set attribute.Set) string {
 		var kv []string
 		for _, a := range set.ToSlice() {
-			kv = append(kv, string(a.Key)+"="+a.Value.Emit())
+			kv = append(kv, string(a.Key)+"="+a.Value.String())
 		}
 		return name + "{" + strings.Join(kv, ",") + "}"
 	}

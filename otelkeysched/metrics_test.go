@@ -45,7 +45,7 @@ func collect(t *testing.T, r *sdkmetric.ManualReader) (map[string]any, map[strin
 	id := func(name string, set attribute.Set) string {
 		var kv []string
 		for _, a := range set.ToSlice() {
-			kv = append(kv, string(a.Key)+"="+a.Value.Emit())
+			kv = append(kv, string(a.Key)+"="+a.Value.String())
 		}
 		return name + "{" + strings.Join(kv, ",") + "}"
 	}

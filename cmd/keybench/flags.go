@@ -15,7 +15,7 @@ import (
 type cli struct {
 	// Where the stream comes from: at most one of these; none means the
 	// embedded sample.
-	Trace     string  `placeholder:"FILE" xor:"source" group:"Stream" help:"Replay the keyed event stream in FILE, plain or gzipped TSV with the columns seq, unix_time, commit, key, prev_blob, next_blob, status (see the package doc of internal/trace; e.g. the project's ../shared/data/git-history.tsv.gz). Default: the sample embedded in keybench, the first 20,000 events of the git/git history."`
+	Trace     string  `placeholder:"FILE" xor:"source" group:"Stream" help:"Replay the keyed event stream in FILE, plain or gzipped TSV with the columns seq, unix_time, commit, key, prev_blob, next_blob, status (see the package doc of internal/trace; e.g. cmd/keybench/data/git-history.tsv.gz, the whole git/git history, from the repository root). Default: the sample embedded in keybench, the first 20,000 events of the git/git history."`
 	Git       string  `placeholder:"DIR" xor:"source" group:"Stream" help:"Build the stream from the first-parent history (HEAD) of the git repository in DIR: one event per file changed per commit. Needs git 2.31+."`
 	Synthetic bool    `xor:"source" group:"Stream" help:"Generate the stream: --events events over --keys keys, key popularity Zipf(--zipf), random seed --seed; same precondition chain as a real stream."`
 	Events    int     `default:"200000" placeholder:"N" group:"Stream" help:"--synthetic: number of events (default ${default})."`

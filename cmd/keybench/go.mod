@@ -6,7 +6,7 @@ require (
 	github.com/HdrHistogram/hdrhistogram-go v1.4.0
 	github.com/alecthomas/kong v1.17.0
 	github.com/cespare/xxhash/v2 v2.3.0
-	github.com/keysched/keysched v0.0.0
+	github.com/keysched/keysched v0.1.0
 	github.com/puzpuzpuz/xsync/v3 v3.5.1
 	github.com/schollz/progressbar/v3 v3.19.1
 	github.com/stretchr/testify v1.12.1

@@ -11,7 +11,7 @@
 // the hottest key 20 times slower:
 //
 //	go run ./cmd/keybench
-//	go run ./cmd/keybench --trace ../shared/data/git-history.tsv.gz --slow-factor 50
+//	go run ./cmd/keybench --trace cmd/keybench/data/git-history.tsv.gz --slow-factor 50
 //	go run ./cmd/keybench --work none --rounds 5 --json
 //	go run ./cmd/keybench --help
 package main

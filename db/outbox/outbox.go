@@ -344,13 +344,9 @@ func (o *Outbox) Write(ctx context.Context, tx *sql.Tx, e Event) (id string, err
 	if e.CreatedAt.IsZero() {
 		e.CreatedAt = sqldb.Now()
 	}
-	var headers any
-	if len(e.Headers) > 0 {
-		b, err := json.Marshal(e.Headers)
-		if err != nil {
-			return "", fmt.Errorf("%w: headers: %w", ErrInvalidEvent, err)
-		}
-		headers = string(b)
+	headers, err := encodeHeaders(e.Headers)
+	if err != nil {
+		return "", err
 	}
 	payload := e.Payload
 	if payload == nil {
@@ -599,6 +595,19 @@ func (o *Outbox) Count(ctx context.Context) (map[State]int64, error) {
 		return nil, fmt.Errorf("outbox: count: %w", err)
 	}
 	return out, nil
+}
+
+// encodeHeaders is the headers column's value for h: nil (NULL) when h is
+// empty, else h as a JSON object. decodeHeaders reads it back.
+func encodeHeaders(h map[string]string) (any, error) {
+	if len(h) == 0 {
+		return nil, nil
+	}
+	b, err := json.Marshal(h)
+	if err != nil {
+		return nil, fmt.Errorf("%w: headers: %w", ErrInvalidEvent, err)
+	}
+	return string(b), nil
 }
 
 func decodeHeaders(h sql.NullString) (map[string]string, error) {

@@ -164,7 +164,7 @@ func stealLease(ob *outbox.Outbox, key string) error {
 		return err
 	}
 	if n, err := res.RowsAffected(); err != nil || n != 1 {
-		return fmt.Errorf("key %s: %d lease rows changed (%v)", key, n, err)
+		return fmt.Errorf("key %s: %d lease rows changed (%w)", key, n, err)
 	}
 	return nil
 }

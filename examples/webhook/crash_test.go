@@ -60,7 +60,7 @@ func buildService(t *testing.T) string {
 		}
 		out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
 		if err != nil {
-			buildErr = fmt.Errorf("go build: %v: %s", err, out)
+			buildErr = fmt.Errorf("go build: %w: %s", err, out)
 		}
 	})
 	require.NoError(t, buildErr)

@@ -6,7 +6,7 @@ require (
 	github.com/HdrHistogram/hdrhistogram-go v1.4.0
 	github.com/chromedp/chromedp v0.23.1
 	github.com/google/uuid v1.6.0
-	github.com/keysched/keysched v0.0.0
+	github.com/keysched/keysched v0.1.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/sony/gobreaker/v2 v2.4.0
 	github.com/standard-webhooks/standard-webhooks/libraries v0.0.1
@@ -45,8 +45,8 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
-	github.com/keysched/keysched/db v0.0.0
-	github.com/keysched/keysched/otelkeysched v0.0.0
+	github.com/keysched/keysched/db v0.1.0
+	github.com/keysched/keysched/otelkeysched v0.1.0
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/panjf2000/ants/v2 v2.12.1 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect

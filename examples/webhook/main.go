@@ -44,6 +44,7 @@ func main() {
 type options struct {
 	intake, admin string
 	dbPath        string
+	tempDB        bool // no -db: the database is in a temporary directory, removed at exit
 	postgres      string
 	endpoints     string
 	secretsFile   string
@@ -255,11 +256,22 @@ func run() error {
 		store, err = service.OpenPostgres(ctx, o.postgres)
 	} else {
 		path := o.dbPath
+		o.tempDB = path == ""
 		if path == "" {
 			dir, err := os.MkdirTemp("", "keysched-webhook-")
 			if err != nil {
 				return err
 			}
+			// Removed when run returns, after the store is closed (defers
+			// run last-in first-out), on Ctrl-C and SIGTERM too: the
+			// signals end ctx, and run returns.
+			defer func() {
+				if err := os.RemoveAll(dir); err != nil {
+					log.Warn("removing the temporary database", "dir", dir, "err", err)
+				} else {
+					log.Info("removed the temporary database (-db FILE keeps one)", "dir", dir)
+				}
+			}()
 			path = filepath.Join(dir, "webhook.db")
 		}
 		o.dbPath = path
@@ -354,7 +366,11 @@ func run() error {
 	case <-ctx.Done():
 	case err = <-errc:
 	}
-	log.Info("shutting down: undelivered events stay in the database")
+	if o.tempDB {
+		log.Info("shutting down: the temporary database goes, with its undelivered events")
+	} else {
+		log.Info("shutting down: undelivered events stay in the database")
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_ = intakeSrv.Shutdown(sctx)

@@ -12,7 +12,7 @@ import (
 	"strings"
 )
 
-// gitLogArgs is the command of shared/data/README.md, with the settings that
+// gitLogArgs is the command of cmd/keybench/data/README.md, with the settings that
 // could change its output pinned: paths quoted as git does by default, no
 // colour, no signature lines.
 var gitLogArgs = []string{
@@ -24,7 +24,7 @@ var gitLogArgs = []string{
 // FromGit builds a stream from the first-parent history of the git
 // repository at dir (its work tree or .git directory), oldest commit first:
 // one event per file a commit changes against its first parent, the way
-// shared/data/git-history.tsv.gz was made. It runs
+// cmd/keybench/data/git-history.tsv.gz was made. It runs
 //
 //	git log --first-parent --diff-merges=first-parent --raw --no-renames \
 //	        --no-abbrev --reverse --format='C %H %at' HEAD
@@ -106,6 +106,11 @@ func ParseGitLog(r io.Reader) ([]Event, error) {
 			path := b[tab+1:]
 			if len(f) != 5 || !isHexID([]byte(f[2])) || !isHexID([]byte(f[3])) || len(f[4]) == 0 || len(path) == 0 {
 				return nil, &ParseError{line, fmt.Sprintf("raw line %q: want \":<mode> <mode> <blob> <blob> <status>\\t<path>\"", b)}
+			}
+			if bytes.IndexByte(path, '\t') >= 0 {
+				// git quotes a path with a tab; a raw one cannot be a key of
+				// the TSV stream, which has no escapes.
+				return nil, &ParseError{line, fmt.Sprintf("raw line %q: a tab in the path (git quotes such paths: is core.quotePath off?)", b)}
 			}
 			if st := f[4][0]; len(f[4]) != 1 || !validStatus(st) {
 				return nil, &ParseError{line, fmt.Sprintf("raw line %q: status %q is not one of A, M, D, T (renames must be off)", b, f[4])}

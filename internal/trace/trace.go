@@ -5,7 +5,7 @@
 // precondition: the state its key must be in before it applies (PrevBlob) and
 // the state it leaves (NextBlob). Applied in publication order per key, every
 // precondition holds; any reordering of two events of one key breaks one. The
-// format is a TSV (the project's shared/data/README.md describes the real
+// format is a TSV (the project's cmd/keybench/data/README.md describes the real
 // stream it was first made from), optionally gzipped, whose first line is a
 // header starting with '#':
 //
@@ -242,7 +242,7 @@ var sampleGz []byte
 var SampleSize = len(sampleGz)
 
 // Sample returns the stream embedded in this package: the first 20,000
-// events (up to a commit boundary) of shared/data/git-history.tsv.gz, the
+// events (up to a commit boundary) of cmd/keybench/data/git-history.tsv.gz, the
 // first-parent history of git/git, with 1,794 keys. Each call returns a fresh
 // slice. It panics only if the embedded file is corrupt (a build error).
 func Sample() []Event {
@@ -255,7 +255,7 @@ func Sample() []Event {
 
 // Rounds returns r copies of events one after another, the keys of copy i
 // prefixed with "i/" so that each copy is an independent set of chains (the
-// convention of shared/data/README.md), Seq renumbered from 0. For r <= 1 it
+// convention of cmd/keybench/data/README.md), Seq renumbered from 0. For r <= 1 it
 // returns a copy of events unchanged.
 func Rounds(events []Event, r int) []Event {
 	if r <= 1 {

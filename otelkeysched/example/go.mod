@@ -3,8 +3,8 @@ module github.com/keysched/keysched/otelkeysched/example
 go 1.25.0
 
 require (
-	github.com/keysched/keysched v0.0.0
-	github.com/keysched/keysched/otelkeysched v0.0.0
+	github.com/keysched/keysched v0.1.0
+	github.com/keysched/keysched/otelkeysched v0.1.0
 	github.com/prometheus/client_golang v1.24.1
 	github.com/prometheus/client_model v0.6.2
 	github.com/prometheus/common v0.70.1

@@ -72,7 +72,7 @@ func run(ctx context.Context, ln net.Listener, forever bool, ready func()) error
 		return err
 	}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
-	defer mp.Shutdown(context.Background())
+	defer func() { _ = mp.Shutdown(context.Background()) }() // at exit: nothing left to report to
 
 	var parked sync.Once
 	parkedCh := make(chan struct{})
@@ -97,7 +97,7 @@ func run(ctx context.Context, ln net.Listener, forever bool, ready func()) error
 	if err := m.Register(s); err != nil {
 		return err
 	}
-	defer m.Unregister()
+	defer func() { _ = m.Unregister() }() // at exit
 
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))

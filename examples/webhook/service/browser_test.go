@@ -15,9 +15,23 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// chromiumPath finds the browser: /usr/bin/chromium (Debian's chromium
-// package), else chromium or chromium-browser on PATH.
+// The browser test's variables: KEYSCHED_CHROMIUM names the browser binary
+// (default: /usr/bin/chromium, Debian's chromium package, else chromium or
+// chromium-browser on PATH); without one the test fails unless
+// KEYSCHED_SKIP_BROWSER=1.
+const (
+	envChromium    = "KEYSCHED_CHROMIUM"
+	envSkipBrowser = "KEYSCHED_SKIP_BROWSER"
+)
+
+// chromiumPath finds the browser, or returns "".
 func chromiumPath() string {
+	if p := os.Getenv(envChromium); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			return ""
+		}
+		return p
+	}
 	if _, err := os.Stat("/usr/bin/chromium"); err == nil {
 		return "/usr/bin/chromium"
 	}
@@ -27,6 +41,23 @@ func chromiumPath() string {
 		}
 	}
 	return ""
+}
+
+// requireChromium returns the browser's path; it skips t when
+// KEYSCHED_SKIP_BROWSER=1 and fails it, saying how to install one or opt out,
+// when there is none.
+func requireChromium(t *testing.T) string {
+	t.Helper()
+	if os.Getenv(envSkipBrowser) == "1" {
+		t.Skipf("%s=1: the operator page was not tested in a browser", envSkipBrowser)
+	}
+	browser := chromiumPath()
+	if browser == "" {
+		t.Fatalf("\n*** NO CHROMIUM BINARY (%s, /usr/bin/chromium or on PATH): the operator page cannot be tested in a browser.\n"+
+			"*** Install it (Debian, as root): apt-get update && apt-get install -y chromium\n"+
+			"*** Or skip the browser test: %s=1\n", envChromium, envSkipBrowser)
+	}
+	return browser
 }
 
 type syncBuffer struct {
@@ -50,11 +81,7 @@ func (s *syncBuffer) String() string {
 // partner, and its Resume button resumes it (the partner's events are then
 // delivered in order, and the action is logged).
 func TestOperatorPageInBrowser(t *testing.T) {
-	browser := chromiumPath()
-	if browser == "" {
-		t.Skip("SKIPPED: NO CHROMIUM BINARY (/usr/bin/chromium or on PATH): the operator page was NOT tested in a browser. " +
-			"Install it with: apt-get update && apt-get install -y chromium")
-	}
+	browser := requireChromium(t)
 	logs := &syncBuffer{}
 	h := newHarness(t, map[string]sim.Behavior{"stuck": {Down: true}, "fine": {}}, func(c *Config) {
 		c.Retry = keysched.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}

@@ -346,7 +346,9 @@ func (d *Deliverer) Deliver(ctx context.Context, ev Delivery) error {
 		// Inside the breaker so that an open breaker spends no token;
 		// a rate refusal is excluded from the breaker's counts.
 		if err := dst.limiter.Wait(ctx); err != nil {
-			return struct{}{}, fmt.Errorf("%w: %v", ErrRateLimited, err)
+			// Not wrapped: the limiter's context error is a rate refusal
+			// here, not the delivery's own cancellation.
+			return struct{}{}, fmt.Errorf("%w: %v", ErrRateLimited, err) //nolint:errorlint // see above
 		}
 		return struct{}{}, d.post(ctx, u, ev)
 	})

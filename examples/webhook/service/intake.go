@@ -76,7 +76,7 @@ func parseIntake(r *http.Request, w http.ResponseWriter) (IntakeRequest, int, er
 		if errors.As(err, &mbe) {
 			return req, http.StatusRequestEntityTooLarge, fmt.Errorf("body over %d bytes", MaxBodyBytes)
 		}
-		return req, http.StatusBadRequest, fmt.Errorf("reading body: %v", err)
+		return req, http.StatusBadRequest, fmt.Errorf("reading body: %w", err)
 	}
 	// JSON text is UTF-8 (RFC 8259 section 8.1). encoding/json accepts
 	// invalid bytes inside strings, and data is forwarded byte for byte: an
@@ -89,9 +89,11 @@ func parseIntake(r *http.Request, w http.ResponseWriter) (IntakeRequest, int, er
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
-		return req, http.StatusBadRequest, fmt.Errorf("body is not the expected JSON object: %v", err)
+		return req, http.StatusBadRequest, fmt.Errorf("body is not the expected JSON object: %w", err)
 	}
-	if dec.More() {
+	// Only white space may follow the object. (dec.More does not say so: it
+	// is false before a stray ']' or '}', and such a body was accepted.)
+	if _, err := dec.Token(); err != io.EOF {
 		return req, http.StatusBadRequest, errors.New("body has data after the JSON object")
 	}
 	if !typeRe.MatchString(req.Type) {

@@ -118,10 +118,10 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 
 // observe registers the gauges' callback, read at collection time (nothing
 // is recorded per event for these). Call it once s is complete.
-func (mt *metrics) observe(s *Service) error {
-	backlog, oldest, parked, slope := mt.backlog, mt.oldest, mt.parkedG, mt.slope
+func (m *metrics) observe(s *Service) error {
+	backlog, oldest, parked, slope := m.backlog, m.oldest, m.parkedG, m.slope
 	var err error
-	mt.reg, err = mt.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+	m.reg, err = m.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		all, err := s.Status(ctx)
 		if err != nil {
 			return err

@@ -20,16 +20,20 @@ import (
 const (
 	defaultPostgresDSN = "host=/var/run/postgresql dbname=keysched_test"
 	envPostgresDSN     = "KEYSCHED_TEST_POSTGRES"
-	envRequirePostgres = "KEYSCHED_REQUIRE_POSTGRES"
+	envSkipPostgres    = "KEYSCHED_SKIP_POSTGRES"
 )
 
 var pgSeq atomic.Int64
 
 // postgresStore returns an opener of a Store on the test server, with
-// tables of its own (dropped when t ends), or skips t loudly (fails it with
-// KEYSCHED_REQUIRE_POSTGRES=1) when no server answers.
+// tables of its own (dropped when t ends). It skips t when
+// KEYSCHED_SKIP_POSTGRES=1, and fails it, saying how to start the server or
+// opt out, when no server answers.
 func postgresStore(t *testing.T) func() (*Store, error) {
 	t.Helper()
+	if os.Getenv(envSkipPostgres) == "1" {
+		t.Skipf("%s=1: PostgreSQL tests skipped", envSkipPostgres)
+	}
 	dsn := os.Getenv(envPostgresDSN)
 	if dsn == "" {
 		dsn = defaultPostgresDSN
@@ -38,11 +42,9 @@ func postgresStore(t *testing.T) func() (*Store, error) {
 	defer cancel()
 	db, err := sqldb.OpenPostgres(ctx, dsn)
 	if err != nil {
-		msg := fmt.Sprintf("\n*** POSTGRESQL NOT AVAILABLE: %v\n*** DSN %q (set %s). The webhook service's PostgreSQL test did NOT run.\n", err, dsn, envPostgresDSN)
-		if os.Getenv(envRequirePostgres) == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
+		t.Fatalf("\n*** POSTGRESQL NOT AVAILABLE: %v\n*** DSN %q (set %s). The webhook service's PostgreSQL test cannot run.\n"+
+			"*** Start it (Debian, as root): pg_ctlcluster 15 main start; runuser -u postgres -- createuser --superuser \"$(id -un)\"; runuser -u postgres -- createdb -O \"$(id -un)\" keysched_test\n"+
+			"*** Or skip the PostgreSQL tests: %s=1\n", err, dsn, envPostgresDSN, envSkipPostgres)
 	}
 	prefix := fmt.Sprintf("webhook_t%d_%d_", os.Getpid(), pgSeq.Add(1))
 	t.Cleanup(func() {

@@ -26,7 +26,7 @@ func TestZeroValues(t *testing.T) {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/events/acme", strings.NewReader("{}")))
 		if rec.Code != http.StatusInternalServerError || !strings.Contains(rec.Body.String(), ErrZeroService.Error()) {
-			return fmt.Errorf("answered %d %q, want 500 with %q", rec.Code, rec.Body.String(), ErrZeroService)
+			return fmt.Errorf("answered %d %q, want 500 with %q", rec.Code, rec.Body.String(), ErrZeroService.Error())
 		}
 		return nil
 	}

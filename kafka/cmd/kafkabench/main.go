@@ -13,7 +13,7 @@
 // one (it creates the topic, named by --topic plus a random suffix, and
 // leaves it).
 //
-//	go run ./kafka/cmd/kafkabench --work io=1ms --partitions 8 --trace ../shared/data/git-history.tsv.gz
+//	go run ./kafka/cmd/kafkabench --work io=1ms --partitions 8 --trace cmd/keybench/data/git-history.tsv.gz
 //	go run ./kafka/cmd/kafkabench --work io=1ms --partitions 8 --synthetic
 //	go run ./kafka/cmd/kafkabench --work none --partitions 8 --json
 //	go run ./kafka/cmd/kafkabench --work none --partitions 8 --rounds 40   # over a million records
@@ -53,7 +53,7 @@ type cli struct {
 	Topic      string   `default:"kafkabench" help:"Topic name prefix; a random suffix is added (default ${default})."`
 	Partitions int      `default:"8" placeholder:"P" help:"Partitions of the topic (default ${default})."`
 
-	Trace     string  `placeholder:"FILE" xor:"source" help:"Produce the keyed stream in FILE (plain or gzipped TSV: seq, unix_time, commit, key, prev_blob, next_blob, status; e.g. ../shared/data/git-history.tsv.gz). Default: the embedded sample, the first 20,000 events of the git/git history."`
+	Trace     string  `placeholder:"FILE" xor:"source" help:"Produce the keyed stream in FILE (plain or gzipped TSV: seq, unix_time, commit, key, prev_blob, next_blob, status; e.g. cmd/keybench/data/git-history.tsv.gz). Default: the embedded sample, the first 20,000 events of the git/git history."`
 	Synthetic bool    `xor:"source" help:"Generate the stream: --events events over --keys keys, key popularity Zipf(--zipf): many keys, mild skew."`
 	Events    int     `default:"100000" placeholder:"N" help:"--synthetic: events (default ${default})."`
 	Keys      int     `default:"10000" placeholder:"N" help:"--synthetic: distinct keys (default ${default})."`
@@ -206,7 +206,6 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	var results []Result
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	if !c.JSON {
 		fmt.Fprintf(stdout, "%d events, %d keys, hottest key %d events, %d partitions, work %s, %d workers\n",
@@ -226,7 +225,6 @@ func run(args []string, stdout, stderr io.Writer) error {
 		r.Partitions, r.BoundEventsPerSec = c.Partitions, bound
 		r.MeasuredWorkUs, r.MeasuredBoundEventsPerSec = float64(measured)/1e3, mbound
 		r.CPUNsPerEvent = 1e9 * r.CPUSeconds / float64(r.Events)
-		results = append(results, r)
 		if c.JSON {
 			b, _ := json.Marshal(r)
 			fmt.Fprintln(stdout, string(b))

@@ -137,7 +137,6 @@ type result struct {
 	orderViolations      int
 	badSignatures        int // requests the endpoints refused: signature failed verification
 	drainedHealthy       bool
-	throughputWindowSecs float64
 }
 
 func runOnce(p params, bad float64) (result, error) {

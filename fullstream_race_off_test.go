@@ -1,0 +1,5 @@
+//go:build !race
+
+package keysched_test
+
+const fullStreamUnderRace = false
