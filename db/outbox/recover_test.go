@@ -227,7 +227,7 @@ func TestRecoverResumesParkedKeys(t *testing.T) {
 		rec.wait(t, 20*time.Second)
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
-		checkStreams(t, rec.byKey, keys, perKey, true)
+		checkStreams(t, rec.byKey, keys, perKey)
 		require.Zero(t, rec.overlaps.Load())
 	})
 }

@@ -19,12 +19,12 @@ func TestZeroValues(t *testing.T) {
 		{"Outbox", func(t *testing.T) {
 			zerotest.Check[outbox.Outbox](t, outbox.ErrZeroOutbox, []string{
 				"Count", "CreateSchema", "DB", "Dead", "Dialect", "NewRelay",
-				"Parked", "Resume", "Schema", "Skip", "SkipHead", "Table", "Write",
+				"Parked", "Recover", "Recoverable", "Resume", "Schema", "Skip", "SkipHead", "Table", "Write",
 			})
 		}},
 		{"Relay", func(t *testing.T) {
 			zerotest.Check[outbox.Relay](t, outbox.ErrZeroRelay, []string{
-				"Close", "Owner", "Parked", "Resume", "Run", "Scheduler", "Skip", "SkipHead", "Stats", "Token",
+				"Close", "Owner", "Parked", "Recover", "Resume", "Run", "Scheduler", "Skip", "SkipHead", "Stats", "Token",
 			})
 		}},
 	} {

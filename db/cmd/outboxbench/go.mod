@@ -11,8 +11,8 @@ require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
 	github.com/ThreeDotsLabs/watermill-sql/v4 v4.1.2
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/keysched/keysched v0.0.0
-	github.com/keysched/keysched/db v0.0.0
+	github.com/keysched/keysched v0.1.0
+	github.com/keysched/keysched/db v0.1.0
 	github.com/riverqueue/river v0.51.2
 	github.com/riverqueue/river/riverdriver v0.51.2
 	github.com/riverqueue/river/riverdriver/riverpgxv5 v0.51.2
