@@ -109,11 +109,15 @@ func (c *Consumer) produceDeadLetter(ctx context.Context, it *item, cause error,
 	for {
 		err := c.cl.ProduceSync(ctx, dead).FirstErr()
 		if err == nil {
+			c.dlqLog.ok()
 			c.deadLettered.Add(1)
 			return nil
 		}
-		c.log.Error("kafka: dead-letter produce failed; the record stays unfinished",
-			"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "dead_letter_topic", c.cfg.dlqTopic, "err", err)
+		if ctx.Err() == nil {
+			// One line per state change (failing, still failing, recovered):
+			// the record stays unfinished and its key waits meanwhile.
+			c.dlqLog.fail(err, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "dead_letter_topic", c.cfg.dlqTopic)
+		}
 		if !retry || ctx.Err() != nil {
 			return err
 		}
