@@ -32,6 +32,7 @@ func newCluster(t *testing.T, partitions int32, topics ...string) *testCluster {
 		kfake.NumBrokers(1),
 		kfake.SeedTopics(partitions, topics...),
 		kfake.GroupMinSessionTimeout(50*time.Millisecond),
+		kip848Configs,
 	)
 	if err != nil {
 		t.Fatal(err)
@@ -287,3 +288,32 @@ func (tc *testCluster) endOffset(t *testing.T, topic string, part int32) int64 {
 	}
 	return resp.Topics[0].Partitions[0].Offset
 }
+
+// A group protocol franz-go speaks, for tests that run under each.
+type groupProtocol string
+
+const (
+	protoEager       groupProtocol = "classic-eager"       // the classic protocol, RangeBalancer (eager: every rebalance revokes everything)
+	protoCooperative groupProtocol = "classic-cooperative" // the classic protocol, CooperativeStickyBalancer (franz-go's default)
+	protoConsumer    groupProtocol = "kip848-consumer"     // KIP-848: the broker assigns (ConsumerGroupHeartbeat)
+)
+
+var groupProtocols = []groupProtocol{protoEager, protoCooperative, protoConsumer}
+
+// protocolOpts are the client options that select p.
+func protocolOpts(p groupProtocol) []kgo.Opt {
+	switch p {
+	case protoEager:
+		return []kgo.Opt{kgo.Balancers(kgo.RangeBalancer())}
+	case protoConsumer:
+		return []kgo.Opt{kgo.Balancers(kgo.RangeBalancer()), kgo.ServerSideBalancer()}
+	}
+	return []kgo.Opt{kgo.Balancers(kgo.CooperativeStickyBalancer())}
+}
+
+// kip848Configs give KIP-848 groups the classic test groups' pace: a
+// heartbeat every 50 ms (the broker sets it under KIP-848), a 3 s session.
+var kip848Configs = kfake.BrokerConfigs(map[string]string{
+	"group.consumer.heartbeat.interval.ms": "50",
+	"group.consumer.session.timeout.ms":    "1000",
+})
