@@ -22,7 +22,7 @@ type faultRun struct {
 	group string
 	s     *streamChecker
 	c     *Consumer // the member (nil before it starts, for faults at start)
-	gen0  int32 // the group generation before the fault
+	gen0  int32     // the group generation before the fault
 	// restart replaces the cluster (see the "cluster restarted" fault).
 	restart func()
 }
