@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/keysched/keysched"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -71,7 +73,8 @@ func closeWithin(c *Consumer, d time.Duration) (error, time.Duration) {
 // frontiers it could not commit, with the broker's error: errors.Is
 // ErrNotCommitted, errors.As *CommitError. Run returns nil.
 func TestCloseReportsUncommittedFrontiers(t *testing.T) {
-	for _, code := range []*kerr.Error{kerr.CoordinatorNotAvailable, kerr.UnknownServerError, kerr.RebalanceInProgress} {
+	for _, code := range []*kerr.Error{kerr.CoordinatorNotAvailable, kerr.NotCoordinator, kerr.RequestTimedOut, kerr.UnknownServerError,
+		kerr.RebalanceInProgress, kerr.IllegalGeneration, kerr.OffsetMetadataTooLarge} {
 		t.Run(code.Message, func(t *testing.T) {
 			const N, parts = 40, 2
 			tc := newCluster(t, parts, "t")
@@ -110,7 +113,9 @@ func TestCloseReportsUncommittedFrontiers(t *testing.T) {
 				t.Errorf("Run: %v", err)
 			}
 			for p := range int32(parts) {
-				if off := tc.committedOffset(t, group, "t", p); off != -1 {
+				// REQUEST_TIMED_OUT: the broker applied the commit and said it
+				// timed out (kfake does as a broker may): not confirmed.
+				if off := tc.committedOffset(t, group, "t", p); off != -1 && code != kerr.RequestTimedOut {
 					t.Errorf("partition %d: committed %d, yet Close said it could not", p, off)
 				}
 			}
@@ -163,5 +168,97 @@ func TestCloseWhileCommitsFailForAWhile(t *testing.T) {
 		if off := tc.committedOffset(t, group, pc.Topic, pc.Partition); off != pc.Committed || pc.Offset != N/parts {
 			t.Errorf("uncommitted %+v: the broker holds %d", pc, off)
 		}
+	}
+}
+
+// Leaving the group failing for good (LeaveGroup answered
+// COORDINATOR_NOT_AVAILABLE, retried by franz-go) or never answered: Close
+// still returns within its context plus CloseMargin, with nil (everything
+// was handled and committed; the group drops the member at its session
+// timeout), and Run returns nil.
+func TestCloseBoundedWhenLeavingFails(t *testing.T) {
+	for _, slow := range []bool{false, true} {
+		t.Run(map[bool]string{false: "COORDINATOR_NOT_AVAILABLE", true: "no answer"}[slow], func(t *testing.T) {
+			const N, parts = 20, 2
+			tc := newCluster(t, parts, "t")
+			group := groupName(t)
+			tc.produceSpread(t, "t", parts, N)
+			release := make(chan struct{})
+			defer close(release)
+			if slow {
+				tc.ControlKey(int16(kmsg.LeaveGroup), func(kmsg.Request) (kmsg.Response, error, bool) {
+					tc.KeepControl()
+					tc.SleepControl(func() { <-release })
+					return nil, nil, false
+				})
+			} else {
+				tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.LeaveGroup}, Group: group, Err: kerr.CoordinatorNotAvailable, Count: -1})
+			}
+			c, err := NewConsumer(func(context.Context, *kgo.Record) error { return nil },
+				WithLogger(quiet), WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			runDone := make(chan error, 1)
+			go func() { runDone <- c.Run(context.Background()) }()
+			eventually(t, "every record handled", func() bool { return c.Stats().Finished == N })
+			const ctxD = 300 * time.Millisecond
+			err, took := closeWithin(c, ctxD)
+			if bound := ctxD + CloseMargin + 1500*time.Millisecond; took > bound {
+				t.Errorf("Close took %v with a %v context (bound %v)", took, ctxD, bound)
+			}
+			if err != nil {
+				t.Errorf("Close: %v", err)
+			}
+			if err := <-runDone; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+}
+
+// The dead-letter topic refusing writes for good while Close runs: the
+// failed record stays unfinished (its key waits, the frontier holds at it),
+// Close returns within its context plus CloseMargin, says one record was
+// left unfinished, and commits the frontier at that record; the next owner
+// handles it.
+func TestCloseWhileDeadLettersFail(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	group := groupName(t)
+	tc.produce(t, rec("t", 0, "a", "0"), rec("t", 0, "b", "bad"), rec("t", 0, "b", "2"), rec("t", 0, "c", "3"))
+	f := tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "dlq", Err: kerr.NotLeaderForPartition, Count: -1})
+	logs := &logBuffer{}
+	c, err := NewConsumer(func(_ context.Context, r *kgo.Record) error {
+		if string(r.Value) == "bad" {
+			return keysched.Permanent(errors.New("bad record"))
+		}
+		return nil
+	}, WithLogger(logs.logger()), WithDeadLetterTopic("dlq"), WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDone := make(chan error, 1)
+	go func() { runDone <- c.Run(context.Background()) }()
+	eventually(t, "the dead letter failing, the others handled", func() bool {
+		ps, _ := c.partStats("t", 0)
+		return f.Hits() >= 1 && c.Stats().Finished == 2 && ps.Frontier == 1 && ps.InFlight == 2 &&
+			strings.Contains(logs.String(), "dead-letter produce failing")
+	})
+	const ctxD = 300 * time.Millisecond
+	err, took := closeWithin(c, ctxD)
+	if bound := ctxD + CloseMargin + 1500*time.Millisecond; took > bound {
+		t.Errorf("Close took %v with a %v context (bound %v)", took, ctxD, bound)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "2 records unfinished") || errors.Is(err, ErrNotCommitted) {
+		t.Errorf("Close: %v, want 2 records unfinished (the failed one and the next of its key), the frontier committed", err)
+	}
+	if err := <-runDone; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	if off := tc.committedOffset(t, group, "t", 0); off != 1 {
+		t.Errorf("committed %d, want 1 (the record whose dead letter failed)", off)
+	}
+	if n := strings.Count(logs.String(), "dead-letter produce failing"); n != 1 {
+		t.Errorf("%d 'failing' log lines for one lasting fault, want 1:\n%s", n, logs.String())
 	}
 }

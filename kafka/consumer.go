@@ -772,7 +772,9 @@ func (c *Consumer) Close(ctx context.Context) error {
 	// the member at its session timeout.
 	lctx, lcancel := pastEnd(ctx, leaveGrace)
 	c.cl.AllowRebalance()
-	_ = c.cl.LeaveGroupContext(lctx)
+	if err := c.cl.LeaveGroupContext(lctx); err != nil {
+		c.log.Warn("kafka: close: leaving the group failed; the group reassigns this member's partitions at its session timeout", "err", err)
+	}
 	c.cl.CloseAllowingRebalance()
 	lcancel()
 	sctx, scancel := pastEnd(ctx, schedCloseGrace)
