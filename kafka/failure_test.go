@@ -13,6 +13,7 @@ import (
 
 	"github.com/keysched/keysched"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -285,6 +286,12 @@ func TestParkResumeSkip(t *testing.T) {
 // Revoke vs lost: a lost partition is not committed; its running handler is
 // interrupted and the record handled again after the member rejoins.
 func TestLostPartitionIsNotCommitted(t *testing.T) {
+	for _, proto := range groupProtocols {
+		t.Run(string(proto), func(t *testing.T) { testLostPartitionIsNotCommitted(t, proto) })
+	}
+}
+
+func testLostPartitionIsNotCommitted(t *testing.T, proto groupProtocol) {
 	tc := newCluster(t, 1, "t")
 	tc.produce(t, rec("t", 0, "a", "0"), rec("t", 0, "b", "1"), rec("t", 0, "c", "2"))
 	commits := tc.watchCommits(t)
@@ -300,8 +307,9 @@ func TestLostPartitionIsNotCommitted(t *testing.T) {
 		n.(*atomic.Int64).Add(1)
 		return nil
 	}
+	group := groupName(t)
 	c := startConsumer(t, h, WithLogger(quiet), WithCommitInterval(time.Hour), WithRevokeTimeout(20*time.Millisecond),
-		WithClientOptions(tc.clientOpts(groupName(t), "t")...))
+		WithClientOptions(tc.clientOptsFor(proto, group, "t")...))
 	eventually(t, "offsets 0 and 2 handled", func() bool {
 		_, a := handled.Load(int64(0))
 		_, b := handled.Load(int64(2))
@@ -309,11 +317,8 @@ func TestLostPartitionIsNotCommitted(t *testing.T) {
 	})
 	// The next heartbeat says the member is unknown: franz-go reports the
 	// partitions lost and rejoins.
-	tc.ControlKey(int16(kmsg.Heartbeat), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		resp := req.ResponseKind().(*kmsg.HeartbeatResponse)
-		resp.ErrorCode = kerr.UnknownMemberID.Code
-		return resp, nil, true
-	})
+	// (KIP-848: the next ConsumerGroupHeartbeat.)
+	tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat, kmsg.ConsumerGroupHeartbeat}, Group: group, Err: kerr.UnknownMemberID, TopLevel: true})
 	eventually(t, "the partition assigned again, offset 1 handled", func() bool {
 		ps, ok := c.partStats("t", 0)
 		_, done := handled.Load(int64(1))
