@@ -103,11 +103,14 @@ type Consumer struct {
 
 	commitLog, fetchLog, dlqLog *faultLog // one log line per state change of each fault class
 
-	finished     atomic.Uint64
-	deadLettered atomic.Uint64
-	skippedMeta  atomic.Uint64
-	commits      atomic.Uint64
-	commitErrs   atomic.Uint64
+	finished       atomic.Uint64
+	fetched        atomic.Uint64 // records (see Stats)
+	succeeded      atomic.Uint64
+	failedAttempts atomic.Uint64
+	deadLettered   atomic.Uint64
+	skippedMeta    atomic.Uint64
+	commits        atomic.Uint64
+	commitErrs     atomic.Uint64
 
 	metrics *consumerMetrics // WithMeterProvider (metrics.go); nil without
 }
@@ -411,6 +414,7 @@ func (c *Consumer) route(fp kgo.FetchTopicPartition) {
 	}
 	clear(groups)
 	p.scratch = groups[:0]
+	c.fetched.Add(uint64(consumed))
 	p.sweepLast()
 	c.adjustPause(p)
 }
