@@ -197,7 +197,7 @@ func (c *Consumer) commitLocked(ctx context.Context, ps []*partition, reason str
 	failed := c.send(ctx, list, reason, true)
 	if len(failed) == 0 {
 		c.commitLog.ok()
-	} else {
+	} else if ctx.Err() == nil { // else ended by the caller (Close): reported there
 		f := failed[0]
 		c.commitLog.fail(f.Err, "reason", reason, "partitions_failed", len(failed), "topic", f.Topic, "partition", f.Partition, "frontier", f.Offset, "committed", f.Committed)
 	}

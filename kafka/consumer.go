@@ -710,7 +710,8 @@ func (c *Consumer) committer() {
 // partition with the broker's error). A commit the broker refuses with a
 // retriable error (the coordinator moving or loading, a timeout) is sent
 // again, 50 ms doubling to 1 s apart, until it succeeds or the commit's time
-// ends; the final commit gets up to a second past ctx. Close returns within
+// ends; the final commit gets up to a second past ctx (with a ctx that
+// never ends, Close waits for it as it waits for the records). Close returns within
 // ctx plus CloseMargin whatever the brokers do (it never works through
 // failed commits past that), Run returns nil, and later calls return the
 // first one's result. When Close returns, the consumer's goroutines have
