@@ -59,10 +59,11 @@ func (r *faultRun) underLoad(times int, act func()) {
 
 type brokerFault struct {
 	name    string
-	brokers int  // default 1
-	atStart bool // inject before the member starts (requests it makes only when joining)
-	dlq     bool // some records fail for good, and are dead-lettered
-	kip848  bool // the KIP-848 consumer group protocol (else the classic one, cooperative-sticky)
+	brokers int           // default 1
+	atStart bool          // inject before the member starts (requests it makes only when joining)
+	dlq     bool          // some records fail for good, and are dead-lettered
+	kip848  bool          // the KIP-848 consumer group protocol (else the classic one, cooperative-sticky)
+	session time.Duration // the member's session timeout (default: clientOpts')
 	inject  func(r *faultRun)
 	// check, if set, checks what this fault must leave behind (after the
 	// common invariants).
@@ -168,6 +169,42 @@ func TestBrokerFaults(t *testing.T) {
 		{name: "heartbeat/UNKNOWN_MEMBER_ID", inject: groupFault(kmsg.Heartbeat, kerr.UnknownMemberID, 1), check: lostAndBack},
 		{name: "heartbeat/REBALANCE_IN_PROGRESS", inject: groupFault(kmsg.Heartbeat, kerr.RebalanceInProgress, 2), check: rejoined},
 		{name: "heartbeat/COORDINATOR_NOT_AVAILABLE", inject: groupFault(kmsg.Heartbeat, kerr.CoordinatorNotAvailable, 3)},
+		{name: "heartbeat/failing-past-the-session-timeout", session: 500 * time.Millisecond, check: lostAndBack, inject: func(r *faultRun) {
+			// The broker drops the member (no heartbeat got through for a
+			// session); the member learns it when the fault clears
+			// (UNKNOWN_MEMBER_ID), loses its partitions and rejoins.
+			h := r.tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Group: r.group, Err: kerr.CoordinatorNotAvailable, Count: -1})
+			for range 10 { // three session timeouts
+				r.s.produce(r.tc, 2)
+				time.Sleep(150 * time.Millisecond)
+			}
+			if h.Hits() == 0 {
+				r.t.Fatal("no heartbeat failed")
+			}
+			h.Remove()
+		}},
+		{name: "offset-fetch/slow", atStart: true, inject: func(r *faultRun) {
+			r.tc.ControlKey(int16(kmsg.OffsetFetch), func(kmsg.Request) (kmsg.Response, error, bool) {
+				r.tc.SleepControl(func() { time.Sleep(500 * time.Millisecond) })
+				return nil, nil, false
+			})
+		}},
+		{name: "heartbeat/slow", inject: func(r *faultRun) {
+			var mu sync.Mutex
+			slowed := 0
+			r.tc.ControlKey(int16(kmsg.Heartbeat), func(kmsg.Request) (kmsg.Response, error, bool) {
+				mu.Lock()
+				slowed++
+				more := slowed < 3
+				mu.Unlock()
+				if more {
+					r.tc.KeepControl()
+				}
+				r.tc.SleepControl(func() { time.Sleep(300 * time.Millisecond) })
+				return nil, nil, false
+			})
+			r.underLoad(4, func() {})
+		}},
 		{name: "kip848-heartbeat/UNKNOWN_MEMBER_ID", kip848: true, inject: groupFault(kmsg.ConsumerGroupHeartbeat, kerr.UnknownMemberID, 1), check: lostAndBack},
 		{name: "kip848-heartbeat/FENCED_MEMBER_EPOCH", kip848: true, inject: groupFault(kmsg.ConsumerGroupHeartbeat, kerr.FencedMemberEpoch, 1), check: lostAndBack},
 		{name: "kip848-heartbeat/COORDINATOR_NOT_AVAILABLE", kip848: true, inject: groupFault(kmsg.ConsumerGroupHeartbeat, kerr.CoordinatorNotAvailable, 3)},
@@ -272,6 +309,9 @@ func runBrokerFault(t *testing.T, f brokerFault) {
 		kgo.MetadataMinAge(10*time.Millisecond))
 	if f.kip848 {
 		copts = append(copts, protocolOpts(protoConsumer)...)
+	}
+	if f.session > 0 {
+		copts = append(copts, kgo.SessionTimeout(f.session))
 	}
 	mopts := []Option{WithLogger(lb.logger()), WithCommitInterval(20 * time.Millisecond), WithRevokeTimeout(time.Second),
 		WithMaxInFlight(bound), WithMaxPollRecords(poll), WithClientOptions(copts...),
