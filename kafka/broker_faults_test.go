@@ -3,6 +3,7 @@ package kafka
 import (
 	"context"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 	"testing"
@@ -301,7 +302,8 @@ func runBrokerFault(t *testing.T, f brokerFault) {
 	}
 	lb := &logBuffer{}
 	defer func() {
-		if t.Failed() {
+		// KEYSCHED_KAFKA_FAULT_LOGS=1 shows what an operator would read.
+		if t.Failed() || os.Getenv("KEYSCHED_KAFKA_FAULT_LOGS") != "" {
 			t.Log(lb.String())
 		}
 	}()
