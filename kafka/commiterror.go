@@ -16,12 +16,13 @@ var ErrNotCommitted = errors.New("kafka: frontier not committed")
 
 // CloseMargin bounds how long Close runs after its context ends (or after
 // it starts, for a context that had already ended): its final commit gets up
-// to a second of its own past the context, leaving the group half a second
-// more, and the scheduler's close and franz-go's own shutdown the rest.
-// Close returns within its context plus CloseMargin whatever the brokers do
-// (on a loaded machine the goroutine that runs Close may get the CPU back
-// later than that, as with any timer).
-const CloseMargin = 2 * time.Second
+// to a second of its own past the context, leaving the group up to 1.5 s past
+// it, then franz-go's own shutdown up to one more second (closing its fetch
+// sessions, with a broker that does not answer) and the scheduler's close
+// 250 ms plus keysched.CloseGrace. Close returns within its context plus
+// CloseMargin whatever the brokers do (on a loaded machine the goroutine that
+// runs Close may get the CPU back later than that, as with any timer).
+const CloseMargin = 3 * time.Second
 
 const (
 	finalCommitGrace = time.Second             // the final commit's time past Close's context
