@@ -158,17 +158,18 @@ type pendingCommit struct {
 }
 
 // commit commits the frontiers of ps that are still owned (not lost, not
-// revoked) and moved since their last commit.
-func (c *Consumer) commit(ctx context.Context, ps []*partition, reason string) {
+// revoked) and moved since their last commit, and returns those it could
+// not commit.
+func (c *Consumer) commit(ctx context.Context, ps []*partition, reason string) []UncommittedPartition {
 	c.commitMu.Lock()
 	defer c.commitMu.Unlock()
-	c.commitLocked(ctx, ps, reason)
+	return c.commitLocked(ctx, ps, reason)
 }
 
 // commitLocked is commit with c.commitMu held. Holding it while the revoke
 // removes a partition from the owned set fences commits: none is sent for a
 // partition after its revoke or loss callback returned.
-func (c *Consumer) commitLocked(ctx context.Context, ps []*partition, reason string) {
+func (c *Consumer) commitLocked(ctx context.Context, ps []*partition, reason string) []UncommittedPartition {
 	var list []pendingCommit
 	lim := int(c.metaMax.Load())
 	for _, p := range ps {
@@ -200,12 +201,28 @@ func (c *Consumer) commitLocked(ctx context.Context, ps []*partition, reason str
 		p.mu.Unlock()
 		list = append(list, pendingCommit{p, off, meta})
 	}
-	c.send(ctx, list, reason, true)
+	failed := c.send(ctx, list, reason, true)
+	if len(failed) == 0 {
+		c.commitLog.ok()
+	} else if ctx.Err() == nil { // else ended by the caller (Close): reported there
+		f := failed[0]
+		c.commitLog.fail(f.Err, "reason", reason, "partitions_failed", len(failed), "topic", f.Topic, "partition", f.Partition, "frontier", f.Offset, "committed", f.Committed)
+	}
+	return failed
 }
 
-func (c *Consumer) send(ctx context.Context, list []pendingCommit, reason string, withMeta bool) {
+// send commits list and returns the partitions it could not commit, with
+// the error of each.
+func (c *Consumer) send(ctx context.Context, list []pendingCommit, reason string, withMeta bool) (failed []UncommittedPartition) {
 	if len(list) == 0 {
-		return
+		return nil
+	}
+	fail := func(pc *pendingCommit, err error) {
+		c.commitErrs.Add(1)
+		pc.p.mu.Lock()
+		committed := pc.p.committed
+		pc.p.mu.Unlock()
+		failed = append(failed, UncommittedPartition{Topic: pc.p.topic, Partition: pc.p.id, Offset: pc.off, Committed: committed, Err: err})
 	}
 	offsets := make(map[string]map[int32]kgo.EpochOffset)
 	byTP := make(map[tp]*pendingCommit, len(list))
@@ -240,10 +257,12 @@ func (c *Consumer) send(ctx context.Context, list []pendingCommit, reason string
 	var tooLarge []pendingCommit
 	c.cl.CommitOffsetsSync(pctx, offsets, func(_ *kgo.Client, req *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
 		if err != nil {
-			c.commitErrs.Add(1)
-			c.log.Warn("kafka: commit failed", "reason", reason, "err", err)
+			for i := range list {
+				fail(&list[i], err)
+			}
 			return
 		}
+		answered := make(map[*pendingCommit]bool, len(list))
 		for i, t := range resp.Topics {
 			topic := t.Topic
 			if topic == "" && i < len(req.Topics) {
@@ -251,16 +270,16 @@ func (c *Consumer) send(ctx context.Context, list []pendingCommit, reason string
 			}
 			for _, pp := range t.Partitions {
 				pc := byTP[tp{topic, pp.Partition}]
-				if pc == nil {
+				if pc == nil || answered[pc] {
 					continue
 				}
+				answered[pc] = true
 				if e := kerr.ErrorForCode(pp.ErrorCode); e != nil {
 					if errors.Is(e, kerr.OffsetMetadataTooLarge) && pc.meta != "" {
 						tooLarge = append(tooLarge, *pc)
 						continue
 					}
-					c.commitErrs.Add(1)
-					c.log.Warn("kafka: commit refused", "reason", reason, "topic", topic, "partition", pp.Partition, "offset", pc.off, "err", e)
+					fail(pc, e)
 					continue
 				}
 				pc.p.mu.Lock()
@@ -269,6 +288,11 @@ func (c *Consumer) send(ctx context.Context, list []pendingCommit, reason string
 				}
 				pc.p.mu.Unlock()
 				c.commits.Add(1)
+			}
+		}
+		for i := range list {
+			if !answered[&list[i]] {
+				fail(&list[i], errNoAnswer)
 			}
 		}
 	})
@@ -287,8 +311,30 @@ func (c *Consumer) send(ctx context.Context, list []pendingCommit, reason string
 				break
 			}
 		}
-		c.send(ctx, tooLarge, reason, false)
+		failed = append(failed, c.send(ctx, tooLarge, reason, false)...)
 	}
+	return failed
+}
+
+// errNoAnswer: the broker's answer to a commit did not mention a partition.
+var errNoAnswer = errors.New("kafka: the commit's answer does not mention the partition")
+
+// retriableCommit reports whether a commit that failed with err may succeed
+// when sent again: the broker's retriable errors (the coordinator moving or
+// loading, a request timing out), network errors, an answer without the
+// partition. Fencing errors (REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION,
+// UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID) and UNKNOWN_SERVER_ERROR are not
+// retried by Close: the member is out of its generation, or the broker says
+// nothing more.
+func retriableCommit(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var ke *kerr.Error
+	if errors.As(err, &ke) {
+		return ke.Retriable
+	}
+	return true
 }
 
 // frontierEpoch returns the leader epoch to commit off with: that of the

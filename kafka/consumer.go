@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -89,19 +91,26 @@ type Consumer struct {
 	running  atomic.Bool
 	runDone  chan struct{}
 	closing  atomic.Bool
-	stop     chan struct{} // closed when Close starts
-	giveUp   chan struct{} // closed when Close's context ended
-	giveOnce sync.Once
+	stop     chan struct{}   // closed when Close starts
+	give     context.Context // ends when Close's context ended
+	giveUp   func()
 	closeMu  sync.Mutex
 	closed   bool
 	closeErr error
 	bg       sync.WaitGroup // the committer
+	bgCtx    context.Context
+	bgCancel context.CancelFunc // ends the committer's commit in flight when Close starts
 
-	finished     atomic.Uint64
-	deadLettered atomic.Uint64
-	skippedMeta  atomic.Uint64
-	commits      atomic.Uint64
-	commitErrs   atomic.Uint64
+	commitLog, fetchLog, dlqLog *faultLog // one log line per state change of each fault class
+
+	finished       atomic.Uint64
+	fetched        atomic.Uint64 // records (see Stats)
+	succeeded      atomic.Uint64
+	failedAttempts atomic.Uint64
+	deadLettered   atomic.Uint64
+	skippedMeta    atomic.Uint64
+	commits        atomic.Uint64
+	commitErrs     atomic.Uint64
 
 	metrics *consumerMetrics // WithMeterProvider (metrics.go); nil without
 }
@@ -135,9 +144,13 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		runCtx:     context.Background(),
 		runDone:    make(chan struct{}),
 		stop:       make(chan struct{}),
-		giveUp:     make(chan struct{}),
 		dlqSet:     cfg.dlqTopic != "",
+		commitLog:  newFaultLog(cfg.logger, "offset commit"),
+		fetchLog:   newFaultLog(cfg.logger, "fetch"),
+		dlqLog:     newFaultLog(cfg.logger, "dead-letter produce"),
 	}
+	c.bgCtx, c.bgCancel = context.WithCancel(context.Background())
+	c.give, c.giveUp = context.WithCancel(context.Background())
 	c.metaMax.Store(int64(cfg.metaMax))
 	// A key never holds more than its partition's in-flight bound: with that
 	// key depth, the partition's bound (not the key's) pauses fetching.
@@ -305,11 +318,18 @@ func (c *Consumer) Run(ctx context.Context) error {
 			c.cl.AllowRebalance()
 			return nil
 		}
+		failed, cancelled := false, false
 		fetches.EachError(func(t string, p int32, err error) {
-			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-				c.log.Warn("kafka: fetch error", "topic", t, "partition", p, "err", err)
+			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+				cancelled = true
+				return
 			}
+			failed = true
+			c.fetchLog.fail(err, "topic", t, "partition", p)
 		})
+		if !failed && !cancelled {
+			c.fetchLog.ok()
+		}
 		fetches.EachPartition(c.route)
 		c.cl.AllowRebalance()
 	}
@@ -394,6 +414,7 @@ func (c *Consumer) route(fp kgo.FetchTopicPartition) {
 	}
 	clear(groups)
 	p.scratch = groups[:0]
+	c.fetched.Add(uint64(consumed))
 	p.sweepLast()
 	c.adjustPause(p)
 }
@@ -547,7 +568,16 @@ func (c *Consumer) revoke(ctx context.Context, ps []*partition, commit bool) {
 	c.interrupt(ps)
 	c.commitMu.Lock()
 	if commit {
-		c.commitLocked(ctx, ps, "revoke")
+		// Bounded by the revoke timeout and by Close giving up: a broker
+		// that keeps refusing must not hold the rebalance (nor Close).
+		cctx, cancel := context.WithTimeout(ctx, c.cfg.revokeTimeout)
+		stop := context.AfterFunc(c.give, cancel)
+		if failed := c.commitLocked(cctx, ps, "revoke"); len(failed) > 0 {
+			c.log.Warn("kafka: revoke: frontiers not committed; the next owner handles their records again from the committed offset",
+				"err", &CommitError{Partitions: failed})
+		}
+		stop()
+		cancel()
 	}
 	c.unown(ps)
 	c.commitMu.Unlock()
@@ -584,7 +614,7 @@ func (c *Consumer) waitRunning(ps []*partition, d time.Duration) {
 		case <-c.revokeWake:
 		case <-t.C:
 			return
-		case <-c.giveUp:
+		case <-c.give.Done():
 			return
 		}
 	}
@@ -659,7 +689,8 @@ func (c *Consumer) committer() {
 		case <-t.C:
 			// Bounded, so that a broker that does not answer cannot hold
 			// commitMu (and with it revokes) for ever.
-			ctx, cancel := context.WithTimeout(context.Background(), max(c.cfg.commitInterval, 30*time.Second))
+			// Close ends it (bgCtx): it makes its own final commit.
+			ctx, cancel := context.WithTimeout(c.bgCtx, max(c.cfg.commitInterval, 30*time.Second))
 			c.commit(ctx, c.owned(), "interval")
 			cancel()
 		}
@@ -669,12 +700,23 @@ func (c *Consumer) committer() {
 // Close stops fetching, waits until the dispatched records are finished or
 // ctx ends, interrupts what is left (those records are not finished: the
 // next owner handles them), commits the frontiers, leaves the group, closes
-// the client and the scheduler. It returns nil when everything dispatched
-// finished, else an error wrapping ctx's error that says how many records
-// were left. It returns soon after ctx ends, whatever the revoke timeout.
-// Later calls return the first one's result. When Close returns, the
-// consumer's goroutines have ended, except handlers that ignore their
-// context. Do not call it from a Handler.
+// the client and the scheduler.
+//
+// It returns nil when everything dispatched finished and every frontier was
+// committed. Otherwise its error says what it could not do, both when both
+// happened (errors.Join): records left unfinished (an error wrapping ctx's
+// error that says how many), and frontiers it could not commit (a
+// *CommitError, matched by errors.Is(err, ErrNotCommitted), listing each
+// partition with the broker's error). A commit the broker refuses with a
+// retriable error (the coordinator moving or loading, a timeout) is sent
+// again, 50 ms doubling to 1 s apart, until it succeeds or the commit's time
+// ends; the final commit gets up to a second past ctx (with a ctx that
+// never ends, Close waits for it as it waits for the records). Close returns within
+// ctx plus CloseMargin whatever the brokers do (it never works through
+// failed commits past that), Run returns nil, and later calls return the
+// first one's result. When Close returns, the consumer's goroutines have
+// ended, except handlers that ignore their context. Do not call it from a
+// Handler.
 func (c *Consumer) Close(ctx context.Context) error {
 	if c.zero() {
 		return ErrZeroConsumer
@@ -690,7 +732,8 @@ func (c *Consumer) Close(ctx context.Context) error {
 	c.closed = true
 	c.closing.Store(true)
 	close(c.stop)
-	stopGiveUp := context.AfterFunc(ctx, func() { c.giveOnce.Do(func() { close(c.giveUp) }) })
+	c.bgCancel() // an interval commit in flight: the final commit below replaces it
+	stopGiveUp := context.AfterFunc(ctx, c.giveUp)
 	defer stopGiveUp()
 	c.wake()
 	if c.running.Load() {
@@ -698,36 +741,102 @@ func (c *Consumer) Close(ctx context.Context) error {
 	}
 	c.bg.Wait()
 
-	var err error
+	var errs []error
 	if derr := c.sched.Drain(ctx); derr != nil {
 		n := 0
 		for _, p := range c.owned() {
 			n += int(p.inflight.Load())
 		}
-		err = fmt.Errorf("kafka: close: %d records unfinished (the next owner handles them): %w", n, ctx.Err())
+		errs = append(errs, fmt.Errorf("kafka: close: %d records unfinished (the next owner handles them): %w", n, ctx.Err()))
 	}
 	ps := c.owned()
 	for _, p := range ps {
 		p.state.CompareAndSwap(stActive, stRevoking)
 	}
 	c.interrupt(ps)
-	// The final commit gets a few seconds of its own even when ctx ended.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	// The final commit gets a second of its own past ctx (also when ctx
+	// ended while draining).
+	cctx, cancel := pastEnd(ctx, finalCommitGrace)
 	c.commitMu.Lock()
-	c.commitLocked(cctx, ps, "close")
+	failed := c.finalCommit(cctx, ps)
 	c.unown(ps)
 	c.commitMu.Unlock()
 	cancel()
+	if len(failed) > 0 {
+		slices.SortFunc(failed, func(a, b UncommittedPartition) int {
+			if a.Topic != b.Topic {
+				return strings.Compare(a.Topic, b.Topic)
+			}
+			return int(a.Partition - b.Partition)
+		})
+		errs = append(errs, &CommitError{Partitions: failed})
+	}
 	c.forget(ps)
+	// Leaving the group is bounded too: a LeaveGroup (or a join in flight)
+	// that the broker does not answer is given up, and the group drops
+	// the member at its session timeout.
+	lctx, lcancel := pastEnd(ctx, leaveGrace)
+	c.cl.AllowRebalance()
+	if err := c.cl.LeaveGroupContext(lctx); err != nil {
+		c.log.Warn("kafka: close: leaving the group failed; the group reassigns this member's partitions at its session timeout", "err", err)
+	}
 	c.cl.CloseAllowingRebalance()
-	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	if serr := c.sched.Close(sctx); serr != nil && err == nil {
-		err = fmt.Errorf("kafka: close: handlers still running: %w", serr)
+	lcancel()
+	sctx, scancel := pastEnd(ctx, schedCloseGrace)
+	if serr := c.sched.Close(sctx); serr != nil && len(errs) == 0 {
+		errs = append(errs, fmt.Errorf("kafka: close: handlers still running: %w", serr))
 	}
 	scancel()
 	if c.metrics != nil {
 		c.metrics.stop()
 	}
-	c.closeErr = err
-	return err
+	c.closeErr = errors.Join(errs...)
+	return c.closeErr
+}
+
+// finalCommit commits the frontiers of ps, sending those the broker refused
+// with a retriable error again (50 ms doubling to 1 s apart) until ctx ends;
+// it returns those it could not commit (c.commitMu held).
+func (c *Consumer) finalCommit(ctx context.Context, ps []*partition) []UncommittedPartition {
+	backoff := 50 * time.Millisecond
+	for {
+		failed := c.commitLocked(ctx, ps, "close")
+		if len(failed) == 0 || ctx.Err() != nil || !slices.ContainsFunc(failed, func(f UncommittedPartition) bool { return retriableCommit(f.Err) }) {
+			return failed
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return failed
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// pastEnd returns a context that ends d after ctx ends (d from now when ctx
+// has already ended), with ctx's values.
+func pastEnd(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	out, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	var mu sync.Mutex
+	var t *time.Timer
+	done := false
+	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !done {
+			t = time.AfterFunc(d, cancel)
+		}
+	})
+	return out, func() {
+		stop()
+		mu.Lock()
+		done = true
+		if t != nil {
+			t.Stop()
+		}
+		mu.Unlock()
+		cancel()
+	}
 }

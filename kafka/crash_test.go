@@ -38,7 +38,8 @@ func TestCrashChild(t *testing.T) {
 	if spec == "" {
 		t.Skip("runs only as the child process of TestCrashLosesNothing")
 	}
-	addr, group, _ := strings.Cut(spec, ";")
+	addr, rest, _ := strings.Cut(spec, ";")
+	group, proto, _ := strings.Cut(rest, ";")
 	out := os.NewFile(3, "handled")
 	h := func(ctx context.Context, r *kgo.Record) error {
 		if r.Offset >= crashTail {
@@ -58,7 +59,7 @@ func TestCrashChild(t *testing.T) {
 		return nil
 	}
 	tc := &testCluster{addrs: []string{addr}}
-	opts := tc.clientOpts(group, "t")
+	opts := tc.clientOptsFor(groupProtocol(proto), group, "t")
 	opts = append(opts, kgo.SessionTimeout(time.Second)) // the parent's member waits this long for the dead one
 	c, err := NewConsumer(h, WithLogger(quiet), WithCommitInterval(10*time.Millisecond), WithClientOptions(opts...))
 	if err != nil {
@@ -73,6 +74,12 @@ func TestCrashChild(t *testing.T) {
 // of a key is handled for the first time before an earlier one of that key
 // was finished (by the dead member or the new one).
 func TestCrashLosesNothing(t *testing.T) {
+	for _, proto := range groupProtocols {
+		t.Run(string(proto), func(t *testing.T) { testCrashLosesNothing(t, proto) })
+	}
+}
+
+func testCrashLosesNothing(t *testing.T, proto groupProtocol) {
 	if runtime.GOOS == "windows" || runtime.GOOS == "plan9" || runtime.GOOS == "js" || runtime.GOOS == "wasip1" {
 		t.Skip("needs a child process with an inherited pipe")
 	}
@@ -118,7 +125,7 @@ func TestCrashLosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), crashEnv+"="+tc.addrs[0]+";"+group)
+	cmd.Env = append(os.Environ(), crashEnv+"="+tc.addrs[0]+";"+group+";"+string(proto))
 	cmd.ExtraFiles = []*os.File{pw}
 	var childOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &childOut, &childOut
@@ -191,7 +198,7 @@ func TestCrashLosesNothing(t *testing.T) {
 		finished[[2]int64{int64(r.Partition), r.Offset}] = true
 		handledByB++
 		return nil
-	}, WithLogger(quiet), WithCommitInterval(10*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
+	}, WithLogger(quiet), WithCommitInterval(10*time.Millisecond), WithClientOptions(tc.clientOptsFor(proto, group, "t")...))
 	eventually(t, "every produced record handled by the child or the next owner", func() bool {
 		mu.Lock()
 		defer mu.Unlock()

@@ -65,6 +65,12 @@ func (c *Consumer) deadLetter(dl keysched.DeadLetter[schedKey]) {
 	g.handOn(g.cur + 1) // the group's later records, before the key moves on
 }
 
+// dlqSlow is how long a dead-letter produce may go unacknowledged before
+// the log says the dead-letter topic is failing.
+const dlqSlow = 2 * time.Second
+
+var errDeadLetterSlow = fmt.Errorf("kafka: dead letter not acknowledged within %v (franz-go is retrying it)", dlqSlow)
+
 // produceDeadLetter writes it's dead letter and waits for the broker's
 // acknowledgement; with retry, a failure is retried (100 ms doubling to 10 s)
 // until ctx ends. Without a dead-letter topic it logs the record.
@@ -107,13 +113,25 @@ func (c *Consumer) produceDeadLetter(ctx context.Context, it *item, cause error,
 	dead := &kgo.Record{Topic: c.cfg.dlqTopic, Key: r.Key, Value: r.Value, Headers: hs}
 	backoff := 100 * time.Millisecond
 	for {
+		// franz-go retries a retriable refusal (NOT_LEADER_FOR_PARTITION...)
+		// inside ProduceSync without a word, and its context does not end
+		// a record already sent: a produce not acknowledged within
+		// dlqSlow counts as failing, so that the log says so.
+		slow := time.AfterFunc(dlqSlow, func() {
+			c.dlqLog.fail(errDeadLetterSlow, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "dead_letter_topic", c.cfg.dlqTopic)
+		})
 		err := c.cl.ProduceSync(ctx, dead).FirstErr()
+		slow.Stop()
 		if err == nil {
+			c.dlqLog.ok()
 			c.deadLettered.Add(1)
 			return nil
 		}
-		c.log.Error("kafka: dead-letter produce failed; the record stays unfinished",
-			"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "dead_letter_topic", c.cfg.dlqTopic, "err", err)
+		if ctx.Err() == nil {
+			// One line per state change (failing, still failing, recovered):
+			// the record stays unfinished and its key waits meanwhile.
+			c.dlqLog.fail(err, "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "dead_letter_topic", c.cfg.dlqTopic)
+		}
 		if !retry || ctx.Err() != nil {
 			return err
 		}

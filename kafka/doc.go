@@ -56,7 +56,8 @@
 // still tracked record by record,
 // and retries stay per record (a record that fails after an earlier one of
 // its group failed is handed on, with the rest, to a task of its own). The
-// scheduler's Stats count groups. With keysched.WithTaskTimeout every record
+// scheduler's Stats count groups; the consumer's own Stats count records
+// (Fetched, Succeeded, FailedAttempts, Finished, DeadLettered). With keysched.WithTaskTimeout every record
 // is a task of its own, so that each gets the whole timeout.
 //
 // # Failures
@@ -100,10 +101,25 @@
 // contexts are cancelled), commits its frontier synchronously, drops its
 // queued and held records (neither success nor dead letter: the next owner
 // handles them), forgets its parked keys and clears its pause. A loss does the
-// same without the commit. Close stops fetching, drains until its context
-// ends, interrupts what is left, commits, and leaves the group with
-// CloseAllowingRebalance; it returns soon after its context ends whatever the
-// revoke timeout.
+// same without the commit. A revoke's commit is bounded by the revoke
+// timeout; one that fails is logged once. Close stops fetching, drains until
+// its context ends, interrupts what is left, commits (retrying retriable
+// refusals, up to a second past its context), and leaves the group; it
+// returns within its context plus CloseMargin whatever the revoke timeout
+// and whatever the brokers do, and its error says what it could not do:
+// records left unfinished, and frontiers not committed (ErrNotCommitted, a
+// *CommitError per partition with the broker's error).
+//
+// # Broker faults
+//
+// Every request can fail, for a while or for good: offset commits, fetches,
+// heartbeats and joins, dead-letter produces; leaders and the coordinator
+// move; brokers go and come back. franz-go retries; the consumer keeps its
+// promises meanwhile (order, a frontier that never passes unfinished work,
+// bounded memory) and logs one line per fault class and state change
+// (failing, still failing after 10, 100, 1000... tries, recovered). The
+// README's fault table lists each fault, what the consumer does, what the
+// caller sees and the test that holds it.
 //
 // # Options and defaults
 //

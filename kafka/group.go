@@ -121,9 +121,13 @@ func (g *group) run(ctx context.Context) error {
 			}
 		}
 		if err == nil {
+			p.c.succeeded.Add(1)
 			it.finish()
 			g.cur++
 			continue
+		}
+		if called && (!keysched.IsSnoozed(err) || keysched.IsPermanent(err)) {
+			p.c.failedAttempts.Add(1)
 		}
 		if errors.Is(ctx.Err(), context.Canceled) {
 			// Interrupted (revoke timeout, Close gave up): not a failure.

@@ -32,6 +32,7 @@ func newCluster(t *testing.T, partitions int32, topics ...string) *testCluster {
 		kfake.NumBrokers(1),
 		kfake.SeedTopics(partitions, topics...),
 		kfake.GroupMinSessionTimeout(50*time.Millisecond),
+		kip848Configs,
 	)
 	if err != nil {
 		t.Fatal(err)
@@ -286,4 +287,75 @@ func (tc *testCluster) endOffset(t *testing.T, topic string, part int32) int64 {
 		t.Fatal(err)
 	}
 	return resp.Topics[0].Partitions[0].Offset
+}
+
+// A group protocol franz-go speaks, for tests that run under each.
+type groupProtocol string
+
+const (
+	protoEager       groupProtocol = "classic-eager"       // the classic protocol, RangeBalancer (eager: every rebalance revokes everything)
+	protoCooperative groupProtocol = "classic-cooperative" // the classic protocol, CooperativeStickyBalancer (franz-go's default)
+	protoConsumer    groupProtocol = "kip848-consumer"     // KIP-848: the broker assigns (ConsumerGroupHeartbeat)
+)
+
+var groupProtocols = []groupProtocol{protoEager, protoCooperative, protoConsumer}
+
+// protocolOpts are the client options that select p.
+func protocolOpts(p groupProtocol) []kgo.Opt {
+	switch p {
+	case protoEager:
+		return []kgo.Opt{kgo.Balancers(kgo.RangeBalancer())}
+	case protoConsumer:
+		return []kgo.Opt{kgo.Balancers(kgo.RangeBalancer()), kgo.ServerSideBalancer()}
+	}
+	return []kgo.Opt{kgo.Balancers(kgo.CooperativeStickyBalancer())}
+}
+
+// kip848Configs give KIP-848 groups the classic test groups' pace: a
+// heartbeat every 50 ms (the broker sets it under KIP-848), a 3 s session.
+var kip848Configs = kfake.BrokerConfigs(map[string]string{
+	"group.consumer.heartbeat.interval.ms": "50",
+	"group.consumer.session.timeout.ms":    "1000",
+})
+
+// clientOptsFor is clientOpts with the group protocol p.
+func (tc *testCluster) clientOptsFor(p groupProtocol, group string, topics ...string) []kgo.Opt {
+	return append(tc.clientOpts(group, topics...), protocolOpts(p)...)
+}
+
+// expectProtocol observes the group's requests and returns a check that
+// the members spoke p: KIP-848 heartbeats and no JoinGroup, or JoinGroups
+// offering only p's balancer ("range" eager, "cooperative-sticky").
+func (tc *testCluster) expectProtocol(t *testing.T, group string, p groupProtocol) func() {
+	want := map[groupProtocol]string{protoEager: "range", protoCooperative: "cooperative-sticky"}[p]
+	var mu sync.Mutex
+	var offered []string
+	joins := tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.JoinGroup}, Group: group, Observe: true, Count: -1, When: func(req kmsg.Request) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, pr := range req.(*kmsg.JoinGroupRequest).Protocols {
+			offered = append(offered, pr.Name)
+		}
+		return true
+	}})
+	hbs := tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.ConsumerGroupHeartbeat}, Group: group, Observe: true, Count: -1})
+	return func() {
+		t.Helper()
+		mu.Lock()
+		defer mu.Unlock()
+		if p == protoConsumer {
+			if hbs.Hits() == 0 || joins.Hits() > 0 {
+				t.Errorf("%s: %d ConsumerGroupHeartbeats, %d JoinGroups", p, hbs.Hits(), joins.Hits())
+			}
+			return
+		}
+		if joins.Hits() == 0 || hbs.Hits() > 0 {
+			t.Errorf("%s: %d JoinGroups, %d ConsumerGroupHeartbeats", p, joins.Hits(), hbs.Hits())
+		}
+		for _, o := range offered {
+			if o != want {
+				t.Errorf("%s: a member offered the %q balancer", p, o)
+			}
+		}
+	}
 }

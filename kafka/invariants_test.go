@@ -311,3 +311,216 @@ func TestGroupInvariantsRebalance(t *testing.T) {
 		}
 	}
 }
+
+// streamChecker holds the invariants every broker fault must leave standing
+// (the fault matrix in broker_faults_test.go), over a keyed stream on topic
+// "t": record i has key k<i%keys> on partition (i%keys)%parts and value i.
+//
+//   - order: no record of a key is handled for the first time before every
+//     earlier record of that key finished;
+//   - frontier: no commit passes a record not finished, and one member's
+//     commits of a partition never go back;
+//   - no loss: every record finishes (handled, or dead-lettered);
+//   - bounded memory: no partition holds more than its in-flight bound
+//     plus one poll.
+//
+// Record i fails its first attempt when i%11 == 3 (retried), and for good
+// when permanent(i) (dead-lettered; finished when its handler returns, an
+// approximation: the dead letter's acknowledgement comes later).
+type streamChecker struct {
+	t          *testing.T
+	keys       int
+	parts      int32
+	permanent  func(int) bool
+	inFlightMx int // bound + poll
+
+	mu       sync.Mutex
+	n        int
+	seq      []int // i -> its place in its key
+	byKey    map[string][]int
+	offsets  map[[2]int64]int // (partition, offset) -> i
+	started  []bool
+	finished []bool
+	last     map[string]int64 // member/partition -> last offset committed
+	bad      []string
+	names    map[[16]byte]string
+}
+
+func newStreamChecker(t *testing.T, keys int, parts int32) *streamChecker {
+	return &streamChecker{t: t, keys: keys, parts: parts, permanent: func(int) bool { return false },
+		byKey: map[string][]int{}, offsets: map[[2]int64]int{}, last: map[string]int64{}}
+}
+
+func (s *streamChecker) failf(format string, args ...any) {
+	if len(s.bad) < 20 {
+		s.bad = append(s.bad, fmt.Sprintf(format, args...))
+	}
+}
+
+// produce writes n more records of the stream.
+func (s *streamChecker) produce(tc *testCluster, n int) {
+	s.t.Helper()
+	var rs []*kgo.Record
+	s.mu.Lock()
+	for range n {
+		i := s.n
+		s.n++
+		k := fmt.Sprintf("k%d", i%s.keys)
+		s.seq = append(s.seq, len(s.byKey[k]))
+		s.byKey[k] = append(s.byKey[k], i)
+		s.started = append(s.started, false)
+		s.finished = append(s.finished, false)
+		rs = append(rs, rec("t", int32(i%s.keys)%s.parts, k, strconv.Itoa(i)))
+	}
+	s.mu.Unlock()
+	tc.produce(s.t, rs...) // sets each record's offset (its results come in completion order)
+	s.mu.Lock()
+	for _, r := range rs {
+		i, _ := strconv.Atoi(string(r.Value))
+		s.offsets[[2]int64{int64(r.Partition), r.Offset}] = i
+	}
+	s.mu.Unlock()
+}
+
+// handler is the members' Handler.
+func (s *streamChecker) handler(ctx context.Context, r *kgo.Record) error {
+	i, err := strconv.Atoi(string(r.Value))
+	if err != nil {
+		return keysched.Permanent(err)
+	}
+	k := string(r.Key)
+	s.mu.Lock()
+	first := !s.started[i]
+	if first {
+		s.started[i] = true
+		for _, e := range s.byKey[k][:s.seq[i]] {
+			if !s.finished[e] {
+				s.failf("order: record %d of key %s handled first before %d finished", i, k, e)
+				break
+			}
+		}
+	}
+	s.mu.Unlock()
+	if first && i%11 == 3 {
+		return errors.New("fails once")
+	}
+	s.mu.Lock()
+	s.finished[i] = true
+	s.mu.Unlock()
+	if s.permanent(i) {
+		return keysched.Permanent(errors.New("fails for good"))
+	}
+	return nil
+}
+
+// watch checks every commit request as the broker receives it (install
+// again on a restarted cluster).
+func (s *streamChecker) watch(tc *testCluster) {
+	s.mu.Lock()
+	if s.names == nil {
+		s.mu.Unlock()
+		names := tc.topicNames(s.t)
+		s.mu.Lock()
+		s.names = names
+	}
+	s.mu.Unlock()
+	tc.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		tc.KeepControl()
+		r := req.(*kmsg.OffsetCommitRequest)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, rt := range r.Topics {
+			if rt.Topic != "t" && s.names[rt.TopicID] != "t" {
+				continue
+			}
+			for _, rp := range rt.Partitions {
+				mk := fmt.Sprintf("%s/%d", r.MemberID, rp.Partition)
+				if prev, ok := s.last[mk]; ok && rp.Offset < prev {
+					s.failf("frontier: member %s committed %d after %d", mk, rp.Offset, prev)
+				}
+				s.last[mk] = rp.Offset
+				for o := int64(0); o < rp.Offset; o++ {
+					if i, ok := s.offsets[[2]int64{int64(rp.Partition), o}]; ok && !s.finished[i] {
+						s.failf("frontier: commit %d of partition %d passes record %d (offset %d), not finished", rp.Offset, rp.Partition, i, o)
+						break
+					}
+				}
+			}
+		}
+		return nil, nil, false
+	})
+}
+
+// sample checks the in-flight bound of c's partitions.
+func (s *streamChecker) sample(c *Consumer) {
+	for _, ps := range c.Stats().Partitions {
+		if ps.InFlight > s.inFlightMx {
+			s.mu.Lock()
+			s.failf("memory: partition %d holds %d records in flight, bound %d", ps.Partition, ps.InFlight, s.inFlightMx)
+			s.mu.Unlock()
+		}
+	}
+}
+
+// allFinished reports whether every record produced finished.
+func (s *streamChecker) allFinished() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, f := range s.finished {
+		if !f {
+			return false
+		}
+	}
+	return true
+}
+
+// committedAtEnd reports whether the group committed every partition's end
+// offset on the broker.
+func (s *streamChecker) committedAtEnd(tc *testCluster, group string) bool {
+	for p := range s.parts {
+		if tc.committedOffset(s.t, group, "t", p) != tc.endOffset(s.t, "t", p) {
+			return false
+		}
+	}
+	return true
+}
+
+// report fails the test with what went wrong.
+func (s *streamChecker) report() {
+	s.t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, b := range s.bad {
+		s.t.Error(b)
+	}
+	for i, f := range s.finished {
+		if !f {
+			s.t.Errorf("loss: record %d never finished", i)
+		}
+	}
+}
+
+// handledAny reports whether a record was handled.
+func (s *streamChecker) handledAny() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, f := range s.finished {
+		if f {
+			return true
+		}
+	}
+	return false
+}
+
+// permanents counts the records that fail for good.
+func (s *streamChecker) permanents() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for i := range s.n {
+		if s.permanent(i) {
+			n++
+		}
+	}
+	return n
+}

@@ -111,6 +111,12 @@ func (m *member) close(t *testing.T) {
 // load, every record is handled, and no record of a key is handled for the
 // first time before an earlier record of that key finished.
 func TestRebalanceUnderLoad(t *testing.T) {
+	for _, proto := range groupProtocols {
+		t.Run(string(proto), func(t *testing.T) { testRebalanceUnderLoad(t, proto) })
+	}
+}
+
+func testRebalanceUnderLoad(t *testing.T, proto groupProtocol) {
 	tc := newCluster(t, 4, "t")
 	group := groupName(t)
 	tr := newSeqTracker()
@@ -132,9 +138,10 @@ func TestRebalanceUnderLoad(t *testing.T) {
 	}
 	opts := func() []Option {
 		return []Option{WithLogger(quiet), WithCommitInterval(10 * time.Millisecond), WithRevokeTimeout(5 * time.Second),
-			WithClientOptions(tc.clientOpts(group, "t")...)}
+			WithClientOptions(tc.clientOptsFor(proto, group, "t")...)}
 	}
 	h := tr.handler(200 * time.Microsecond)
+	defer tc.expectProtocol(t, group, proto)()
 	produceBatch(800)
 	m1 := runMember(t, h, opts()...)
 	eventually(t, "member 1 at work", func() bool { return tr.handled.Load() > 100 })
@@ -164,6 +171,12 @@ func TestRebalanceUnderLoad(t *testing.T) {
 // Fencing: a member whose partition was revoked while a handler was stuck
 // commits nothing more for it, even once the stuck handler returns.
 func TestNoCommitAfterRevoke(t *testing.T) {
+	for _, proto := range groupProtocols {
+		t.Run(string(proto), func(t *testing.T) { testNoCommitAfterRevoke(t, proto) })
+	}
+}
+
+func testNoCommitAfterRevoke(t *testing.T, proto groupProtocol) {
 	tc := newCluster(t, 2, "t")
 	commits := tc.watchCommits(t)
 	group := groupName(t)
@@ -178,12 +191,12 @@ func TestNoCommitAfterRevoke(t *testing.T) {
 		return nil
 	}
 	a := runMember(t, stuck, WithLogger(quiet), WithCommitInterval(5*time.Millisecond), WithRevokeTimeout(50*time.Millisecond),
-		WithClientOptions(tc.clientOpts(group, "t")...))
+		WithClientOptions(tc.clientOptsFor(proto, group, "t")...))
 	eventually(t, "both records stuck", func() bool { return started.Load() == 2 })
 	aMember, _ := a.c.Client().GroupMetadata()
 	var bHandled atomic.Int64
 	b := runMember(t, func(ctx context.Context, r *kgo.Record) error { bHandled.Add(1); return nil },
-		WithLogger(quiet), WithCommitInterval(5*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
+		WithLogger(quiet), WithCommitInterval(5*time.Millisecond), WithClientOptions(tc.clientOptsFor(proto, group, "t")...))
 	eventually(t, "member b handled the moved partition's record", func() bool { return bHandled.Load() == 1 })
 	moved := b.c.Stats().Partitions[0].Partition
 	eventually(t, "member a's Stats drop the moved partition", func() bool {

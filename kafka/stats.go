@@ -39,12 +39,26 @@ type PartitionStats struct {
 }
 
 // Stats is a snapshot of a consumer. Counters count since NewConsumer.
+// Every figure counts records (the unit of WithMaxInFlight), except
+// Commits and CommitErrors (partition offsets) and Scheduler, the
+// scheduler's own snapshot, whose tasks are groups of records.
 type Stats struct {
 	// Group is the consumer group's name.
 	Group string
 	// Partitions holds the partitions owned now, by topic then
 	// partition; a revoked or lost partition is absent.
 	Partitions []PartitionStats
+	// Fetched counts records fetched and given to the scheduler (a record
+	// fetched again after a loss or a rebalance counts again; those
+	// skipped by commit metadata do not).
+	Fetched uint64
+	// Succeeded counts records whose handler returned nil; FailedAttempts
+	// handler calls that returned an error or panicked (a record retried
+	// twice that then succeeds counts 2 here and 1 in Succeeded; a
+	// keysched.Snooze is not counted).
+	Succeeded, FailedAttempts uint64
+	// InFlight and Held sum the owned partitions' InFlight and Held.
+	InFlight, Held int
 	// Finished counts records finished (handled, or dead-lettered);
 	// DeadLettered counts dead letters written (or logged, without a
 	// dead-letter topic); SkippedByMetadata counts records not handled
@@ -55,7 +69,9 @@ type Stats struct {
 	Commits, CommitErrors uint64
 	// Scheduler is the scheduler's own snapshot. Its tasks are groups
 	// (the records of one key, or of one partition under PartitionOrder,
-	// from one poll), not records: count records with Finished.
+	// from one poll), not records: its Submitted, Succeeded, Failed,
+	// Retried... count groups and group attempts. Count records with
+	// Fetched, Succeeded, FailedAttempts, Finished and DeadLettered.
 	Scheduler keysched.Stats
 }
 
@@ -71,6 +87,9 @@ func (c *Consumer) Stats() Stats {
 		DeadLettered:      c.deadLettered.Load(),
 		SkippedByMetadata: c.skippedMeta.Load(),
 		Commits:           c.commits.Load(),
+		Fetched:           c.fetched.Load(),
+		Succeeded:         c.succeeded.Load(),
+		FailedAttempts:    c.failedAttempts.Load(),
 		CommitErrors:      c.commitErrs.Load(),
 		Scheduler:         c.sched.Stats(),
 	}
@@ -98,6 +117,8 @@ func (c *Consumer) Stats() Stats {
 			ps.Lag = max(ps.HighWatermark-base, 0)
 		}
 		st.Partitions = append(st.Partitions, ps)
+		st.InFlight += ps.InFlight
+		st.Held += ps.Held
 	}
 	slices.SortFunc(st.Partitions, func(a, b PartitionStats) int {
 		if a.Topic != b.Topic {

@@ -1,0 +1,264 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keysched/keysched"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// committedOffset reads a group's committed offset of a partition from the
+// broker (-1 when none).
+func (tc *testCluster) committedOffset(t *testing.T, group, topic string, part int32) int64 {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(tc.addrs...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrOffsetFetchRequest()
+	req.Group = group
+	rt := kmsg.NewOffsetFetchRequestTopic()
+	rt.Topic = topic
+	rt.Partitions = []int32{part}
+	req.Topics = append(req.Topics, rt)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rt := range resp.Topics {
+		for _, rp := range rt.Partitions {
+			if rp.Partition == part {
+				return rp.Offset
+			}
+		}
+	}
+	return -1
+}
+
+// produceSpread writes n records over parts partitions of topic, keys k0..k7
+// (values: the record's index).
+func (tc *testCluster) produceSpread(t *testing.T, topic string, parts, n int) {
+	t.Helper()
+	var rs []*kgo.Record
+	for i := range n {
+		rs = append(rs, rec(topic, int32(i%parts), fmt.Sprintf("k%d", i%8), fmt.Sprint(i)))
+	}
+	tc.produce(t, rs...)
+}
+
+// closeWithin closes c with a context of d and returns Close's error and
+// how long it took.
+func closeWithin(c *Consumer, d time.Duration) (error, time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	t0 := time.Now()
+	err := c.Close(ctx)
+	return err, time.Since(t0)
+}
+
+// Offset commits failing for good while Close runs: every record was
+// handled, nothing could be committed. Close returns within its context
+// plus CloseGrace plus the documented final-commit margin, and says which
+// frontiers it could not commit, with the broker's error: errors.Is
+// ErrNotCommitted, errors.As *CommitError. Run returns nil.
+func TestCloseReportsUncommittedFrontiers(t *testing.T) {
+	for _, code := range []*kerr.Error{kerr.CoordinatorNotAvailable, kerr.NotCoordinator, kerr.RequestTimedOut, kerr.UnknownServerError,
+		kerr.RebalanceInProgress, kerr.IllegalGeneration, kerr.OffsetMetadataTooLarge} {
+		t.Run(code.Message, func(t *testing.T) {
+			const N, parts = 40, 2
+			tc := newCluster(t, parts, "t")
+			group := groupName(t)
+			tc.produceSpread(t, "t", parts, N)
+			tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: group, Err: code, Count: -1})
+			c, err := NewConsumer(func(context.Context, *kgo.Record) error { return nil },
+				WithLogger(quiet), WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			runDone := make(chan error, 1)
+			go func() { runDone <- c.Run(context.Background()) }()
+			eventually(t, "every record handled", func() bool { return c.Stats().Finished == N })
+			const ctxD = 500 * time.Millisecond
+			err, took := closeWithin(c, ctxD)
+			if bound := ctxD + CloseMargin + time.Second; took > bound { // generous: a loaded machine
+				t.Errorf("Close took %v with a %v context (bound %v)", took, ctxD, bound)
+			}
+			if !errors.Is(err, ErrNotCommitted) {
+				t.Fatalf("Close: %v, want ErrNotCommitted", err)
+			}
+			var ce *CommitError
+			if !errors.As(err, &ce) {
+				t.Fatalf("Close: %v, want a *CommitError", err)
+			}
+			if len(ce.Partitions) != parts {
+				t.Errorf("CommitError %+v: want %d partitions", ce, parts)
+			}
+			for _, pc := range ce.Partitions {
+				if pc.Topic != "t" || pc.Offset != N/parts || pc.Committed != -1 || !errors.Is(pc.Err, code) {
+					t.Errorf("uncommitted %+v: want topic t, offset %d, committed -1, err %v", pc, N/parts, code)
+				}
+			}
+			if err := <-runDone; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+			for p := range int32(parts) {
+				// REQUEST_TIMED_OUT: the broker applied the commit and said it
+				// timed out (kfake does as a broker may): not confirmed.
+				if off := tc.committedOffset(t, group, "t", p); off != -1 && code != kerr.RequestTimedOut {
+					t.Errorf("partition %d: committed %d, yet Close said it could not", p, off)
+				}
+			}
+		})
+	}
+}
+
+// Offset commits failing for a while (8 requests) when Close starts, every
+// record handled: Close does not work through the failed commits one after
+// another past its context (it waited for the interval commit in flight,
+// which franz-go retried with a growing backoff: 23 s with a 30 s context),
+// and what it says is true: nil only with every frontier committed on the
+// broker, else the frontiers it could not commit, with the offsets the
+// broker holds.
+func TestCloseWhileCommitsFailForAWhile(t *testing.T) {
+	const N, parts = 40, 2
+	tc := newCluster(t, parts, "t")
+	group := groupName(t)
+	tc.produceSpread(t, "t", parts, N)
+	f := tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: group, Err: kerr.CoordinatorNotAvailable, Count: 8})
+	c, err := NewConsumer(func(context.Context, *kgo.Record) error { return nil },
+		WithLogger(quiet), WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDone := make(chan error, 1)
+	go func() { runDone <- c.Run(context.Background()) }()
+	eventually(t, "every record handled, commits failing", func() bool { return c.Stats().Finished == N && f.Hits() >= 2 })
+	const ctxD = time.Second
+	err, took := closeWithin(c, ctxD)
+	if bound := ctxD + CloseMargin + time.Second; took > bound {
+		t.Errorf("Close took %v with a %v context (bound %v)", took, ctxD, bound)
+	}
+	if err := <-runDone; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	if err == nil {
+		for p := range int32(parts) {
+			if off := tc.committedOffset(t, group, "t", p); off != N/parts {
+				t.Errorf("Close returned nil, yet partition %d has %d committed, want %d", p, off, N/parts)
+			}
+		}
+		return
+	}
+	var ce *CommitError
+	if !errors.Is(err, ErrNotCommitted) || !errors.As(err, &ce) {
+		t.Fatalf("Close: %v, want nil or a *CommitError", err)
+	}
+	for _, pc := range ce.Partitions {
+		if off := tc.committedOffset(t, group, pc.Topic, pc.Partition); off != pc.Committed || pc.Offset != N/parts {
+			t.Errorf("uncommitted %+v: the broker holds %d", pc, off)
+		}
+	}
+}
+
+// Leaving the group failing for good (LeaveGroup answered
+// COORDINATOR_NOT_AVAILABLE, retried by franz-go) or never answered: Close
+// still returns within its context plus CloseMargin, with nil (everything
+// was handled and committed; the group drops the member at its session
+// timeout), and Run returns nil.
+func TestCloseBoundedWhenLeavingFails(t *testing.T) {
+	for _, slow := range []bool{false, true} {
+		t.Run(map[bool]string{false: "COORDINATOR_NOT_AVAILABLE", true: "no answer"}[slow], func(t *testing.T) {
+			const N, parts = 20, 2
+			tc := newCluster(t, parts, "t")
+			group := groupName(t)
+			tc.produceSpread(t, "t", parts, N)
+			release := make(chan struct{})
+			defer close(release)
+			if slow {
+				tc.ControlKey(int16(kmsg.LeaveGroup), func(kmsg.Request) (kmsg.Response, error, bool) {
+					tc.KeepControl()
+					tc.SleepControl(func() { <-release })
+					return nil, nil, false
+				})
+			} else {
+				tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.LeaveGroup}, Group: group, Err: kerr.CoordinatorNotAvailable, Count: -1})
+			}
+			c, err := NewConsumer(func(context.Context, *kgo.Record) error { return nil },
+				WithLogger(quiet), WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			runDone := make(chan error, 1)
+			go func() { runDone <- c.Run(context.Background()) }()
+			eventually(t, "every record handled", func() bool { return c.Stats().Finished == N })
+			const ctxD = 300 * time.Millisecond
+			err, took := closeWithin(c, ctxD)
+			if bound := ctxD + CloseMargin + time.Second; took > bound {
+				t.Errorf("Close took %v with a %v context (bound %v)", took, ctxD, bound)
+			}
+			if err != nil {
+				t.Errorf("Close: %v", err)
+			}
+			if err := <-runDone; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+}
+
+// The dead-letter topic refusing writes for good while Close runs: the
+// failed record stays unfinished (its key waits, the frontier holds at it),
+// Close returns within its context plus CloseMargin, says one record was
+// left unfinished, and commits the frontier at that record; the next owner
+// handles it.
+func TestCloseWhileDeadLettersFail(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	group := groupName(t)
+	tc.produce(t, rec("t", 0, "a", "0"), rec("t", 0, "b", "bad"), rec("t", 0, "b", "2"), rec("t", 0, "c", "3"))
+	f := tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "dlq", Err: kerr.NotLeaderForPartition, Count: -1})
+	logs := &logBuffer{}
+	c, err := NewConsumer(func(_ context.Context, r *kgo.Record) error {
+		if string(r.Value) == "bad" {
+			return keysched.Permanent(errors.New("bad record"))
+		}
+		return nil
+	}, WithLogger(logs.logger()), WithDeadLetterTopic("dlq"), WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDone := make(chan error, 1)
+	go func() { runDone <- c.Run(context.Background()) }()
+	eventually(t, "the dead letter failing, the others handled", func() bool {
+		ps, _ := c.partStats("t", 0)
+		return f.Hits() >= 1 && c.Stats().Finished == 2 && ps.Frontier == 1 && ps.InFlight == 2 &&
+			strings.Contains(logs.String(), "dead-letter produce failing")
+	})
+	const ctxD = 300 * time.Millisecond
+	err, took := closeWithin(c, ctxD)
+	if bound := ctxD + CloseMargin + time.Second; took > bound {
+		t.Errorf("Close took %v with a %v context (bound %v)", took, ctxD, bound)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "2 records unfinished") || errors.Is(err, ErrNotCommitted) {
+		t.Errorf("Close: %v, want 2 records unfinished (the failed one and the next of its key), the frontier committed", err)
+	}
+	if err := <-runDone; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	if off := tc.committedOffset(t, group, "t", 0); off != 1 {
+		t.Errorf("committed %d, want 1 (the record whose dead letter failed)", off)
+	}
+	if n := strings.Count(logs.String(), "dead-letter produce failing"); n != 1 {
+		t.Errorf("%d 'failing' log lines for one lasting fault, want 1:\n%s", n, logs.String())
+	}
+}
