@@ -350,11 +350,94 @@ func TestReplayRefusesBadInputAndWritesNothing(t *testing.T) {
 		{"not idempotent", ReplayOptions{DeadLetterTopic: "dlq"}, []kgo.Opt{kgo.DisableIdempotentWrite()}},
 		{"transactional", ReplayOptions{DeadLetterTopic: "dlq"}, []kgo.Opt{kgo.TransactionalID("x")}},
 		{"group", ReplayOptions{DeadLetterTopic: "dlq"}, []kgo.Opt{kgo.ConsumerGroup("g")}},
+		// Found by attacking the code: with kgo.ManualFlushing the
+		// produce waited for a Flush nothing made, past ctx, forever.
+		{"manual flushing", ReplayOptions{DeadLetterTopic: "dlq"}, []kgo.Opt{kgo.ManualFlushing()}},
 	} {
 		_, err := Replay(context.Background(), c.o, append(replayOpts(tc), c.opts...)...)
 		if !errors.Is(err, ErrInvalidOption) {
 			t.Errorf("%s: %v, want ErrInvalidOption", c.name, err)
 		}
+	}
+}
+
+// Found by attacking the code: a record replayed MaxReplays times and dead-
+// lettered again was replayed once more (with count 1) by a filter that
+// selected its first dead letter only (--error matching the first failure's
+// message, not the last one's): the limit was read from the selected dead
+// letter alone. The count is now the highest among the record's dead letters
+// read, selected or not.
+func TestReplayLimitCountsDeadLettersTheFiltersLeaveOut(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	at := time.Now()
+	last := func(off int64, replays int, msg string) DeadLetter {
+		d := dl("t", 0, 100+off, msg)
+		d.Replays, d.OriginOffset, d.ReplayedFrom = replays, off, Position{"dlq", 0, 0}
+		return d
+	}
+	tc.produce(t,
+		deadLetterRec("dlq", 0, "a", "a", at, dl("t", 0, 1, "timeout")),
+		deadLetterRec("dlq", 0, "b", "b", at, dl("t", 0, 2, "timeout")),
+		deadLetterRec("dlq", 0, "a", "a", at, last(1, DefaultMaxReplays, "bad payload")),
+		deadLetterRec("dlq", 0, "b", "b", at, last(2, 1, "bad payload")),
+	)
+	rep, err := replay(t, tc, ReplayOptions{DeadLetterTopic: "dlq", ErrorContains: "timeout"})
+	var refused *ReplayRefusedError
+	if !errors.Is(err, ErrReplayLimit) || !errors.As(err, &refused) || len(refused.Problems) != 1 || refused.Problems[0].At.String() != "dlq/0@0" {
+		t.Fatalf("err %v, want ErrReplayLimit for dlq/0@0 only", err)
+	}
+	if n := tc.endOffset(t, "t", 0); n != 0 {
+		t.Fatalf("wrote %d records", n)
+	}
+	rep, err = replay(t, tc, ReplayOptions{DeadLetterTopic: "dlq", ErrorContains: "timeout", Keys: [][]byte{[]byte("b")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := froms(rep.Records); !slices.Equal(got, []string{"dlq/0@1"}) || rep.Records[0].Replay != 2 {
+		t.Fatalf("replayed %v (count %d), want dlq/0@1 as replay 2 (its later dead letter was replay 1)", got, rep.Records[0].Replay)
+	}
+	got := tc.readAll(t, "t", 1)[0]
+	for _, h := range got.Headers {
+		if h.Key == HeaderReplayCount && string(h.Value) != "2" {
+			t.Errorf("%s %q, want 2", HeaderReplayCount, h.Value)
+		}
+	}
+}
+
+// Found by attacking the code: a dead letter too large for the client to
+// produce (written to the dead-letter topic by a producer allowing larger
+// batches) failed alone at once in franz-go, and the key's later record of
+// the same partition was written: the replay broke the key's order and the
+// "written prefix" the doc promises. It is now refused before anything is
+// written.
+func TestReplayRefusesRecordsTooLargeToProduce(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	at := time.Now()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(tc.addrs...), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(4<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(context.Background(),
+		deadLetterRec("dlq", 0, "a", strings.Repeat("x", 2<<20), at, dl("t", 0, 1, "x")),
+		deadLetterRec("dlq", 0, "a", "small", at, dl("t", 0, 2, "x")),
+	).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := replay(t, tc, ReplayOptions{DeadLetterTopic: "dlq"})
+	var refused *ReplayRefusedError
+	if !errors.Is(err, ErrReplayTooLarge) || !errors.As(err, &refused) || len(refused.Problems) != 1 || refused.Problems[0].At.String() != "dlq/0@0" {
+		t.Fatalf("err %v, want ErrReplayTooLarge for dlq/0@0", err)
+	}
+	if rep.Written != 0 || tc.endOffset(t, "t", 0) != 0 {
+		t.Fatalf("wrote %d records (report: %d)", tc.endOffset(t, "t", 0), rep.Written)
+	}
+	// The client that allows it writes both, in order.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	rep, err = Replay(ctx, ReplayOptions{DeadLetterTopic: "dlq"}, append(replayOpts(tc), kgo.ProducerBatchMaxBytes(4<<20))...)
+	if err != nil || rep.Written != 2 {
+		t.Fatalf("with a larger batch: %v, report %+v", err, rep)
 	}
 }
 
