@@ -384,9 +384,25 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 		}
 	}
 	if len(requeue) > 0 {
-		if err := s.requeue(ctx, requeue); err != nil {
+		gone, err := s.requeue(ctx, requeue)
+		if err != nil {
 			res.Requeued = nil
 			return res, fmt.Errorf("webhook: replay: %w", err)
+		}
+		// Rows the retention deleted since the candidates were read:
+		// expired, not sent (the others are).
+		if len(gone) > 0 {
+			res.Requeued = res.Requeued[:0]
+			kept := requeue[:0]
+			for _, c := range requeue {
+				if gone[c.id] {
+					res.Expired = append(res.Expired, c.id)
+				} else {
+					res.Requeued = append(res.Requeued, c.id)
+					kept = append(kept, c)
+				}
+			}
+			requeue = kept
 		}
 	}
 	for _, c := range requeue {
@@ -406,33 +422,45 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 
 // requeue writes one new outbox row per event (and its replay record), all
 // in one transaction: the new deliveries enter the backlog first, as the
-// intake's do, so that a delivery always finds its row counted.
-func (s *Service) requeue(ctx context.Context, cands []*replayCand) error {
+// intake's do, so that a delivery always finds its row counted. It returns
+// the events whose row the retention deleted since they were read (not
+// sent again).
+func (s *Service) requeue(ctx context.Context, cands []*replayCand) (map[string]bool, error) {
 	now := s.now().UTC()
 	rows := make([]string, len(cands))
 	for i, c := range cands {
 		u, err := uuid.NewV7()
 		if err != nil {
-			return err
+			return nil, err
 		}
 		rows[i] = u.String()
 		s.backlog.load(c.partner, rows[i], now)
 	}
-	err := s.store.writeReplays(ctx, cands, rows, now)
+	gone, err := s.store.writeReplays(ctx, cands, rows, now)
 	if err != nil {
 		for i, c := range cands {
 			s.backlog.drop(c.partner, rows[i])
 		}
-		return err
+		return nil, err
 	}
-	s.metrics.enqueued(ctx, cands[0].partner, int64(len(cands)))
-	return nil
+	for i, c := range cands {
+		if gone[c.id] {
+			s.backlog.drop(c.partner, rows[i])
+		}
+	}
+	if n := len(cands) - len(gone); n > 0 {
+		s.metrics.enqueued(ctx, cands[0].partner, int64(n))
+	}
+	return gone, nil
 }
 
-func (st *Store) writeReplays(ctx context.Context, cands []*replayCand, rows []string, now time.Time) error {
+// writeReplays writes the replay rows of cands; an event whose original
+// row is gone (deleted by the retention after the candidates were read) is
+// left out and returned in gone.
+func (st *Store) writeReplays(ctx context.Context, cands []*replayCand, rows []string, now time.Time) (gone map[string]bool, err error) {
 	tx, err := st.db.BeginTx(ctx, nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer tx.Rollback()
 	ins := st.rebind(`INSERT INTO ` + st.replay + ` (row_id, event_id, partner, requested_at) VALUES (?, ?, ?, ?)`)
@@ -441,20 +469,28 @@ func (st *Store) writeReplays(ctx context.Context, cands []*replayCand, rows []s
 		// One payload in memory at a time (each up to MaxBodyBytes and
 		// a little), not a whole range's.
 		var payload []byte
-		if err := tx.QueryRowContext(ctx, sel, c.id).Scan(&payload); err != nil {
-			return fmt.Errorf("payload of %q: %w", c.id, err)
+		err := tx.QueryRowContext(ctx, sel, c.id).Scan(&payload)
+		if errors.Is(err, sql.ErrNoRows) {
+			if gone == nil {
+				gone = map[string]bool{}
+			}
+			gone[c.id] = true
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("payload of %q: %w", c.id, err)
 		}
 		// The original's intake time: the body and Webhook-Timestamp are
 		// the event's, byte for byte.
 		if _, err := st.ob.Write(ctx, tx, outbox.Event{ID: rows[i], Key: c.partner, Type: c.typ, Payload: payload,
 			Headers: map[string]string{webhookIDHeader: c.id}, CreatedAt: c.received}); err != nil {
-			return err
+			return nil, err
 		}
 		if _, err := tx.ExecContext(ctx, ins, rows[i], c.id, c.partner, now.UnixMicro()); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return tx.Commit()
+	return gone, tx.Commit()
 }
 
 // replayCandidates reads the events a replay considers (one ID, or a
