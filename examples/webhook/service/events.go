@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -121,8 +122,24 @@ func (s *Service) Event(ctx context.Context, id string) (EventInfo, error) {
 	return s.store.event(ctx, id)
 }
 
+// checkEventID refuses, as unknown, an ID no event can have: longer than an
+// outbox ID, not UTF-8 or with a NUL byte (PostgreSQL would refuse it with
+// an error, a 500, where SQLite answers "no such row").
+func checkEventID(id string) error {
+	switch {
+	case len(id) > outbox.MaxIDLen:
+		return fmt.Errorf("%w: an ID of %d bytes (at most %d)", ErrUnknownEvent, len(id), outbox.MaxIDLen)
+	case !utf8.ValidString(id) || strings.ContainsRune(id, 0):
+		return fmt.Errorf("%w: %q (not UTF-8 text)", ErrUnknownEvent, id)
+	}
+	return nil
+}
+
 func (st *Store) event(ctx context.Context, id string) (EventInfo, error) {
 	var ev EventInfo
+	if err := checkEventID(id); err != nil {
+		return ev, err
+	}
 	var us int64
 	err := st.db.QueryRowContext(ctx, st.rebind(`SELECT id, partner, type, received_at FROM `+st.intake+` WHERE id = ?`), id).
 		Scan(&ev.ID, &ev.Partner, &ev.Type, &us)
@@ -332,6 +349,11 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 	}
 	if s.closed.Load() {
 		return res, ErrClosed
+	}
+	if id != "" {
+		if err := checkEventID(id); err != nil {
+			return res, err
+		}
 	}
 	cands, err := s.store.replayCandidates(ctx, partner, id, from, to)
 	if err != nil {
