@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -166,7 +167,9 @@ func (e *ReplayRefusedError) Unwrap() []error {
 // automatically.
 //
 // It reads the dead-letter topic's chosen partitions and offset range to
-// their end as it was when Replay started, selects the records that match
+// their end as it was when Replay started (committed records only: those of
+// an aborted transaction, or of one not committed by that end, are left out
+// and not counted in Scanned), selects the records that match
 // opts, drops duplicates (see ReplayReport.Duplicates), and validates every
 // selected record before writing any: a record in the range that passes the
 // filters Replay can apply without its headers (dead-letter partition and
@@ -466,6 +469,8 @@ func originOf(d *DeadLetter) origin { return origin{d.Topic, d.Partition, d.Orig
 // scan reads the ranges and returns the records that pass the filters, the
 // problems found, and the highest replay count of every original record
 // among the dead letters read (selected or not); it counts rep.Scanned.
+// Records of aborted transactions, and of transactions not committed within
+// the range, are left out (and not counted).
 func scan(ctx context.Context, clientOpts []kgo.Opt, opts ReplayOptions, ranges []offsetRange, rep *ReplayReport) ([]ReplayRecord, []ReplayProblem, map[origin]int, error) {
 	replays := map[origin]int{}
 	if len(ranges) == 0 {
@@ -490,6 +495,28 @@ func scan(ctx context.Context, clientOpts []kgo.Opt, opts ReplayOptions, ranges 
 		selected []ReplayRecord
 		problems []ReplayProblem
 	)
+	// Records of a transaction wait for its marker: an aborted one's, or
+	// one still open at the end of the range, are not dead letters (the
+	// client reads uncommitted, to see every offset up to the end).
+	type txn struct {
+		partition int32
+		producer  int64
+	}
+	inTxn := map[txn][]*kgo.Record{}
+	take := func(r *kgo.Record) {
+		rep.Scanned++
+		if d, err := ParseDeadLetter(r.Headers); err == nil {
+			o := originOf(&d)
+			replays[o] = max(replays[o], d.Replays)
+		}
+		if rr, p, ok := selectRecord(opts, r); ok {
+			if p != nil {
+				problems = append(problems, *p)
+			} else {
+				selected = append(selected, rr)
+			}
+		}
+	}
 	for len(left) > 0 {
 		fs := cl.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
@@ -514,20 +541,22 @@ func scan(ctx context.Context, clientOpts []kgo.Opt, opts ReplayOptions, ranges 
 				delete(left, r.Partition)
 				cl.PauseFetchPartitions(map[string][]int32{opts.DeadLetterTopic: {r.Partition}})
 			}
-			if r.Attrs.IsControl() {
-				continue
-			}
-			rep.Scanned++
-			if d, err := ParseDeadLetter(r.Headers); err == nil {
-				o := originOf(&d)
-				replays[o] = max(replays[o], d.Replays)
-			}
-			if rr, p, ok := selectRecord(opts, r); ok {
-				if p != nil {
-					problems = append(problems, *p)
-				} else {
-					selected = append(selected, rr)
+			tk := txn{r.Partition, r.ProducerID}
+			switch {
+			case r.Attrs.IsControl():
+				// A transaction marker: its records count if it
+				// commits (key: version, then type 1 commit, 0 abort).
+				recs := inTxn[tk]
+				delete(inTxn, tk)
+				if len(r.Key) >= 4 && binary.BigEndian.Uint16(r.Key[2:4]) == 1 {
+					for _, r := range recs {
+						take(r)
+					}
 				}
+			case r.Attrs.IsTransactional():
+				inTxn[tk] = append(inTxn[tk], r)
+			default:
+				take(r)
 			}
 		}
 	}

@@ -441,6 +441,54 @@ func TestReplayRefusesRecordsTooLargeToProduce(t *testing.T) {
 	}
 }
 
+// Found by attacking the code: a dead-letter topic written (also) by a
+// transactional producer held aborted records and records of a transaction
+// still open; Replay read uncommitted and replayed both, records that were
+// never dead-lettered. Only committed records (and non-transactional ones)
+// are read now.
+func TestReplayReadsOnlyCommittedDeadLetters(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	at := time.Now()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(tc.addrs...), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.TransactionalID("dlq-writer"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+	inTxn := func(commit kgo.TransactionEndTry, rs ...*kgo.Record) {
+		t.Helper()
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.ProduceSync(ctx, rs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.EndTransaction(ctx, commit); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inTxn(kgo.TryAbort, deadLetterRec("dlq", 0, "a", "aborted", at, dl("t", 0, 1, "x")))
+	tc.produce(t, deadLetterRec("dlq", 0, "a", "plain", at, dl("t", 0, 2, "x")))
+	inTxn(kgo.TryCommit, deadLetterRec("dlq", 0, "a", "committed", at, dl("t", 0, 3, "x")))
+	if err := cl.BeginTransaction(); err != nil { // left open
+		t.Fatal(err)
+	}
+	if err := cl.ProduceSync(ctx, deadLetterRec("dlq", 0, "a", "open", at, dl("t", 0, 4, "x"))).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := replay(t, tc, ReplayOptions{DeadLetterTopic: "dlq", DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range rep.Records {
+		got = append(got, string(r.Value))
+	}
+	if !slices.Equal(got, []string{"plain", "committed"}) || rep.Scanned != 2 {
+		t.Errorf("selected %v (scanned %d), want plain and committed (scanned 2)", got, rep.Scanned)
+	}
+}
+
 // The same original record dead-lettered twice is replayed once: the dead
 // letter replayed most, then the last written.
 func TestReplayDropsDuplicateDeadLetters(t *testing.T) {
