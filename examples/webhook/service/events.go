@@ -389,7 +389,7 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 	if len(dead) > 0 {
 		moved, err := s.relay.r.Recover(ctx, outbox.RecoverFilter{IDs: dead})
 		if err != nil {
-			return res, fmt.Errorf("webhook: replay: %w", err)
+			return res, fmt.Errorf("webhook: replay: %w", closedAs(err))
 		}
 		got := map[string]bool{}
 		for _, m := range moved {
