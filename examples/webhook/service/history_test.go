@@ -238,3 +238,29 @@ func TestEventLookupAndReplayAnswerNotFoundForImpossibleIDs(t *testing.T) {
 		})
 	}
 }
+
+// A partner's response body (and the error made from it) is recorded and
+// shown on the operator pages: it is the partner's text, escaped, never
+// markup of the page (tried while attacking the code: it held).
+func TestOperatorPagesEscapeAPartnersResponseBody(t *testing.T) {
+	evil := `<script>alert(1)</script><img src=x onerror=alert(2)>`
+	ep := newScripted(t, func(int, string) (int, string) { return http.StatusInternalServerError, evil })
+	h := newHarness(t, map[string]sim.Behavior{}, func(c *Config) {
+		c.Partners = map[string]string{"p": ep.srv.URL}
+		c.Retry = keysched.RetryPolicy{MaxAttempts: 1, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}
+	})
+	_, id := h.post("p", 0)
+	require.Eventually(t, func() bool { return len(h.parked()) == 1 }, waitLong, 5*time.Millisecond)
+	require.Equal(t, evil, h.event(id).Attempts[0].Body)
+	for _, u := range []string{"/", "/ui/partners/p", "/ui/events/" + id} {
+		resp, err := http.Get(h.admin.URL + u)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NotContains(t, string(b), "<script", u)
+		require.NotContains(t, string(b), "<img", u)
+		if strings.HasPrefix(u, "/ui/events/") {
+			require.Contains(t, string(b), "&lt;script&gt;", u)
+		}
+	}
+}
