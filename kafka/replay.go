@@ -56,7 +56,8 @@ const (
 type ReplayOptions struct {
 	// DeadLetterTopic is the topic to read (required).
 	DeadLetterTopic string
-	// DeadLetterPartitions are its partitions to read; none: all.
+	// DeadLetterPartitions are its partitions to read (one named twice is
+	// read once); none: all.
 	DeadLetterPartitions []int32
 	// StartOffset and EndOffset bound the offsets read in each
 	// dead-letter partition: [StartOffset, EndOffset). EndOffset 0 means
@@ -252,7 +253,9 @@ func Replay(ctx context.Context, opts ReplayOptions, clientOpts ...kgo.Opt) (*Re
 	if !ok {
 		return rep, fmt.Errorf("%w: dead-letter topic %q", ErrUnknownTopic, opts.DeadLetterTopic)
 	}
-	parts := opts.DeadLetterPartitions
+	// A partition named twice is read once (twice in one ListOffsets
+	// request is the broker's INVALID_REQUEST).
+	parts := slices.Compact(slices.Sorted(slices.Values(opts.DeadLetterPartitions)))
 	if len(parts) == 0 {
 		parts = make([]int32, dlqParts)
 		for i := range parts {

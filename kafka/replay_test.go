@@ -489,6 +489,22 @@ func TestReplayReadsOnlyCommittedDeadLetters(t *testing.T) {
 	}
 }
 
+// Found by attacking the code: a dead-letter partition named twice
+// (--dlq-partition 1,0,1) was sent twice in one ListOffsets request, and the
+// broker's INVALID_REQUEST ended the replay. It is read once.
+func TestReplayReadsADeadLetterPartitionNamedTwiceOnce(t *testing.T) {
+	tc := newCluster(t, 2, "t", "dlq")
+	at := time.Now()
+	tc.produce(t, deadLetterRec("dlq", 0, "a", "a0", at, dl("t", 0, 1, "x")), deadLetterRec("dlq", 1, "a", "a1", at, dl("t", 0, 2, "x")))
+	rep, err := replay(t, tc, ReplayOptions{DeadLetterTopic: "dlq", DryRun: true, DeadLetterPartitions: []int32{1, 0, 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := froms(rep.Records); !slices.Equal(got, []string{"dlq/0@0", "dlq/1@0"}) || rep.Scanned != 2 {
+		t.Errorf("selected %v (scanned %d), want dlq/0@0 and dlq/1@0 once each", got, rep.Scanned)
+	}
+}
+
 // The same original record dead-lettered twice is replayed once: the dead
 // letter replayed most, then the last written.
 func TestReplayDropsDuplicateDeadLetters(t *testing.T) {
