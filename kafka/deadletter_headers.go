@@ -221,12 +221,12 @@ func parseNonNegative(h kgo.RecordHeader) (int64, error) {
 	return v, nil
 }
 
-// replayHeaders appends d's own headers and the replay headers of its next
-// replay, made from the dead letter at from.
-func (d *DeadLetter) replayHeaders(from Position) []kgo.RecordHeader {
+// replayHeaders appends d's own headers and the replay headers of its
+// replay number count, made from the dead letter at from.
+func (d *DeadLetter) replayHeaders(from Position, count int) []kgo.RecordHeader {
 	hs := make([]kgo.RecordHeader, 0, len(d.Headers)+5)
 	hs = append(hs, d.Headers...)
-	return appendReplayHeaders(hs, d.Replays+1, from, d.OriginOffset)
+	return appendReplayHeaders(hs, count, from, d.OriginOffset)
 }
 
 func appendReplayHeaders(hs []kgo.RecordHeader, count int, from Position, origin int64) []kgo.RecordHeader {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -32,6 +33,11 @@ var (
 	// ErrReplayIncomplete: some selected records were not written (the
 	// report's Records say which).
 	ErrReplayIncomplete = errors.New("kafka: replay incomplete")
+	// ErrReplayTooLarge: a selected record, with its replay headers, is
+	// larger than the client's kgo.ProducerBatchMaxBytes (or
+	// kgo.MaxBufferedBytes): franz-go would fail it alone and write the
+	// partition's later records.
+	ErrReplayTooLarge = errors.New("kafka: replay record too large")
 )
 
 // TimeOf says which time ReplayOptions.Since and Until filter on.
@@ -50,7 +56,8 @@ const (
 type ReplayOptions struct {
 	// DeadLetterTopic is the topic to read (required).
 	DeadLetterTopic string
-	// DeadLetterPartitions are its partitions to read; none: all.
+	// DeadLetterPartitions are its partitions to read (one named twice is
+	// read once); none: all.
 	DeadLetterPartitions []int32
 	// StartOffset and EndOffset bound the offsets read in each
 	// dead-letter partition: [StartOffset, EndOffset). EndOffset 0 means
@@ -110,8 +117,10 @@ type ReplayRecord struct {
 	Value    []byte
 	// DeadLetter is its parsed headers.
 	DeadLetter DeadLetter
-	// Replay is the replay count the republished record carries
-	// (DeadLetter.Replays + 1).
+	// Replay is the replay count the republished record carries: one
+	// more than the highest DeadLetter.Replays among the dead letters of
+	// the same original record that Replay read (selected or not: a
+	// filter on the error, the time or the key does not lower it).
 	Replay int
 	// Written is where the record was written (Offset -1 when it was not:
 	// a dry run, or a produce failure, then in Err).
@@ -120,7 +129,7 @@ type ReplayRecord struct {
 }
 
 // A ReplayProblem is a selected dead letter Replay refuses: Err wraps
-// ErrNotDeadLetter, ErrUnknownTopic or ErrReplayLimit.
+// ErrNotDeadLetter, ErrUnknownTopic, ErrReplayLimit or ErrReplayTooLarge.
 type ReplayProblem struct {
 	At  Position
 	Err error
@@ -159,13 +168,16 @@ func (e *ReplayRefusedError) Unwrap() []error {
 // automatically.
 //
 // It reads the dead-letter topic's chosen partitions and offset range to
-// their end as it was when Replay started, selects the records that match
+// their end as it was when Replay started (committed records only: those of
+// an aborted transaction, or of one not committed by that end, are left out
+// and not counted in Scanned), selects the records that match
 // opts, drops duplicates (see ReplayReport.Duplicates), and validates every
 // selected record before writing any: a record in the range that passes the
 // filters Replay can apply without its headers (dead-letter partition and
 // offsets, key, failure time) and is not an adapter dead letter, an original
 // topic or partition that does not exist, a record replayed MaxReplays times
-// already: each is a problem, and Replay writes nothing and returns a
+// already (counting the dead letters of the same record read but not
+// selected), a record larger than the client may produce: each is a problem, and Replay writes nothing and returns a
 // *ReplayRefusedError listing them all. A filter that matches nothing gives
 // ErrNothingToReplay.
 //
@@ -187,8 +199,11 @@ func (e *ReplayRefusedError) Unwrap() []error {
 //
 // clientOpts are franz-go options: seed brokers, TLS, SASL, timeouts. Replay
 // adds its own (direct consumption of the dead-letter topic, the manual
-// partitioner); a consumer group, kgo.DisableIdempotentWrite or
-// kgo.TransactionalID make it fail with ErrInvalidOption, as do bad opts.
+// partitioner); a consumer group, kgo.DisableIdempotentWrite,
+// kgo.TransactionalID or kgo.ManualFlushing (nothing would flush: the
+// produce would wait past ctx) make it fail with ErrInvalidOption, as do bad
+// opts. A record the broker refuses (a topic's max.message.bytes smaller
+// than the client's kgo.ProducerBatchMaxBytes) is not caught before writing.
 // Memory: the selected records. ctx bounds the whole run (reading too: a
 // dead-letter partition whose records below its end were deleted while
 // Replay read it is waited for until ctx ends). The report is returned with
@@ -196,9 +211,11 @@ func (e *ReplayRefusedError) Unwrap() []error {
 // concurrent use (each call has its own clients); two concurrent replays of
 // the same dead letters write them twice.
 //
-// The replay count is read from the selected dead letter: an older dead
-// letter of a record replayed since, selected without its later ones (by an
-// offset range), starts again from its own count.
+// The replay count is the highest among the dead letters of the same record
+// that Replay read: filters on the error, the time, the key or the original
+// partition do not lower it, but an offset range (or dead-letter partitions)
+// that leaves a record's later dead letters unread does: its older dead
+// letter starts again from its own count.
 func Replay(ctx context.Context, opts ReplayOptions, clientOpts ...kgo.Opt) (*ReplayReport, error) {
 	if ctx == nil {
 		return nil, ErrNilContext
@@ -223,6 +240,9 @@ func Replay(ctx context.Context, opts ReplayOptions, clientOpts ...kgo.Opt) (*Re
 	if vs := cl.OptValues(kgo.TransactionalID); len(vs) == 2 && vs[1] == true {
 		return nil, optionError("replay: client options: kgo.TransactionalID: Replay does not produce in a transaction")
 	}
+	if v, _ := cl.OptValue(kgo.ManualFlushing).(bool); v {
+		return nil, optionError("replay: client options: kgo.ManualFlushing: Replay's produce would wait for a flush nothing makes")
+	}
 	rep := &ReplayReport{DryRun: opts.DryRun}
 
 	topics, err := partitionsOf(ctx, cl)
@@ -233,7 +253,9 @@ func Replay(ctx context.Context, opts ReplayOptions, clientOpts ...kgo.Opt) (*Re
 	if !ok {
 		return rep, fmt.Errorf("%w: dead-letter topic %q", ErrUnknownTopic, opts.DeadLetterTopic)
 	}
-	parts := opts.DeadLetterPartitions
+	// A partition named twice is read once (twice in one ListOffsets
+	// request is the broker's INVALID_REQUEST).
+	parts := slices.Compact(slices.Sorted(slices.Values(opts.DeadLetterPartitions)))
 	if len(parts) == 0 {
 		parts = make([]int32, dlqParts)
 		for i := range parts {
@@ -249,20 +271,46 @@ func Replay(ctx context.Context, opts ReplayOptions, clientOpts ...kgo.Opt) (*Re
 	if err != nil {
 		return rep, err
 	}
-	selected, problems, err := scan(ctx, clientOpts, opts, ranges, rep)
+	selected, problems, replays, err := scan(ctx, clientOpts, opts, ranges, rep)
 	if err != nil {
 		return rep, err
 	}
 	selected, rep.Duplicates = dedupe(selected)
-	for _, r := range selected {
+	batchMax, _ := cl.OptValue(kgo.ProducerBatchMaxBytesFn).(func(string) int32)
+	writeMax, _ := cl.OptValue(kgo.BrokerMaxWriteBytes).(int32)
+	maxBuffered, _ := cl.OptValue(kgo.MaxBufferedBytes).(int64)
+	for i := range selected {
+		r := &selected[i]
 		d := &r.DeadLetter
 		if n, ok := topics[d.Topic]; !ok || d.Partition >= n {
 			problems = append(problems, ReplayProblem{r.From, fmt.Errorf("%w: original %s/%d (the dead letter of %s/%d@%d)",
 				ErrUnknownTopic, d.Topic, d.Partition, d.Topic, d.Partition, d.Offset)})
 		}
-		if d.Replays >= opts.MaxReplays {
+		// The count of the record's latest dead letter read, selected
+		// or not: a filter that leaves it out does not reset the count.
+		done := max(d.Replays, replays[originOf(d)])
+		r.Replay = done + 1
+		if done >= opts.MaxReplays {
 			problems = append(problems, ReplayProblem{r.From, fmt.Errorf("%w: %s/%d@%d was replayed %d times already (limit %d)",
-				ErrReplayLimit, d.Topic, d.Partition, d.Offset, d.Replays, opts.MaxReplays)})
+				ErrReplayLimit, d.Topic, d.Partition, d.Offset, done, opts.MaxReplays)})
+		}
+		// franz-go fails a record too large for a batch alone, at once,
+		// and writes the partition's later ones: refuse it before
+		// writing anything. The bound is the record's largest encoding
+		// in a batch of its own (61 bytes of batch header, at most 36
+		// of record framing and 10 per header).
+		size := int64(len(r.Key) + len(r.Value))
+		hs := d.replayHeaders(r.From, r.Replay)
+		for _, h := range hs {
+			size += int64(len(h.Key) + len(h.Value))
+		}
+		maxBytes := int64(writeMax) - 100 - int64(len(d.Topic)) // a produce request's framing around one batch
+		if batchMax != nil {
+			maxBytes = min(maxBytes, int64(batchMax(d.Topic)))
+		}
+		if size+61+36+10*int64(len(hs)) > maxBytes || maxBuffered > 0 && size > maxBuffered {
+			problems = append(problems, ReplayProblem{r.From, fmt.Errorf("%w: %s/%d@%d would be a record of %d bytes (up to %d on the wire), the client produces at most %d (kgo.ProducerBatchMaxBytes)",
+				ErrReplayTooLarge, d.Topic, d.Partition, d.Offset, size, size+61+36+10*int64(len(hs)), maxBytes)})
 		}
 	}
 	// Produce order: per original partition, first-produced order.
@@ -411,11 +459,25 @@ func readRanges(ctx context.Context, cl *kgo.Client, opts ReplayOptions, parts [
 	return out, nil
 }
 
-// scan reads the ranges and returns the records that pass the filters and
-// the problems found; it counts rep.Scanned.
-func scan(ctx context.Context, clientOpts []kgo.Opt, opts ReplayOptions, ranges []offsetRange, rep *ReplayReport) ([]ReplayRecord, []ReplayProblem, error) {
+// origin is an original record: its topic, partition and offset as first
+// produced.
+type origin struct {
+	topic     string
+	partition int32
+	offset    int64
+}
+
+func originOf(d *DeadLetter) origin { return origin{d.Topic, d.Partition, d.OriginOffset} }
+
+// scan reads the ranges and returns the records that pass the filters, the
+// problems found, and the highest replay count of every original record
+// among the dead letters read (selected or not); it counts rep.Scanned.
+// Records of aborted transactions, and of transactions not committed within
+// the range, are left out (and not counted).
+func scan(ctx context.Context, clientOpts []kgo.Opt, opts ReplayOptions, ranges []offsetRange, rep *ReplayReport) ([]ReplayRecord, []ReplayProblem, map[origin]int, error) {
+	replays := map[origin]int{}
 	if len(ranges) == 0 {
-		return nil, nil, nil
+		return nil, nil, replays, nil
 	}
 	at := make(map[int32]kgo.Offset, len(ranges))
 	left := make(map[int32]int64, len(ranges)) // partition -> end
@@ -429,17 +491,39 @@ func scan(ctx context.Context, clientOpts []kgo.Opt, opts ReplayOptions, ranges 
 		kgo.KeepControlRecords(), // their offsets count towards the end
 	)...)
 	if err != nil {
-		return nil, nil, optionError("replay: client options: %w", err)
+		return nil, nil, nil, optionError("replay: client options: %w", err)
 	}
 	defer cl.Close()
 	var (
 		selected []ReplayRecord
 		problems []ReplayProblem
 	)
+	// Records of a transaction wait for its marker: an aborted one's, or
+	// one still open at the end of the range, are not dead letters (the
+	// client reads uncommitted, to see every offset up to the end).
+	type txn struct {
+		partition int32
+		producer  int64
+	}
+	inTxn := map[txn][]*kgo.Record{}
+	take := func(r *kgo.Record) {
+		rep.Scanned++
+		if d, err := ParseDeadLetter(r.Headers); err == nil {
+			o := originOf(&d)
+			replays[o] = max(replays[o], d.Replays)
+		}
+		if rr, p, ok := selectRecord(opts, r); ok {
+			if p != nil {
+				problems = append(problems, *p)
+			} else {
+				selected = append(selected, rr)
+			}
+		}
+	}
 	for len(left) > 0 {
 		fs := cl.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
-			return nil, nil, fmt.Errorf("kafka: replay: reading %q (%d partitions not read to their end): %w", opts.DeadLetterTopic, len(left), err)
+			return nil, nil, nil, fmt.Errorf("kafka: replay: reading %q (%d partitions not read to their end): %w", opts.DeadLetterTopic, len(left), err)
 		}
 		var ferr error
 		fs.EachError(func(t string, p int32, err error) {
@@ -448,7 +532,7 @@ func scan(ctx context.Context, clientOpts []kgo.Opt, opts ReplayOptions, ranges 
 			}
 		})
 		if ferr != nil {
-			return nil, nil, ferr
+			return nil, nil, nil, ferr
 		}
 		for it := fs.RecordIter(); !it.Done(); {
 			r := it.Next()
@@ -460,20 +544,26 @@ func scan(ctx context.Context, clientOpts []kgo.Opt, opts ReplayOptions, ranges 
 				delete(left, r.Partition)
 				cl.PauseFetchPartitions(map[string][]int32{opts.DeadLetterTopic: {r.Partition}})
 			}
-			if r.Attrs.IsControl() {
-				continue
-			}
-			rep.Scanned++
-			if rr, p, ok := selectRecord(opts, r); ok {
-				if p != nil {
-					problems = append(problems, *p)
-				} else {
-					selected = append(selected, rr)
+			tk := txn{r.Partition, r.ProducerID}
+			switch {
+			case r.Attrs.IsControl():
+				// A transaction marker: its records count if it
+				// commits (key: version, then type 1 commit, 0 abort).
+				recs := inTxn[tk]
+				delete(inTxn, tk)
+				if len(r.Key) >= 4 && binary.BigEndian.Uint16(r.Key[2:4]) == 1 {
+					for _, r := range recs {
+						take(r)
+					}
 				}
+			case r.Attrs.IsTransactional():
+				inTxn[tk] = append(inTxn[tk], r)
+			default:
+				take(r)
 			}
 		}
 	}
-	return selected, problems, nil
+	return selected, problems, replays, nil
 }
 
 // selectRecord applies opts's filters to the dead letter r: ok reports
@@ -509,11 +599,6 @@ func inTime(opts ReplayOptions, t time.Time) bool {
 // origin offset): the one replayed most, then the last written (the highest
 // failure time, then the highest position).
 func dedupe(rs []ReplayRecord) (kept []ReplayRecord, dropped []Position) {
-	type origin struct {
-		topic     string
-		partition int32
-		offset    int64
-	}
 	best := make(map[origin]int, len(rs))
 	later := func(a, b *ReplayRecord) bool { // a supersedes b
 		if a.DeadLetter.Replays != b.DeadLetter.Replays {
@@ -549,7 +634,7 @@ func produceReplays(ctx context.Context, cl *kgo.Client, rep *ReplayReport) erro
 	for i := range rep.Records {
 		r := &rep.Records[i]
 		recs[i] = &kgo.Record{Topic: r.DeadLetter.Topic, Partition: r.DeadLetter.Partition, Key: r.Key, Value: r.Value,
-			Headers: r.DeadLetter.replayHeaders(r.From)}
+			Headers: r.DeadLetter.replayHeaders(r.From, r.Replay)}
 	}
 	index := make(map[*kgo.Record]int, len(recs))
 	for i, r := range recs {

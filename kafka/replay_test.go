@@ -350,11 +350,158 @@ func TestReplayRefusesBadInputAndWritesNothing(t *testing.T) {
 		{"not idempotent", ReplayOptions{DeadLetterTopic: "dlq"}, []kgo.Opt{kgo.DisableIdempotentWrite()}},
 		{"transactional", ReplayOptions{DeadLetterTopic: "dlq"}, []kgo.Opt{kgo.TransactionalID("x")}},
 		{"group", ReplayOptions{DeadLetterTopic: "dlq"}, []kgo.Opt{kgo.ConsumerGroup("g")}},
+		// Found by attacking the code: with kgo.ManualFlushing the
+		// produce waited for a Flush nothing made, past ctx, forever.
+		{"manual flushing", ReplayOptions{DeadLetterTopic: "dlq"}, []kgo.Opt{kgo.ManualFlushing()}},
 	} {
 		_, err := Replay(context.Background(), c.o, append(replayOpts(tc), c.opts...)...)
 		if !errors.Is(err, ErrInvalidOption) {
 			t.Errorf("%s: %v, want ErrInvalidOption", c.name, err)
 		}
+	}
+}
+
+// Found by attacking the code: a record replayed MaxReplays times and dead-
+// lettered again was replayed once more (with count 1) by a filter that
+// selected its first dead letter only (--error matching the first failure's
+// message, not the last one's): the limit was read from the selected dead
+// letter alone. The count is now the highest among the record's dead letters
+// read, selected or not.
+func TestReplayLimitCountsDeadLettersTheFiltersLeaveOut(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	at := time.Now()
+	last := func(off int64, replays int, msg string) DeadLetter {
+		d := dl("t", 0, 100+off, msg)
+		d.Replays, d.OriginOffset, d.ReplayedFrom = replays, off, Position{"dlq", 0, 0}
+		return d
+	}
+	tc.produce(t,
+		deadLetterRec("dlq", 0, "a", "a", at, dl("t", 0, 1, "timeout")),
+		deadLetterRec("dlq", 0, "b", "b", at, dl("t", 0, 2, "timeout")),
+		deadLetterRec("dlq", 0, "a", "a", at, last(1, DefaultMaxReplays, "bad payload")),
+		deadLetterRec("dlq", 0, "b", "b", at, last(2, 1, "bad payload")),
+	)
+	rep, err := replay(t, tc, ReplayOptions{DeadLetterTopic: "dlq", ErrorContains: "timeout"})
+	var refused *ReplayRefusedError
+	if !errors.Is(err, ErrReplayLimit) || !errors.As(err, &refused) || len(refused.Problems) != 1 || refused.Problems[0].At.String() != "dlq/0@0" {
+		t.Fatalf("err %v, want ErrReplayLimit for dlq/0@0 only", err)
+	}
+	if n := tc.endOffset(t, "t", 0); n != 0 {
+		t.Fatalf("wrote %d records", n)
+	}
+	rep, err = replay(t, tc, ReplayOptions{DeadLetterTopic: "dlq", ErrorContains: "timeout", Keys: [][]byte{[]byte("b")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := froms(rep.Records); !slices.Equal(got, []string{"dlq/0@1"}) || rep.Records[0].Replay != 2 {
+		t.Fatalf("replayed %v (count %d), want dlq/0@1 as replay 2 (its later dead letter was replay 1)", got, rep.Records[0].Replay)
+	}
+	got := tc.readAll(t, "t", 1)[0]
+	for _, h := range got.Headers {
+		if h.Key == HeaderReplayCount && string(h.Value) != "2" {
+			t.Errorf("%s %q, want 2", HeaderReplayCount, h.Value)
+		}
+	}
+}
+
+// Found by attacking the code: a dead letter too large for the client to
+// produce (written to the dead-letter topic by a producer allowing larger
+// batches) failed alone at once in franz-go, and the key's later record of
+// the same partition was written: the replay broke the key's order and the
+// "written prefix" the doc promises. It is now refused before anything is
+// written.
+func TestReplayRefusesRecordsTooLargeToProduce(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	at := time.Now()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(tc.addrs...), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(4<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(context.Background(),
+		deadLetterRec("dlq", 0, "a", strings.Repeat("x", 2<<20), at, dl("t", 0, 1, "x")),
+		deadLetterRec("dlq", 0, "a", "small", at, dl("t", 0, 2, "x")),
+	).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := replay(t, tc, ReplayOptions{DeadLetterTopic: "dlq"})
+	var refused *ReplayRefusedError
+	if !errors.Is(err, ErrReplayTooLarge) || !errors.As(err, &refused) || len(refused.Problems) != 1 || refused.Problems[0].At.String() != "dlq/0@0" {
+		t.Fatalf("err %v, want ErrReplayTooLarge for dlq/0@0", err)
+	}
+	if rep.Written != 0 || tc.endOffset(t, "t", 0) != 0 {
+		t.Fatalf("wrote %d records (report: %d)", tc.endOffset(t, "t", 0), rep.Written)
+	}
+	// The client that allows it writes both, in order.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	rep, err = Replay(ctx, ReplayOptions{DeadLetterTopic: "dlq"}, append(replayOpts(tc), kgo.ProducerBatchMaxBytes(4<<20))...)
+	if err != nil || rep.Written != 2 {
+		t.Fatalf("with a larger batch: %v, report %+v", err, rep)
+	}
+}
+
+// Found by attacking the code: a dead-letter topic written (also) by a
+// transactional producer held aborted records and records of a transaction
+// still open; Replay read uncommitted and replayed both, records that were
+// never dead-lettered. Only committed records (and non-transactional ones)
+// are read now.
+func TestReplayReadsOnlyCommittedDeadLetters(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	at := time.Now()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(tc.addrs...), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.TransactionalID("dlq-writer"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+	inTxn := func(commit kgo.TransactionEndTry, rs ...*kgo.Record) {
+		t.Helper()
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.ProduceSync(ctx, rs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.EndTransaction(ctx, commit); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inTxn(kgo.TryAbort, deadLetterRec("dlq", 0, "a", "aborted", at, dl("t", 0, 1, "x")))
+	tc.produce(t, deadLetterRec("dlq", 0, "a", "plain", at, dl("t", 0, 2, "x")))
+	inTxn(kgo.TryCommit, deadLetterRec("dlq", 0, "a", "committed", at, dl("t", 0, 3, "x")))
+	if err := cl.BeginTransaction(); err != nil { // left open
+		t.Fatal(err)
+	}
+	if err := cl.ProduceSync(ctx, deadLetterRec("dlq", 0, "a", "open", at, dl("t", 0, 4, "x"))).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := replay(t, tc, ReplayOptions{DeadLetterTopic: "dlq", DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range rep.Records {
+		got = append(got, string(r.Value))
+	}
+	if !slices.Equal(got, []string{"plain", "committed"}) || rep.Scanned != 2 {
+		t.Errorf("selected %v (scanned %d), want plain and committed (scanned 2)", got, rep.Scanned)
+	}
+}
+
+// Found by attacking the code: a dead-letter partition named twice
+// (--dlq-partition 1,0,1) was sent twice in one ListOffsets request, and the
+// broker's INVALID_REQUEST ended the replay. It is read once.
+func TestReplayReadsADeadLetterPartitionNamedTwiceOnce(t *testing.T) {
+	tc := newCluster(t, 2, "t", "dlq")
+	at := time.Now()
+	tc.produce(t, deadLetterRec("dlq", 0, "a", "a0", at, dl("t", 0, 1, "x")), deadLetterRec("dlq", 1, "a", "a1", at, dl("t", 0, 2, "x")))
+	rep, err := replay(t, tc, ReplayOptions{DeadLetterTopic: "dlq", DryRun: true, DeadLetterPartitions: []int32{1, 0, 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := froms(rep.Records); !slices.Equal(got, []string{"dlq/0@0", "dlq/1@0"}) || rep.Scanned != 2 {
+		t.Errorf("selected %v (scanned %d), want dlq/0@0 and dlq/1@0 once each", got, rep.Scanned)
 	}
 }
 

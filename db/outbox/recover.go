@@ -44,11 +44,13 @@ type RecoverFilter struct {
 	// Type, when not empty, selects rows of this event type (exact match).
 	Type string
 	// CreatedFrom and CreatedTo select rows written in [CreatedFrom,
-	// CreatedTo) (Event.CreatedAt); a zero bound is open. From after To is
-	// an ErrInvalidFilter.
+	// CreatedTo) (Event.CreatedAt); a zero bound is open. From after To, or
+	// a bound outside years 1 to 9999 (a far "max time": leave the bound
+	// zero), is an ErrInvalidFilter.
 	CreatedFrom, CreatedTo time.Time
 	// DiedFrom and DiedTo select rows that failed (or were skipped: the
-	// row's done time) in [DiedFrom, DiedTo); a zero bound is open.
+	// row's done time) in [DiedFrom, DiedTo); a zero bound is open; bounds
+	// as CreatedFrom's.
 	DiedFrom, DiedTo time.Time
 	// ErrorContains, when not empty, selects rows whose last error
 	// contains it (case-sensitive substring, no wildcards).
@@ -61,6 +63,13 @@ type RecoverFilter struct {
 	// MaxRecoverBatch.
 	BatchSize int
 }
+
+// The times a RecoverFilter bound may take: years 1 to 9999 (UTC), which
+// both databases store.
+var (
+	minFilterTime = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)
+	maxFilterTime = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
+)
 
 // A RecoveredRow is a row Recover moved (or Recoverable would move), as it
 // was before the move. Its payload and headers are not read.
@@ -202,6 +211,14 @@ func (o *Outbox) recoverQuery(f *RecoverFilter) (where string, args []any, err e
 	}{{"created_at", f.CreatedFrom, f.CreatedTo}, {"done_at", f.DiedFrom, f.DiedTo}} {
 		if !r.from.IsZero() && !r.to.IsZero() && r.from.After(r.to) {
 			return "", nil, fmt.Errorf("%w: %s range from %v after to %v", ErrInvalidFilter, r.col, r.from, r.to)
+		}
+		// A far bound (time.Unix(1<<62, 0), a "max time") overflowed
+		// SQLite's microseconds and PostgreSQL's timestamps: an open
+		// upper bound selected nothing.
+		for _, t := range []time.Time{r.from, r.to} {
+			if !t.IsZero() && (t.Before(minFilterTime) || !t.Before(maxFilterTime)) {
+				return "", nil, fmt.Errorf("%w: %s bound %v: need a time in years 1 to 9999 (a zero time for an open bound)", ErrInvalidFilter, r.col, t)
+			}
 		}
 		if !r.from.IsZero() {
 			b.WriteString(" AND " + r.col + " >= ?")

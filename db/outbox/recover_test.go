@@ -162,6 +162,13 @@ func TestRecoverRefusesBadFilters(t *testing.T) {
 		"empty ID":      {IDs: []string{""}},
 		"NUL in type":   {Type: "a\x00"},
 		"too many keys": {Keys: make([]string, outbox.MaxRecoverList+1)},
+		// Found by attacking the code: a far bound overflowed the
+		// stored times (SQLite's microseconds, PostgreSQL's range): a
+		// "max time" upper bound or a far lower bound selected nothing
+		// (year 300000: PostgreSQL's "timestamp out of range").
+		"max time":       {CreatedTo: time.Unix(1<<63-62135596801, 999999999)},
+		"far died bound": {DiedTo: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)},
+		"far lower":      {CreatedFrom: time.Date(-300000, 1, 1, 0, 0, 0, 0, time.UTC)},
 	} {
 		_, err := ob.Recover(ctx, f)
 		require.ErrorIs(t, err, outbox.ErrInvalidFilter, name)

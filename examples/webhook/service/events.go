@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -121,8 +122,24 @@ func (s *Service) Event(ctx context.Context, id string) (EventInfo, error) {
 	return s.store.event(ctx, id)
 }
 
+// checkEventID refuses, as unknown, an ID no event can have: longer than an
+// outbox ID, not UTF-8 or with a NUL byte (PostgreSQL would refuse it with
+// an error, a 500, where SQLite answers "no such row").
+func checkEventID(id string) error {
+	switch {
+	case len(id) > outbox.MaxIDLen:
+		return fmt.Errorf("%w: an ID of %d bytes (at most %d)", ErrUnknownEvent, len(id), outbox.MaxIDLen)
+	case !utf8.ValidString(id) || strings.ContainsRune(id, 0):
+		return fmt.Errorf("%w: %q (not UTF-8 text)", ErrUnknownEvent, id)
+	}
+	return nil
+}
+
 func (st *Store) event(ctx context.Context, id string) (EventInfo, error) {
 	var ev EventInfo
+	if err := checkEventID(id); err != nil {
+		return ev, err
+	}
 	var us int64
 	err := st.db.QueryRowContext(ctx, st.rebind(`SELECT id, partner, type, received_at FROM `+st.intake+` WHERE id = ?`), id).
 		Scan(&ev.ID, &ev.Partner, &ev.Type, &us)
@@ -333,6 +350,11 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 	if s.closed.Load() {
 		return res, ErrClosed
 	}
+	if id != "" {
+		if err := checkEventID(id); err != nil {
+			return res, err
+		}
+	}
 	cands, err := s.store.replayCandidates(ctx, partner, id, from, to)
 	if err != nil {
 		return res, err
@@ -367,7 +389,7 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 	if len(dead) > 0 {
 		moved, err := s.relay.r.Recover(ctx, outbox.RecoverFilter{IDs: dead})
 		if err != nil {
-			return res, fmt.Errorf("webhook: replay: %w", err)
+			return res, fmt.Errorf("webhook: replay: %w", closedAs(err))
 		}
 		got := map[string]bool{}
 		for _, m := range moved {
@@ -384,9 +406,25 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 		}
 	}
 	if len(requeue) > 0 {
-		if err := s.requeue(ctx, requeue); err != nil {
+		gone, err := s.requeue(ctx, requeue)
+		if err != nil {
 			res.Requeued = nil
 			return res, fmt.Errorf("webhook: replay: %w", err)
+		}
+		// Rows the retention deleted since the candidates were read:
+		// expired, not sent (the others are).
+		if len(gone) > 0 {
+			res.Requeued = res.Requeued[:0]
+			kept := requeue[:0]
+			for _, c := range requeue {
+				if gone[c.id] {
+					res.Expired = append(res.Expired, c.id)
+				} else {
+					res.Requeued = append(res.Requeued, c.id)
+					kept = append(kept, c)
+				}
+			}
+			requeue = kept
 		}
 	}
 	for _, c := range requeue {
@@ -406,33 +444,45 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 
 // requeue writes one new outbox row per event (and its replay record), all
 // in one transaction: the new deliveries enter the backlog first, as the
-// intake's do, so that a delivery always finds its row counted.
-func (s *Service) requeue(ctx context.Context, cands []*replayCand) error {
+// intake's do, so that a delivery always finds its row counted. It returns
+// the events whose row the retention deleted since they were read (not
+// sent again).
+func (s *Service) requeue(ctx context.Context, cands []*replayCand) (map[string]bool, error) {
 	now := s.now().UTC()
 	rows := make([]string, len(cands))
 	for i, c := range cands {
 		u, err := uuid.NewV7()
 		if err != nil {
-			return err
+			return nil, err
 		}
 		rows[i] = u.String()
 		s.backlog.load(c.partner, rows[i], now)
 	}
-	err := s.store.writeReplays(ctx, cands, rows, now)
+	gone, err := s.store.writeReplays(ctx, cands, rows, now)
 	if err != nil {
 		for i, c := range cands {
 			s.backlog.drop(c.partner, rows[i])
 		}
-		return err
+		return nil, err
 	}
-	s.metrics.enqueued(ctx, cands[0].partner, int64(len(cands)))
-	return nil
+	for i, c := range cands {
+		if gone[c.id] {
+			s.backlog.drop(c.partner, rows[i])
+		}
+	}
+	if n := len(cands) - len(gone); n > 0 {
+		s.metrics.enqueued(ctx, cands[0].partner, int64(n))
+	}
+	return gone, nil
 }
 
-func (st *Store) writeReplays(ctx context.Context, cands []*replayCand, rows []string, now time.Time) error {
+// writeReplays writes the replay rows of cands; an event whose original
+// row is gone (deleted by the retention after the candidates were read) is
+// left out and returned in gone.
+func (st *Store) writeReplays(ctx context.Context, cands []*replayCand, rows []string, now time.Time) (gone map[string]bool, err error) {
 	tx, err := st.db.BeginTx(ctx, nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer tx.Rollback()
 	ins := st.rebind(`INSERT INTO ` + st.replay + ` (row_id, event_id, partner, requested_at) VALUES (?, ?, ?, ?)`)
@@ -441,20 +491,28 @@ func (st *Store) writeReplays(ctx context.Context, cands []*replayCand, rows []s
 		// One payload in memory at a time (each up to MaxBodyBytes and
 		// a little), not a whole range's.
 		var payload []byte
-		if err := tx.QueryRowContext(ctx, sel, c.id).Scan(&payload); err != nil {
-			return fmt.Errorf("payload of %q: %w", c.id, err)
+		err := tx.QueryRowContext(ctx, sel, c.id).Scan(&payload)
+		if errors.Is(err, sql.ErrNoRows) {
+			if gone == nil {
+				gone = map[string]bool{}
+			}
+			gone[c.id] = true
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("payload of %q: %w", c.id, err)
 		}
 		// The original's intake time: the body and Webhook-Timestamp are
 		// the event's, byte for byte.
 		if _, err := st.ob.Write(ctx, tx, outbox.Event{ID: rows[i], Key: c.partner, Type: c.typ, Payload: payload,
 			Headers: map[string]string{webhookIDHeader: c.id}, CreatedAt: c.received}); err != nil {
-			return err
+			return nil, err
 		}
 		if _, err := tx.ExecContext(ctx, ins, rows[i], c.id, c.partner, now.UnixMicro()); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return tx.Commit()
+	return gone, tx.Commit()
 }
 
 // replayCandidates reads the events a replay considers (one ID, or a

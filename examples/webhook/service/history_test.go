@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -200,4 +201,66 @@ func TestAttemptHistoryCleanup(t *testing.T) {
 	cfg.Partners, cfg.Store, cfg.History = map[string]string{"p": "http://127.0.0.1:1"}, h.store, 30*time.Second
 	_, err = New(ctx, cfg)
 	require.ErrorIs(t, err, ErrInvalidConfig)
+}
+
+// Found by attacking the code: GET /events/%FF (invalid UTF-8) or
+// /events/a%00b (a NUL byte), and their page and replay, answered 500 with
+// PostgreSQL's "invalid byte sequence" (SQLite answered 404). An ID no event
+// can have (not UTF-8 text, or longer than an outbox ID) is now an unknown
+// event on both databases, and a huge one is not echoed whole; SQL-ish and
+// path-like IDs are plain unknown IDs.
+func TestEventLookupAndReplayAnswerNotFoundForImpossibleIDs(t *testing.T) {
+	for name, open := range map[string]func(t *testing.T) func() (*Store, error){
+		"sqlite":   func(t *testing.T) func() (*Store, error) { return nil },
+		"postgres": postgresStore,
+	} {
+		t.Run(name, func(t *testing.T) {
+			mod := func(c *Config) { c.Partners = map[string]string{"p": "http://127.0.0.1:1"} }
+			var h *harness
+			if o := open(t); o != nil {
+				h = newHarnessOn(t, o, nil, mod)
+			} else {
+				h = newHarness(t, nil, mod)
+			}
+			huge := strings.Repeat("a", 100000)
+			for _, id := range []string{"%FF", "a%00b", "'%20OR%201=1--", "..%2F..%2Fmetrics", huge} {
+				for _, u := range []string{"/events/" + id, "/ui/events/" + id} {
+					resp, err := http.Get(h.admin.URL + u)
+					require.NoError(t, err)
+					body, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					require.Equal(t, http.StatusNotFound, resp.StatusCode, "GET %.60s: %.200s", u, body)
+					require.Less(t, len(body), 1000, "GET %.60s: the ID echoed whole", u)
+				}
+				code, body := adminForm(t, h.admin.URL+"/events/"+id+"/replay", nil, nil)
+				require.Equal(t, http.StatusNotFound, code, "replay %.60s: %.200s", id, body)
+			}
+		})
+	}
+}
+
+// A partner's response body (and the error made from it) is recorded and
+// shown on the operator pages: it is the partner's text, escaped, never
+// markup of the page (tried while attacking the code: it held).
+func TestOperatorPagesEscapeAPartnersResponseBody(t *testing.T) {
+	evil := `<script>alert(1)</script><img src=x onerror=alert(2)>`
+	ep := newScripted(t, func(int, string) (int, string) { return http.StatusInternalServerError, evil })
+	h := newHarness(t, map[string]sim.Behavior{}, func(c *Config) {
+		c.Partners = map[string]string{"p": ep.srv.URL}
+		c.Retry = keysched.RetryPolicy{MaxAttempts: 1, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}
+	})
+	_, id := h.post("p", 0)
+	require.Eventually(t, func() bool { return len(h.parked()) == 1 }, waitLong, 5*time.Millisecond)
+	require.Equal(t, evil, h.event(id).Attempts[0].Body)
+	for _, u := range []string{"/", "/ui/partners/p", "/ui/events/" + id} {
+		resp, err := http.Get(h.admin.URL + u)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NotContains(t, string(b), "<script", u)
+		require.NotContains(t, string(b), "<img", u)
+		if strings.HasPrefix(u, "/ui/events/") {
+			require.Contains(t, string(b), "&lt;script&gt;", u)
+		}
+	}
 }

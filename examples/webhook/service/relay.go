@@ -72,6 +72,15 @@ func (rl *relay) resume(ctx context.Context, partner string) error {
 	if errors.Is(err, outbox.ErrNotParked) {
 		return fmt.Errorf("%w: %q", ErrNotParked, partner)
 	}
+	return closedAs(err)
+}
+
+// closedAs makes the relay's ErrClosed (a Close that began after the
+// action's own check) the service's ErrClosed too.
+func closedAs(err error) error {
+	if errors.Is(err, outbox.ErrClosed) {
+		return fmt.Errorf("%w: %w", ErrClosed, err)
+	}
 	return err
 }
 
@@ -90,7 +99,7 @@ func (rl *relay) skip(ctx context.Context, partner string) (string, error) {
 		if errors.Is(err, outbox.ErrNotParked) {
 			return "", fmt.Errorf("%w: %q", ErrNotParked, partner)
 		}
-		return "", err
+		return "", closedAs(err)
 	}
 	return id, nil
 }

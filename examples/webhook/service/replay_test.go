@@ -193,3 +193,34 @@ func TestReplayRangeRefusesTooMany(t *testing.T) {
 	require.Len(t, res.Expired, MaxReplay, "no payload in the outbox for these: past retention")
 	require.Empty(t, res.Requeued)
 }
+
+// Found by attacking the code: an event whose delivered row the retention
+// deleted between the replay's read of its candidates and its write (a
+// trigger here deletes it in the write's own transaction, after the first
+// replay row) failed the whole range with "payload of ...: no rows" and
+// replayed nothing. It is now reported as expired, and the others are sent.
+func TestReplayReportsRowsTheRetentionDeletesMeanwhileAsExpired(t *testing.T) {
+	ep := newScripted(t, func(int, string) (int, string) { return http.StatusNoContent, "" })
+	h := newHarness(t, map[string]sim.Behavior{}, func(c *Config) {
+		c.Partners = map[string]string{"p": ep.srv.URL}
+	})
+	from := time.Now().Add(-time.Second)
+	_, e0 := h.post("p", 0)
+	_, e1 := h.post("p", 1)
+	require.Eventually(t, func() bool {
+		return h.event(e0).State == StateDelivered && h.event(e1).State == StateDelivered
+	}, waitLong, 5*time.Millisecond)
+	ctx := context.Background()
+	tbl := h.store.ob.Table()
+	_, err := h.store.db.ExecContext(ctx, fmt.Sprintf(`CREATE TRIGGER retention_meanwhile AFTER INSERT ON %s
+WHEN NEW.id NOT IN ('%s', '%s') BEGIN DELETE FROM %s WHERE id = '%s'; END`, tbl, e0, e1, tbl, e1))
+	require.NoError(t, err)
+	res, err := h.svc.ReplayRange(ctx, "p", from, time.Now().Add(time.Second))
+	require.NoError(t, err)
+	require.Equal(t, []string{e0}, res.Requeued)
+	require.Equal(t, []string{e1}, res.Expired)
+	require.Eventually(t, func() bool { ids, _ := ep.received(); return len(ids) == 3 }, waitLong, 5*time.Millisecond)
+	ids, _ := ep.received()
+	require.Equal(t, []string{e0, e1, e0}, ids)
+	require.Eventually(t, func() bool { return h.status("p").Backlog == 0 }, waitLong, 5*time.Millisecond, "the left-out replay row is not counted")
+}

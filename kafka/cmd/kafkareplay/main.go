@@ -45,7 +45,7 @@ type cli struct {
 
 	DLQ           string  `name:"dlq" required:"" placeholder:"TOPIC" help:"The dead-letter topic to read."`
 	DLQPartitions []int32 `name:"dlq-partition" sep:"," placeholder:"P" help:"Its partitions to read (comma-separated; default: all)."`
-	Offsets       string  `placeholder:"FROM-TO" help:"Its offsets to read in each partition, both ends included: 17-42, 17- or -42 (default: all)."`
+	Offsets       string  `placeholder:"FROM-TO" help:"Its offsets to read in each partition, both ends included: 17-42, 17-, 17 or --offsets=-42 (default: all)."`
 
 	Topics     []string `name:"topic" sep:"," placeholder:"TOPIC" help:"Select records failed in these original topics (comma-separated; default: any)."`
 	Partitions []int32  `name:"partition" sep:"," placeholder:"P" help:"Select records failed in these original partitions (comma-separated; default: any)."`
@@ -124,6 +124,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 			err = nil
 		}
 	}()
+	if err := emptyFilter(args); err != nil {
+		return usageError{err}
+	}
 	if _, err := parser.Parse(args); err != nil {
 		return usageError{err}
 	}
@@ -142,6 +145,27 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		print(stdout, rep)
 	}
 	return err
+}
+
+// filterFlags are the flags whose empty value would mean "no filter": given
+// empty (a script's unset variable, --topic "$TOPIC"), they would widen the
+// selection to everything. --key "" is a filter (the empty key); --error ""
+// is refused too: leave the flag out to match any message.
+var filterFlags = []string{"--dlq-partition", "--offsets", "--topic", "--partition", "--since", "--until", "--error"}
+
+// emptyFilter refuses a filter flag given an empty value.
+func emptyFilter(args []string) error {
+	for i, a := range args {
+		if a == "--" {
+			return nil
+		}
+		for _, f := range filterFlags {
+			if a == f+"=" || a == f && i+1 < len(args) && args[i+1] == "" {
+				return fmt.Errorf("%s given an empty value: it would select everything (leave the flag out for that)", f)
+			}
+		}
+	}
+	return nil
 }
 
 // options turns the flags into kafka.ReplayOptions.

@@ -211,6 +211,14 @@ func TestBadInputIsRefusedWithAStatus(t *testing.T) {
 		{"past the limit", []string{"--brokers", b, "--dlq", "over"}, exitRefused, "over/0@0: kafka: replay limit reached"},
 		{"nothing matches", []string{"--brokers", b, "--dlq", "dlq", "--key", "zzz"}, exitRefused, "none selected by the filters"},
 		{"unreachable", []string{"--brokers", "127.0.0.1:1", "--dlq", "dlq", "--timeout", "2s"}, exitFailed, "127.0.0.1:1"},
+		// Found by attacking the code: --topic "" (a script's unset
+		// variable) parsed as no topic filter and replayed every
+		// topic's dead letters; so did the other filters given empty.
+		{"empty topic", []string{"--brokers", b, "--dlq", "dlq", "--topic", ""}, exitUsage, "--topic given an empty value"},
+		{"empty partition", []string{"--brokers", b, "--dlq", "dlq", "--partition="}, exitUsage, "--partition given an empty value"},
+		{"empty dead-letter partition", []string{"--brokers", b, "--dlq", "dlq", "--dlq-partition", ""}, exitUsage, "--dlq-partition given"},
+		{"empty since", []string{"--brokers", b, "--dlq", "dlq", "--since", ""}, exitUsage, "--since given"},
+		{"empty error", []string{"--brokers", b, "--dlq", "dlq", "--error="}, exitUsage, "--error given"},
 	} {
 		_, errOut, status := runArgs(t, c.args...)
 		if status != c.status || !strings.Contains(errOut, c.msg) {
