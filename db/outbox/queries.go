@@ -101,6 +101,7 @@ type queries struct {
 	markSentDelete, markSentUpdate     string // SQLite: a prefix; the seq list and markSentSuffix are appended
 	markSentSuffix                     string
 	probeToken                         string // fails when the lease table lacks the token column
+	probeTable                         string // fails when the outbox table is missing
 	markDead, cleanup                  string
 	listenChannel, notifyChannelQuoted string
 }
@@ -172,6 +173,7 @@ func newQueries(d Dialect, t string) queries {
 	q.releaseAll = r(`DELETE FROM ` + l + ` WHERE owner = ? AND token = ?`)
 	q.releaseOthers = r(`DELETE FROM ` + l + ` WHERE owner = ? AND (token IS NULL OR token <> ?)`)
 	q.probeToken = `SELECT token FROM ` + l + ` LIMIT 0`
+	q.probeTable = `SELECT seq, id, key, type, payload, headers, created_at, state, attempts, last_error, done_at FROM ` + t + ` LIMIT 0`
 	// The keys with pending rows, walked in key order from a cursor one
 	// index probe per key (a loose index scan on the pending rows' (key,
 	// seq) index), at most a given number of keys per call, each with

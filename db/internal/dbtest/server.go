@@ -47,8 +47,9 @@ type Server struct {
 	user string // run as this OS user ("" = the current one)
 }
 
-// NewServer starts a private PostgreSQL instance for t (initdb on a
-// temporary directory takes about a second) and returns it running. Without
+// NewServer starts a private PostgreSQL instance for t and returns it
+// running: a copy of a data directory made once by initdb (see template),
+// started with fsync off. Without
 // the binaries it skips t loudly, or fails it when KEYSCHED_REQUIRE_POSTGRES=1,
 // as Postgres does for the shared server.
 func NewServer(t testing.TB) *Server {
@@ -76,18 +77,9 @@ func NewServer(t testing.TB) *Server {
 	if os.Geteuid() == 0 {
 		// PostgreSQL refuses to run as root.
 		s.user = "postgres"
-		u, err := user.Lookup(s.user)
-		if err != nil {
+		if err := s.chown(dir, s.sock); err != nil {
 			os.RemoveAll(dir)
-			t.Fatalf("dbtest: running as root and no OS user postgres to run the server as: %v", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		for _, p := range []string{dir, s.sock} {
-			if err := os.Chown(p, uid, gid); err != nil {
-				os.RemoveAll(dir)
-				t.Fatal(err)
-			}
+			t.Fatal(err)
 		}
 	}
 	t.Cleanup(func() {
@@ -96,11 +88,74 @@ func NewServer(t testing.TB) *Server {
 		s.signalAll(syscall.SIGKILL)
 		os.RemoveAll(dir)
 	})
-	if out, err := s.run(filepath.Join(bin, "initdb"), "-D", s.data, "-N", "-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C"); err != nil {
-		t.Fatalf("dbtest: initdb: %v\n%s", err, out)
+	tmpl, err := s.template()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// cp -a keeps the owner (postgres) and the modes PostgreSQL checks.
+	if out, err := exec.Command("cp", "-a", tmpl, s.data).CombinedOutput(); err != nil {
+		t.Fatalf("dbtest: copy the initdb template: %v\n%s", err, out)
 	}
 	s.Start()
 	return s
+}
+
+// template returns a data directory made by initdb, shared by every Server
+// of the machine (of this binary directory and user): initdb takes seconds
+// on a loaded machine, a copy a fraction of one. It lives in the temporary
+// directory like Go's build cache, made once (in a directory of its own,
+// then renamed into place, so concurrent test processes never see half of
+// one) and never changed: each Server copies it.
+func (s *Server) template() (string, error) {
+	final := filepath.Join(os.TempDir(), fmt.Sprintf("keysched-pg-template-%d-%x", os.Geteuid(), fnv32(s.bin)))
+	if _, err := os.Stat(filepath.Join(final, "PG_VERSION")); err == nil {
+		return final, nil
+	}
+	work, err := os.MkdirTemp("", "keysched-pg-initdb-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(work)
+	if s.user != "" {
+		if err := s.chown(work); err != nil {
+			return "", err
+		}
+	}
+	data := filepath.Join(work, "data")
+	if out, err := s.run(filepath.Join(s.bin, "initdb"), "-D", data, "-N", "-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C"); err != nil {
+		return "", fmt.Errorf("dbtest: initdb: %w\n%s", err, out)
+	}
+	if err := os.Rename(data, final); err != nil {
+		if _, e := os.Stat(filepath.Join(final, "PG_VERSION")); e == nil {
+			return final, nil // another process made it first
+		}
+		return "", fmt.Errorf("dbtest: initdb template: %w", err)
+	}
+	return final, nil
+}
+
+func fnv32(s string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= 16777619
+	}
+	return h
+}
+
+func (s *Server) chown(paths ...string) error {
+	u, err := user.Lookup(s.user)
+	if err != nil {
+		return fmt.Errorf("dbtest: running as root and no OS user %s to run the server as: %w", s.user, err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	for _, p := range paths {
+		if err := os.Chown(p, uid, gid); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // DSN returns the instance's DSN (key=value form, for pgx): its socket

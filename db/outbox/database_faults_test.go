@@ -1,0 +1,340 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keysched/keysched/db/internal/dbtest"
+	"github.com/keysched/keysched/db/outbox"
+	"github.com/keysched/keysched/db/sqldb"
+)
+
+// logLines is a slog.Handler that counts records by message (all levels).
+type logLines struct {
+	mu  sync.Mutex
+	n   map[string]int
+	all []string
+}
+
+func newLogLines() *logLines { return &logLines{n: map[string]int{}} }
+
+func (l *logLines) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logLines) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *logLines) WithGroup(string) slog.Handler            { return l }
+func (l *logLines) Handle(_ context.Context, r slog.Record) error {
+	var b strings.Builder
+	b.WriteString(r.Message)
+	r.Attrs(func(a slog.Attr) bool { fmt.Fprintf(&b, " %s=%v", a.Key, a.Value); return true })
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.n[r.Message]++
+	l.all = append(l.all, b.String())
+	return nil
+}
+
+// count returns the records whose message contains s.
+func (l *logLines) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for m, c := range l.n {
+		if strings.Contains(m, s) {
+			n += c
+		}
+	}
+	return n
+}
+
+func (l *logLines) dump() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.all, "\n")
+}
+
+// Log messages of the relay's database health (see health.go).
+const (
+	msgFailing   = "database failing"
+	msgStill     = "database still failing"
+	msgRecovered = "database recovered"
+)
+
+// idemWriter writes event j of key k with the ID "k/j" in a transaction of
+// its own, retrying while the database is away, as an application would
+// (a duplicate ID means an earlier try committed).
+func idemWrite(ctx context.Context, ob *outbox.Outbox, k string, j int) error {
+	for {
+		err := func() error {
+			tx, err := ob.DB().BeginTx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback()
+			if _, err := ob.Write(ctx, tx, outbox.Event{ID: fmt.Sprintf("%s/%d", k, j), Key: k, Payload: []byte(fmt.Sprint(j))}); err != nil {
+				return err
+			}
+			return tx.Commit()
+		}()
+		if err == nil || errors.Is(err, outbox.ErrDuplicateID) {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A server restarted (stopped fast, then started after longer than a lease)
+// and then crashed (SIGKILL, started again) while two relays publish and an
+// application writes: Run never returns, the relays reconnect and claim the
+// keys whose leases expired meanwhile, every event arrives in order, and each
+// relay logs the outage as a few lines (failing, at most one "still
+// failing", recovered), not one per failed call.
+func TestRelaySurvivesServerRestart(t *testing.T) {
+	srv := dbtest.NewServer(t)
+	db := srv.Open(t)
+	ob := newOutbox(t, db)
+	const keys, perKey = 8, 30
+	rec := newRecorder(keys * perKey)
+	sink := func(ctx context.Context, e outbox.Event) error {
+		time.Sleep(2 * time.Millisecond) // a backlog: keys are held when the server goes
+		return rec.sink(ctx, e)
+	}
+	lease := 300 * time.Millisecond
+	var logs [2]*logLines
+	var relays [2]*outbox.Relay
+	errc := make(chan error, 2)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for i := range relays {
+		logs[i] = newLogLines()
+		r, err := ob.NewRelay(sink, outbox.WithLeaseDuration(lease), outbox.WithPollInterval(20*time.Millisecond),
+			outbox.WithLogger(slog.New(logs[i])), outbox.WithOwner(fmt.Sprintf("relay-%d", i)))
+		require.NoError(t, err)
+		relays[i] = r
+		go func() { errc <- r.Run(ctx) }()
+	}
+	var wrote atomic.Int64
+	var wg sync.WaitGroup
+	for k := range keys {
+		wg.Go(func() {
+			for j := range perKey {
+				require.NoError(t, idemWrite(ctx, ob, key(k), j))
+				wrote.Add(1)
+			}
+		})
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	delivered := func() int {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return len(rec.ids)
+	}
+	t0 := time.Now()
+	phase := func(what string) {
+		t.Logf("%v: %s (%d delivered)", time.Since(t0).Round(time.Millisecond), what, delivered())
+	}
+	waitFor("a third delivered", func() bool { return delivered() >= keys*perKey/3 })
+	phase("stop")
+	require.NotZero(t, relays[0].Stats().KeysHeld+relays[1].Stats().KeysHeld, "keys leased when the server stops")
+	srv.Stop()
+	time.Sleep(3 * lease) // every lease expires
+	phase("start")
+	srv.Start()
+	phase("started")
+	waitFor("two thirds delivered", func() bool { return delivered() >= 2*keys*perKey/3 })
+	phase("kill")
+	srv.Kill()
+	time.Sleep(3 * lease)
+	phase("start")
+	srv.Start()
+	phase("started")
+	wg.Wait()
+	phase("written")
+	rec.wait(t, 30*time.Second)
+	phase("delivered")
+	select {
+	case err := <-errc:
+		t.Fatalf("Run returned during the outage: %v", err)
+	default:
+	}
+	for i, r := range relays {
+		cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+		require.NoError(t, r.Close(cctx))
+		ccancel()
+		require.NoError(t, <-errc)
+		st := r.Stats()
+		t.Logf("relay %d: %+v", i, st)
+		require.NotZero(t, st.DBErrorKinds.Connection, "relay %d: connection errors counted", i)
+		require.Equal(t, st.DBErrors, st.DBErrorKinds.Connection+st.DBErrorKinds.Timeout+st.DBErrorKinds.Conflict+
+			st.DBErrorKinds.Schema+st.DBErrorKinds.ReadOnly+st.DBErrorKinds.Other, "relay %d: kinds add up", i)
+		require.Zero(t, st.DBFailingFor, "relay %d: recovered", i)
+		// Two outages: a line when each starts, at most one "still
+		// failing" each (after 10 failed calls), one when it ends; a
+		// call that fails on a connection broken by the outage after
+		// the recovery may add a pair.
+		failing, still, recovered := logs[i].count(msgFailing), logs[i].count(msgStill), logs[i].count(msgRecovered)
+		require.GreaterOrEqual(t, failing, 2, "relay %d logs:\n%s", i, logs[i].dump())
+		require.LessOrEqual(t, failing, 4, "relay %d logs:\n%s", i, logs[i].dump())
+		require.LessOrEqual(t, still, 4, "relay %d logs:\n%s", i, logs[i].dump())
+		require.Equal(t, failing, recovered, "relay %d logs:\n%s", i, logs[i].dump())
+		require.Less(t, failing+still+recovered, int(st.DBErrors), "relay %d: fewer lines than failed calls", i)
+	}
+	dups := rec.check(t, keys, perKey)
+	t.Logf("%d events, %d duplicates", keys*perKey, dups)
+	require.Zero(t, counts(t, ob)[outbox.Pending], "nothing left pending")
+}
+
+// With WithMaxOutage, a relay whose database stays away returns from Run
+// with an error wrapping ErrDatabaseUnavailable (and the last error, a
+// connection error) once the bound has passed; without it, Run goes on.
+func TestRunGivesUpAfterMaxOutage(t *testing.T) {
+	srv := dbtest.NewServer(t)
+	db := srv.Open(t)
+	ob := newOutbox(t, db)
+	rec := newRecorder(0)
+	bounded, err := ob.NewRelay(rec.sink, outbox.WithPollInterval(20*time.Millisecond), outbox.WithMaxOutage(time.Second), outbox.WithLogger(quiet))
+	require.NoError(t, err)
+	forever, err := ob.NewRelay(rec.sink, outbox.WithPollInterval(20*time.Millisecond), outbox.WithLogger(quiet))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errB, errF := make(chan error, 1), make(chan error, 1)
+	go func() { errB <- bounded.Run(ctx) }()
+	go func() { errF <- forever.Run(ctx) }()
+	waitPolls(t, bounded, 3)
+	waitPolls(t, forever, 3)
+	stopped := time.Now()
+	srv.Stop()
+	select {
+	case err := <-errB:
+		took := time.Since(stopped)
+		t.Logf("Run returned after %v: %v", took, err)
+		require.ErrorIs(t, err, outbox.ErrDatabaseUnavailable)
+		require.Equal(t, sqldb.KindConnection, sqldb.Classify(err), "wraps the last (connection) error")
+		require.GreaterOrEqual(t, took, time.Second)
+		require.Less(t, took, 10*time.Second)
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not give up")
+	}
+	select {
+	case err := <-errF:
+		t.Fatalf("Run without WithMaxOutage returned: %v", err)
+	default:
+	}
+	require.Greater(t, forever.Stats().DBFailingFor, 500*time.Millisecond)
+	srv.Start()
+	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer ccancel()
+	require.NoError(t, forever.Close(cctx))
+	require.NoError(t, <-errF)
+	require.Error(t, bounded.Close(cctx), "Close after Run gave up reports the failed release")
+}
+
+// Close is bounded by its context (plus keysched.CloseGrace) while the
+// server hangs (every server process stopped with SIGSTOP: queries and new
+// connections wait, nothing fails by itself), with a relay holding keys and
+// published rows to mark: it returns an error wrapping the context's, and
+// Run returns once its last calls hit their bound (a third of the lease,
+// each).
+func TestCloseBoundedWhileServerHangs(t *testing.T) {
+	srv := dbtest.NewServer(t)
+	db := srv.Open(t)
+	ob := newOutbox(t, db)
+	writeEvents(t, ob, 4, 50, 50)
+	var calls atomic.Int64
+	sink := func(ctx context.Context, e outbox.Event) error {
+		calls.Add(1)
+		select {
+		case <-time.After(2 * time.Millisecond):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	// Lease 3 s: Run's last two calls (mark, release) wait 1 s each.
+	r, err := ob.NewRelay(sink, outbox.WithLogger(quiet), outbox.WithPollInterval(20*time.Millisecond), outbox.WithLeaseDuration(3*time.Second))
+	require.NoError(t, err)
+	errc := make(chan error, 1)
+	go func() { errc <- r.Run(context.Background()) }()
+	for calls.Load() < 20 {
+		time.Sleep(time.Millisecond)
+	}
+	srv.Pause()
+	defer srv.Resume()
+	cctx, ccancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer ccancel()
+	start := time.Now()
+	err = r.Close(cctx)
+	took := time.Since(start)
+	t.Logf("Close took %v: %v", took, err)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Less(t, took, 3*time.Second, "Close bounded by its context plus the grace")
+	select {
+	case err := <-errc:
+		require.NoError(t, err)
+		t.Logf("Run returned %v after Close", time.Since(start))
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return")
+	}
+}
+
+// Run on a database without the outbox's tables returns an error wrapping
+// ErrNoSchema at once (before: it polled and logged a failed call every
+// poll interval, for ever); on a lease table without the token column,
+// ErrSchemaOutdated (as before).
+func TestRunWithoutSchemaFailsAtOnce(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ctx := context.Background()
+		table := dbtest.Table(t, db, "nos")
+		ob, err := outbox.New(db, outbox.WithTable(table))
+		require.NoError(t, err)
+		logs := newLogLines()
+		run := func() error {
+			r, err := ob.NewRelay(newRecorder(0).sink, outbox.WithLogger(slog.New(logs)), outbox.WithPollInterval(10*time.Millisecond))
+			require.NoError(t, err)
+			errc := make(chan error, 1)
+			go func() { errc <- r.Run(ctx) }()
+			select {
+			case err := <-errc:
+				require.NoError(t, r.Close(ctx))
+				return err
+			case <-time.After(10 * time.Second):
+				require.NoError(t, r.Close(ctx))
+				t.Fatal("Run did not return")
+				return nil
+			}
+		}
+		err = run()
+		require.ErrorIs(t, err, outbox.ErrNoSchema)
+		require.Contains(t, err.Error(), table)
+		t.Log(err)
+		// The outbox table alone: the lease table is missing.
+		_, err = db.ExecContext(ctx, ob.Schema()[0])
+		require.NoError(t, err)
+		err = run()
+		require.ErrorIs(t, err, outbox.ErrNoSchema)
+		require.Contains(t, err.Error(), table+"_lease")
+		require.Zero(t, logs.count(msgFailing), "a missing schema is an error, not an outage:\n%s", logs.dump())
+		require.NoError(t, ob.CreateSchema(ctx))
+	})
+}
