@@ -187,7 +187,7 @@ func TestRelaySurvivesServerRestart(t *testing.T) {
 		t.Logf("relay %d: %+v", i, st)
 		require.NotZero(t, st.DBErrorKinds.Connection, "relay %d: connection errors counted", i)
 		require.Equal(t, st.DBErrors, st.DBErrorKinds.Connection+st.DBErrorKinds.Timeout+st.DBErrorKinds.Conflict+
-			st.DBErrorKinds.Schema+st.DBErrorKinds.ReadOnly+st.DBErrorKinds.Other, "relay %d: kinds add up", i)
+			st.DBErrorKinds.Schema+st.DBErrorKinds.Storage+st.DBErrorKinds.Other, "relay %d: kinds add up", i)
 		require.Zero(t, st.DBFailingFor, "relay %d: recovered", i)
 		// Two outages: a line when each starts, "still failing" after
 		// 10 and 100 failed calls, one when it ends (the two merge into

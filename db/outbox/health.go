@@ -17,7 +17,7 @@ type DBErrorCounts struct {
 	Timeout    uint64 // statement_timeout, lock_timeout, or the relay's own bound on a call
 	Conflict   uint64 // deadlock, serialization failure, SQLite busy or locked
 	Schema     uint64 // a table or column missing
-	ReadOnly   uint64 // the database refuses writes (a standby; a read-only SQLite file or directory)
+	Storage    uint64 // the database cannot write: read-only (a standby, a read-only SQLite file), a failing or full disk
 	Other      uint64 // anything else
 }
 
@@ -103,7 +103,7 @@ func (h *health) counts() DBErrorCounts {
 		Timeout:    h.kinds[sqldb.KindTimeout].Load(),
 		Conflict:   h.kinds[sqldb.KindConflict].Load(),
 		Schema:     h.kinds[sqldb.KindSchema].Load(),
-		ReadOnly:   h.kinds[sqldb.KindReadOnly].Load(),
+		Storage:    h.kinds[sqldb.KindStorage].Load(),
 		Other:      h.kinds[sqldb.KindOther].Load(),
 	}
 }

@@ -21,6 +21,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(sqliteHolderEnv) != "" {
+		sqliteHolderChild() // exits
+	}
 	if os.Getenv(pausedChildEnv) != "" {
 		pausedRelayChild() // exits
 	}

@@ -273,10 +273,12 @@ const (
 	// KindSchema: a table or column is missing (the schema was not
 	// created, or is older than the code).
 	KindSchema
-	// KindReadOnly: the database refuses writes (a PostgreSQL hot standby
-	// after a failover went the wrong way, SQLSTATE 25006; a read-only
-	// SQLite file or directory, SQLITE_READONLY or SQLITE_CANTOPEN).
-	KindReadOnly
+	// KindStorage: the database cannot write: a read-only database (a
+	// PostgreSQL hot standby after a failover went the wrong way, SQLSTATE
+	// 25006; a read-only SQLite file, SQLITE_READONLY or SQLITE_CANTOPEN),
+	// a failing or full disk (SQLITE_IOERR, SQLITE_FULL, PostgreSQL's
+	// 53100 disk_full and 58030 io_error).
+	KindStorage
 	numKinds
 )
 
@@ -284,7 +286,7 @@ const (
 const NumErrorKinds = int(numKinds)
 
 // String returns "other", "connection", "timeout", "conflict", "schema" or
-// "read-only".
+// "storage".
 func (k ErrorKind) String() string {
 	switch k {
 	case KindOther:
@@ -297,8 +299,8 @@ func (k ErrorKind) String() string {
 		return "conflict"
 	case KindSchema:
 		return "schema"
-	case KindReadOnly:
-		return "read-only"
+	case KindStorage:
+		return "storage"
 	}
 	return "ErrorKind(" + strconv.Itoa(int(k)) + ")"
 }
@@ -322,8 +324,8 @@ func Classify(err error) ErrorKind {
 			return KindConflict
 		case c == "42P01", c == "42703", c == "3F000": // undefined table, column, schema
 			return KindSchema
-		case c == "25006": // read_only_sql_transaction
-			return KindReadOnly
+		case c == "25006", c == "53100", c == "58030": // read_only_sql_transaction, disk_full, io_error
+			return KindStorage
 		}
 		return KindOther
 	}
@@ -332,8 +334,8 @@ func Classify(err error) ErrorKind {
 		switch sqErr.Code() & 0xff {
 		case 5, 6: // SQLITE_BUSY, SQLITE_LOCKED
 			return KindConflict
-		case 8, 14: // SQLITE_READONLY, SQLITE_CANTOPEN
-			return KindReadOnly
+		case 8, 10, 13, 14: // SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN
+			return KindStorage
 		case 1:
 			if m := sqErr.Error(); strings.Contains(m, "no such table") || strings.Contains(m, "no such column") {
 				return KindSchema
