@@ -715,6 +715,14 @@ func (r *Relay) signal() {
 // calls in progress see their context cancelled, and Run returns ctx's error
 // once they have returned. Rows given back stay pending: they are published
 // by this outbox's next relay to claim their key.
+//
+// Run first checks that the outbox's tables exist with the columns it uses:
+// it returns an error wrapping ErrNoSchema (a table missing) or
+// ErrSchemaOutdated (the lease table without its token column) at once. A
+// database that does not answer is an outage, not an error: Run retries
+// every poll interval, then and while it runs, and returns because of the
+// database only with WithMaxOutage (an error wrapping
+// ErrDatabaseUnavailable). See the package doc's "Database faults".
 func (r *Relay) Run(ctx context.Context) error {
 	if r.zero() {
 		return ErrZeroRelay
@@ -837,10 +845,12 @@ func (r *Relay) Run(ctx context.Context) error {
 
 // Close stops the relay: see Run. It waits for Run to return, or for ctx to
 // end: then the sink calls in progress see their context cancelled, the rows
-// not started are given back, and Close returns within keysched.CloseGrace
-// (100 ms) of ctx's end, whatever the sink does, plus the database calls
-// that mark the published rows and release the leases once every sink call
-// has returned (each bounded by a third of the lease). If a sink call still
+// not started are given back, the poll's database calls are cancelled, and
+// Close returns within keysched.CloseGrace (100 ms) of ctx's end, whatever
+// the sink and the database do. If Run is then still marking the published
+// rows and releasing its leases (the database is slow or away), Close
+// returns an error wrapping ctx's error that says so; those calls go on in
+// the background, each bounded by a third of the lease. If a sink call still
 // runs after the grace (it ignores its cancelled context), Close returns an error
 // wrapping ctx's error that counts the sink calls still running; they finish
 // in the background and Run returns once they have: a call that then
@@ -849,7 +859,10 @@ func (r *Relay) Run(ctx context.Context) error {
 // pending, and the relay then releases its leases. If the process exits
 // first, those rows stay pending and are published again (duplicates) once
 // the leases expire. Close returns nil when Run finished in time, ctx's error
-// (wrapped) otherwise. Close without Run releases the scheduler. Close is
+// (wrapped) otherwise; when Run's last calls failed (published rows not
+// marked sent: they are published again once their leases expire; leases
+// not released: their keys wait until they expire), an error saying so,
+// wrapping the database's. Close without Run releases the scheduler. Close is
 // idempotent; only the first call's ctx bounds the drain. A nil ctx gets
 // ErrNilContext.
 func (r *Relay) Close(ctx context.Context) error {
