@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -174,6 +175,10 @@ func TestRelaySurvivesServerRestart(t *testing.T) {
 	phase("written")
 	rec.wait(t, 30*time.Second)
 	phase("delivered")
+	for i, r := range relays {
+		waitHealthy(t, r)
+		waitUntil(t, fmt.Sprintf("relay %d listening again", i), func() bool { return r.Stats().Listening })
+	}
 	select {
 	case err := <-errc:
 		t.Fatalf("Run returned during the outage: %v", err)
@@ -343,6 +348,21 @@ func TestRunWithoutSchemaFailsAtOnce(t *testing.T) {
 	})
 }
 
+// waitHealthy waits until r's database calls succeed: not failing, and
+// three polls without a failed call (a connection broken by a fault may
+// fail once more when the pool hands it out).
+func waitHealthy(t *testing.T, r *outbox.Relay) {
+	t.Helper()
+	for range 100 {
+		before := r.Stats().DBErrors
+		waitPolls(t, r, 3)
+		if st := r.Stats(); st.DBErrors == before && st.DBFailingFor == 0 {
+			return
+		}
+	}
+	t.Fatalf("relay still failing: %+v", r.Stats())
+}
+
 // waitUntil polls cond every 5 ms for up to 30 s.
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -356,7 +376,8 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 }
 
 // The relay's connections terminated (pg_terminate_backend) at random, one
-// every 5-25 ms, while it claims, fetches, publishes, marks and listens:
+// every 5-25 ms, while it claims, fetches, publishes, marks and listens
+// (the application writing a round of events every 15 ms for about 1 s):
 // every event arrives, in order, Run goes on, the failures are counted as
 // connection errors, and each streak of failures is one "failing" line and
 // one "recovered" line.
@@ -368,8 +389,7 @@ func TestRelayConnectionsTerminated(t *testing.T) {
 	setup, err := outbox.New(admin, outbox.WithTable(table))
 	require.NoError(t, err)
 	require.NoError(t, setup.CreateSchema(context.Background()))
-	const keys, perKey = 10, 40
-	writeEvents(t, setup, keys, perKey, 20)
+	const keys, perKey = 10, 60
 	ob, err := outbox.New(db, outbox.WithTable(table))
 	require.NoError(t, err)
 	rec := newRecorder(keys * perKey)
@@ -406,11 +426,23 @@ func TestRelayConnectionsTerminated(t *testing.T) {
 			kills.Add(int64(n))
 		}
 	})
+	// The application writes a round (one event per key, one
+	// transaction, on a connection nobody terminates) every 15 ms.
+	for j := range perKey {
+		tx, err := admin.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		for k := range keys {
+			_, err := setup.Write(ctx, tx, outbox.Event{Key: key(k), Payload: []byte(strconv.Itoa(j))})
+			require.NoError(t, err)
+		}
+		require.NoError(t, tx.Commit())
+		time.Sleep(15 * time.Millisecond)
+	}
 	rec.wait(t, 60*time.Second)
 	close(stop)
 	wg.Wait()
 	waitUntil(t, "nothing pending", func() bool { return counts(t, setup)[outbox.Pending] == 0 })
-	waitPolls(t, r, 3)
+	waitHealthy(t, r)
 	select {
 	case err := <-errc:
 		t.Fatalf("Run returned: %v", err)
@@ -477,6 +509,7 @@ func TestRelayQueryTimeouts(t *testing.T) {
 			require.NoError(t, lock.Commit())
 			rec.wait(t, 30*time.Second)
 			waitUntil(t, "nothing pending", func() bool { return counts(t, setup)[outbox.Pending] == 0 })
+			waitHealthy(t, r)
 			stop()
 			st := r.Stats()
 			t.Logf("stats %+v", st)

@@ -28,7 +28,10 @@ type health struct {
 	kinds [sqldb.NumErrorKinds]atomic.Uint64
 	total atomic.Uint64 // failed calls, for "no failure during this poll"
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// bad holds the groups of calls (see opGroup) whose last call failed;
+	// the database has recovered when none is left.
+	bad     map[string]bool
 	failing bool
 	since   time.Time // first failure since the last success
 	tries   int       // failed calls since then
@@ -59,6 +62,10 @@ func (r *Relay) dbError(what string, err error) {
 	defer h.mu.Unlock()
 	h.tries++
 	h.lastOp, h.lastErr = what, err
+	if h.bad == nil {
+		h.bad = map[string]bool{}
+	}
+	h.bad[opGroup(what)] = true
 	if !h.failing {
 		h.failing, h.since, h.tries, h.next = true, time.Now(), 1, stillFailingFirst
 		r.log.Warn("outbox relay: database failing; retrying", "op", what, "kind", k.String(), "table", r.o.table, "owner", r.cfg.owner, "err", err)
@@ -70,13 +77,49 @@ func (r *Relay) dbError(what string, err error) {
 	}
 }
 
-// dbOK records a poll whose database calls (and every other call made
-// meanwhile) all succeeded: a failing database has recovered.
-func (r *Relay) dbOK() {
+// The groups of database calls, each retried on its own goroutine or
+// schedule: a failed call of a group is followed by a successful one of the
+// same group before the relay reports the database recovered, so that a
+// poll succeeding while the marks still fail (reads pass, writes do not) is
+// no recovery.
+const (
+	groupPoll   = "poll" // claims, fetches, releases, the schema check, dead marks, cleanup
+	groupRenew  = "renew"
+	groupMark   = "mark"
+	groupListen = "listen"
+)
+
+func opGroup(what string) string {
+	switch what {
+	case opRenew:
+		return groupRenew
+	case opMark:
+		return groupMark
+	case opListen:
+		return groupListen
+	}
+	return groupPoll
+}
+
+// The ops of the groups other than groupPoll, as dbError is given them.
+const (
+	opRenew  = "renew leases"
+	opMark   = "mark rows sent"
+	opListen = "listen"
+)
+
+// dbOK records that the calls of group succeed again (for groupPoll: a
+// poll whose calls all succeeded, with no failure meanwhile); once every
+// group that failed has, the database has recovered: one log line.
+func (r *Relay) dbOK(group string) {
 	h := &r.health
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.failing {
+		return
+	}
+	delete(h.bad, group)
+	if len(h.bad) > 0 {
 		return
 	}
 	r.log.Info("outbox relay: database recovered", "failed_tries", h.tries, "outage", time.Since(h.since).Round(time.Millisecond), "table", r.o.table, "owner", r.cfg.owner)

@@ -956,7 +956,7 @@ func (r *Relay) loop(ctx, runCtx context.Context) error {
 		fails, oks := r.health.total.Load(), r.okCalls.Load()
 		full := r.poll(ctx)
 		if r.health.total.Load() == fails && r.okCalls.Load() != oks {
-			r.dbOK()
+			r.dbOK(groupPoll)
 		} else if err := r.outageOver(); err != nil {
 			return err
 		}
@@ -1020,7 +1020,7 @@ func (r *Relay) checkSchema(ctx context.Context) error {
 		switch {
 		case err == nil:
 			r.okCalls.Add(1)
-			r.dbOK()
+			r.dbOK(groupPoll)
 			return nil
 		case which == r.o.table+"_lease" && sqldb.IsUndefinedColumn(err):
 			// A lease table of an older schema: claims would fail
@@ -1102,6 +1102,7 @@ func (r *Relay) renew(ctx context.Context) {
 	}
 	r.mu.Unlock()
 	if len(held) == 0 {
+		r.dbOK(groupRenew) // nothing to renew: nothing failing
 		return
 	}
 	sort.Strings(held) // one lock order for every relay
@@ -1134,10 +1135,11 @@ func (r *Relay) renew(ctx context.Context) {
 		})
 	}
 	if err != nil {
-		r.dbError("renew leases", err)
+		r.dbError(opRenew, err)
 		return
 	}
 	r.okCalls.Add(1)
+	r.dbOK(groupRenew)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for k, t := range r.keys {
@@ -1661,6 +1663,7 @@ func (r *Relay) flushAll(ctx context.Context) bool {
 	r.toMark = nil
 	r.fmu.Unlock()
 	if len(batch) == 0 {
+		r.dbOK(groupMark) // nothing to mark: nothing failing
 		return true
 	}
 	ctx, cancel := r.callCtx(ctx)
@@ -1714,13 +1717,14 @@ func (r *Relay) flushAll(ctx context.Context) bool {
 		})
 	}
 	if err != nil {
-		r.dbError("mark rows sent", err)
+		r.dbError(opMark, err)
 		r.fmu.Lock()
 		r.toMark = append(batch, r.toMark...)
 		r.fmu.Unlock()
 		return false
 	}
 	r.okCalls.Add(1)
+	r.dbOK(groupMark)
 	r.st.marked.Add(uint64(len(marked)))
 	for _, j := range batch {
 		if marked[j.e.Seq] {
