@@ -263,8 +263,8 @@ func TestRunGivesUpAfterMaxOutage(t *testing.T) {
 // connections wait, nothing fails by itself), with a relay holding keys and
 // published rows to mark: it returns an error wrapping the context's
 // (before: it waited for Run's last calls, marks and release, each bounded
-// by a third of the lease: 3 s here). Run returns once the server answers
-// again.
+// by a third of the lease, at least 5 s). Run returns once the server
+// answers again.
 func TestCloseBoundedWhileServerHangs(t *testing.T) {
 	srv := dbtest.NewServer(t)
 	db := srv.Open(t)

@@ -818,9 +818,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	cancelListen()
 	wg.Wait()
 	if !r.crash {
-		// Each bounded by a third of the lease: a database that is away
-		// does not hold Run (nor Close: see there) for ever.
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.lease/3)
+		// Each bounded as every call (callTimeout): a database that is
+		// away does not hold Run (nor Close: see there) for ever.
+		fctx, cancel := r.callCtx(context.WithoutCancel(ctx))
 		if !r.flushAll(fctx) {
 			r.fmu.Lock()
 			n := len(r.toMark)
@@ -832,7 +832,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.shutdownErr = fmt.Errorf("outbox: %d published rows not marked sent (they stay pending: published again once their leases expire): %w", n, last)
 		}
 		cancel()
-		fctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), r.cfg.lease/3)
+		fctx, cancel = r.callCtx(context.WithoutCancel(ctx))
 		if _, e := r.o.db.ExecContext(fctx, r.o.q.releaseAll, r.cfg.owner, r.token); e != nil {
 			r.dbError("release leases", e)
 			r.shutdownErr = errors.Join(r.shutdownErr, fmt.Errorf("outbox: leases not released (their keys wait until they expire): %w", e))
@@ -850,7 +850,7 @@ func (r *Relay) Run(ctx context.Context) error {
 // the sink and the database do. If Run is then still marking the published
 // rows and releasing its leases (the database is slow or away), Close
 // returns an error wrapping ctx's error that says so; those calls go on in
-// the background, each bounded by a third of the lease. If a sink call still
+// the background, each bounded by a third of the lease, at least 5 s. If a sink call still
 // runs after the grace (it ignores its cancelled context), Close returns an error
 // wrapping ctx's error that counts the sink calls still running; they finish
 // in the background and Run returns once they have: a call that then
@@ -903,7 +903,7 @@ func (r *Relay) Close(ctx context.Context) error {
 	}
 	// Run is marking what was published and releasing its leases: the
 	// database is slow or away. Those calls go on in the background, each
-	// bounded by a third of the lease.
+	// bounded by callTimeout.
 	return fmt.Errorf("outbox: close: still marking published rows and releasing leases (the database is slow or away; last: %v), left to finish in the background: %w", r.lastDBError(), ctx.Err())
 }
 
