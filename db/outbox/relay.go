@@ -750,7 +750,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	if r.cfg.takeOver {
 		// The predecessor's keys are free at once (see WithTakeOverOnStart).
-		if res, err := r.o.db.ExecContext(ctx, r.o.q.releaseOthers, r.cfg.owner, r.token); err != nil {
+		cctx, cancel := r.callCtx(ctx)
+		res, err := r.o.db.ExecContext(cctx, r.o.q.releaseOthers, r.cfg.owner, r.token)
+		cancel()
+		if err != nil {
 			r.dbError("take over the leases of the relay's name", err)
 		} else if n, _ := res.RowsAffected(); n > 0 {
 			r.log.Info("outbox relay: took over the leases of a previous relay of the same name", "table", r.o.table, "owner", r.cfg.owner, "keys", n)
