@@ -67,13 +67,20 @@
 //     WithLeaseDuration (default 30 s) and the relay renews the leases of
 //     the keys it holds every third of that (a lease row of its own that it
 //     does not know of, say after a failed release, is left to expire).
-//   - A lease row carries the relay's name and a fencing token, unique to
-//     each Relay value (see WithOwner). Renewals, marks and releases match
-//     both, so a relay whose lease was taken over cannot renew it, mark the
-//     key's rows or delete the new holder's lease: its renewal or mark
-//     affects no row, and it stops publishing the key (the sink call in
-//     flight is cancelled, its rows stay pending). Two live relays under one
-//     name are two holders like any others.
+//   - A lease row carries the relay's name, a fencing token unique to each
+//     Relay value (see WithOwner), and the claim's epoch: every claim of a
+//     key (and every takeover) takes a new one, greater than any earlier
+//     claim's of the key (see ClaimFrom). Renewals, releases, the fetch of
+//     a key's rows and the marks (sent, dead) name the claim they belong to
+//     (key, epoch, name, token) and affect nothing under another, so a
+//     relay whose lease was taken over, or that lost a key and claimed it
+//     again, cannot renew the old claim, mark rows under it or delete the
+//     new holder's lease: its renewal or mark affects no row, and it stops
+//     publishing the key under that claim (the sink call in flight is
+//     cancelled, its rows stay pending). On PostgreSQL a mark locks the
+//     lease row (FOR SHARE) before it touches a row, so a mark cannot land
+//     after a takeover that its snapshot did not see. Two live relays under
+//     one name are two holders like any others.
 //   - While it holds a key's lease, the relay reads that key's pending rows
 //     in seq order, beyond the last one it took, and submits them to its
 //     keysched scheduler under the key: one at a time per key, in order.
@@ -103,14 +110,17 @@
 // WithTakeOverOnStart: see its window); then any relay claims them and publishes from each key's oldest
 // pending row. Rows the dead relay had published but not yet marked sent are
 // published again: duplicates, in order (the key's stream restarts from an
-// earlier row and goes on in order; no row is skipped; one exception under
-// Park with Resume racing lease moves, where a redelivered row can come
-// after later ones: db/README.md, Known limits). No row is lost and no
+// earlier row and goes on in order; no row is skipped). No row is lost and no
 // key is published by two relays at once, on one condition: a sink call
 // started before the lease ended must not land after it. The sink's context
 // ends with the lease; a sink that ignores it (or a broker that completes a
 // produce after the client gave up on it) can deliver late, after another
-// relay's newer rows. Keep the lease well above your sink's timeout.
+// relay's newer rows. Keep the lease well above your sink's timeout. A
+// process paused longer than its lease (a GC pause, a VM migration,
+// SIGSTOP) with a sink call in flight lands that call after the next
+// holder's whatever the relay does: ClaimFrom gives the sink the claim's
+// epoch, a fencing token a downstream can check to refuse it (db/README.md,
+// "Fencing epoch").
 //
 // Order is seq order, which is insert order. On PostgreSQL two transactions
 // writing events of one key at once insert in one order and may commit in

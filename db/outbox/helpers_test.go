@@ -137,7 +137,7 @@ func (r *recorder) check(t testing.TB, keys, perKey int) (dups int) {
 	t.Helper()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	dups = checkStreams(t, r.byKey, keys, perKey, false)
+	dups = checkStreams(t, r.byKey, keys, perKey)
 	require.Zero(t, r.overlaps.Load(), "a key was published by two calls at once")
 	return dups
 }
@@ -176,22 +176,16 @@ func counts(t testing.TB, ob *outbox.Outbox) map[outbox.State]int64 {
 // 0..perKey-1 of keys keys arrived; it returns the duplicates. Strict (the
 // stream model): each delivery is at most one past the delivery just before
 // it (a redelivery restarts from an earlier event and goes on in order; two
-// streams interleaved, such as 10 11 10 12, are out of order). firstOnly:
-// each delivery is at most one past the highest before it (first deliveries
-// in order; a redelivery may come at any point, as an idempotent consumer
-// sees it).
-func checkStreams(t testing.TB, byKey map[string][]int, keys, perKey int, firstOnly bool) (dups int) {
+// streams interleaved, such as 10 11 10 12, are out of order), for every
+// delivery, first or not.
+func checkStreams(t testing.TB, byKey map[string][]int, keys, perKey int) (dups int) {
 	t.Helper()
 	require.Len(t, byKey, keys, "keys delivered")
 	for k, seq := range byKey {
 		last, high := -1, -1
 		for i, j := range seq {
-			prev := last
-			if firstOnly {
-				prev = high
-			}
-			if j > prev+1 {
-				t.Fatalf("key %s: delivery %d is event %d after event %d (firstOnly %v): out of order or skipped (deliveries %v)", k, i, j, prev, firstOnly, seq)
+			if j > last+1 {
+				t.Fatalf("key %s: delivery %d is event %d after event %d: out of order or skipped (deliveries %v)", k, i, j, last, seq)
 			}
 			last, high = j, max(high, j)
 		}

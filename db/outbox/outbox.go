@@ -64,9 +64,9 @@ var (
 	// ErrNilSink is returned by NewRelay for a nil sink.
 	ErrNilSink = errors.New("outbox: nil sink")
 	// ErrSchemaOutdated is wrapped by Run's error when the lease table
-	// lacks the token column (created by an older version of this
-	// package): run CreateSchema (or see Schema) first.
-	ErrSchemaOutdated = errors.New("outbox: lease table has no token column: run CreateSchema")
+	// lacks the token or the epoch column (created by an older version of
+	// this package): run CreateSchema (or see Schema) first.
+	ErrSchemaOutdated = errors.New("outbox: lease table has no token or epoch column: run CreateSchema")
 	// ErrNoSchema is wrapped by Run's error when the outbox table or its
 	// lease table does not exist: run CreateSchema (or see Schema) first.
 	// Run checks before it claims anything and returns at once.
@@ -240,12 +240,17 @@ func (o *Outbox) zero() bool { return o == nil || o.db == nil }
 // into your own migrations. It returns nil for a nil or zero Outbox.
 //
 // Upgrading: the lease table gained a token column (each relay's fencing
-// token, see WithOwner). On PostgreSQL Schema includes ALTER TABLE ... ADD
-// COLUMN IF NOT EXISTS token TEXT. SQLite has no such clause: CreateSchema
-// adds the column when the table lacks it; with your own migrations, run
-// ALTER TABLE <table>_lease ADD COLUMN token TEXT once. A relay refuses to
-// run (Run returns an error wrapping ErrSchemaOutdated) on a lease table
-// without it.
+// token, see WithOwner), then an epoch column (each claim's epoch, see
+// ClaimFrom) with its counter, <table>_lease_epoch (a sequence on
+// PostgreSQL, a one-row table and two triggers on SQLite). On PostgreSQL
+// Schema includes ALTER TABLE ... ADD COLUMN IF NOT EXISTS for both. SQLite
+// has no such clause: CreateSchema adds each column the table lacks; with
+// your own migrations, run Schema's statements (they create the counter)
+// and then,
+// once, ALTER TABLE <table>_lease ADD COLUMN token TEXT (if missing) and
+// ALTER TABLE <table>_lease ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0. A
+// relay refuses to run (Run returns an error wrapping ErrSchemaOutdated) on
+// a lease table without either column.
 func (o *Outbox) Schema() []string {
 	if o.zero() {
 		return nil
@@ -283,16 +288,17 @@ func (o *Outbox) CreateSchema(ctx context.Context) error {
 		}
 	}
 	if o.dialect == SQLite {
-		// A lease table created before the token column: SQLite has no
-		// ADD COLUMN IF NOT EXISTS (PostgreSQL's Schema has it).
-		var n int
-		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = 'token'`, o.table+"_lease").Scan(&n); err != nil {
-			return fmt.Errorf("outbox: create schema: %w", err)
-		}
-		if n == 0 {
-			stmt := sqliteAddToken(o.table)
-			if _, err := tx.ExecContext(ctx, stmt); err != nil {
-				return fmt.Errorf("outbox: create schema: %w\n%s", err, stmt)
+		// A lease table created before the token or epoch column: SQLite
+		// has no ADD COLUMN IF NOT EXISTS (PostgreSQL's Schema has it).
+		for _, c := range sqliteAddColumns(o.table) {
+			var n int
+			if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?`, o.table+"_lease", c[0]).Scan(&n); err != nil {
+				return fmt.Errorf("outbox: create schema: %w", err)
+			}
+			if n == 0 {
+				if _, err := tx.ExecContext(ctx, c[1]); err != nil {
+					return fmt.Errorf("outbox: create schema: %w\n%s", err, c[1])
+				}
 			}
 		}
 	}

@@ -295,73 +295,107 @@ func TestFencedRelayDoesNotMark(t *testing.T) {
 	}
 }
 
-// oldSchema returns the DDL of the version before the token column: Schema
-// without the column and without the statement that adds it.
-func oldSchema(ob *outbox.Outbox) []string {
+// oldSchema returns the DDL of the version before the token column (token
+// false) or before the epoch column (token true): Schema without the
+// columns and the statements that add them (and the epoch counter).
+func oldSchema(ob *outbox.Outbox, token bool) []string {
 	var old []string
 	for _, s := range ob.Schema() {
-		if strings.Contains(s, "ADD COLUMN IF NOT EXISTS token") {
+		if strings.Contains(s, "_lease_epoch") || strings.Contains(s, "ADD COLUMN IF NOT EXISTS epoch") ||
+			(!token && strings.Contains(s, "ADD COLUMN IF NOT EXISTS token")) {
 			continue
 		}
-		old = append(old, strings.Replace(s, ",\n\ttoken      TEXT\n)", "\n)", 1))
+		for _, col := range []string{",\n\tepoch      BIGINT NOT NULL DEFAULT 0", ",\n\tepoch      INTEGER NOT NULL DEFAULT 0"} {
+			s = strings.Replace(s, col, "", 1)
+		}
+		if !token {
+			s = strings.Replace(s, ",\n\ttoken      TEXT\n)", "\n)", 1)
+		}
+		old = append(old, s)
 	}
 	return old
 }
 
-// A database created by the previous schema (no token column), with leases
-// of a relay of the previous version in it: a relay refuses it with
-// ErrSchemaOutdated; CreateSchema (twice: idempotent) adds the column; then
-// a relay publishes every key but the one whose old lease is still live, and
-// takes over the expired one.
-func TestUpgradeFromSchemaWithoutToken(t *testing.T) {
-	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
-		ctx := context.Background()
-		ob, err := outbox.New(db, outbox.WithTable(dbtest.Table(t, db, "ob")))
-		require.NoError(t, err)
-		lease := ob.Table() + "_lease"
-		for _, s := range oldSchema(ob) {
-			_, err := db.ExecContext(ctx, s)
-			require.NoError(t, err, s)
-		}
-		_, err = db.ExecContext(ctx, `SELECT token FROM `+lease)
-		require.Error(t, err, "the old schema has a token column")
-		const keys, perKey = 3, 5
-		writeEvents(t, ob, keys, perKey, 10)
-		// k000: live lease of an old-version relay; k001: its expired one.
-		ins := `INSERT INTO ` + lease + ` (key, owner, expires_at) VALUES (?, 'old-relay', ?), (?, 'old-relay', ?)`
-		args := []any{key(0), time.Now().Add(time.Hour).UnixMicro(), key(1), int64(0)}
-		if ob.Dialect() == outbox.Postgres {
-			ins = `INSERT INTO ` + lease + ` (key, owner, expires_at) VALUES ($1, 'old-relay', now() + interval '1 hour'), ($2, 'old-relay', now() - interval '1 hour')`
-			args = []any{key(0), key(1)}
-		}
-		_, err = db.ExecContext(ctx, ins, args...)
-		require.NoError(t, err)
+// A database created by an older schema (no token column, or a token but
+// no epoch column), with leases of a relay of that version in it: a relay
+// refuses it with ErrSchemaOutdated; CreateSchema (twice: idempotent) adds
+// what is missing; then a relay publishes every key but the one whose old
+// lease is still live, and takes over the expired one.
+func TestUpgradeFromOlderSchema(t *testing.T) {
+	for _, token := range []bool{false, true} {
+		t.Run(map[bool]string{false: "without_token", true: "without_epoch"}[token], func(t *testing.T) {
+			dbtest.Each(t, func(t *testing.T, db *sql.DB) { upgradeFromOlderSchema(t, db, token) })
+		})
+	}
+}
 
-		rec := newRecorder(0)
-		r, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet))
-		require.NoError(t, err)
-		require.ErrorIs(t, r.Run(ctx), outbox.ErrSchemaOutdated)
-		require.NoError(t, r.Close(ctx))
+func upgradeFromOlderSchema(t *testing.T, db *sql.DB, token bool) {
+	ctx := context.Background()
+	ob, err := outbox.New(db, outbox.WithTable(dbtest.Table(t, db, "ob")))
+	require.NoError(t, err)
+	lease := ob.Table() + "_lease"
+	for _, s := range oldSchema(ob, token) {
+		_, err := db.ExecContext(ctx, s)
+		require.NoError(t, err, s)
+	}
+	_, err = db.ExecContext(ctx, `SELECT epoch FROM `+lease)
+	require.Error(t, err, "the old schema has an epoch column")
+	_, err = db.ExecContext(ctx, `SELECT token FROM `+lease)
+	require.Equal(t, token, err == nil, "the old schema's token column")
+	const keys, perKey = 3, 5
+	writeEvents(t, ob, keys, perKey, 10)
+	// k000: live lease of an old-version relay; k001: its expired one.
+	cols, tok := "", ""
+	if token {
+		cols, tok = ", token", ", 'old-token'"
+	}
+	ins := `INSERT INTO ` + lease + ` (key, owner, expires_at` + cols + `) VALUES (?, 'old-relay', ?` + tok + `), (?, 'old-relay', ?` + tok + `)`
+	args := []any{key(0), time.Now().Add(time.Hour).UnixMicro(), key(1), int64(0)}
+	if ob.Dialect() == outbox.Postgres {
+		ins = `INSERT INTO ` + lease + ` (key, owner, expires_at` + cols + `) VALUES ($1, 'old-relay', now() + interval '1 hour'` + tok + `), ($2, 'old-relay', now() - interval '1 hour'` + tok + `)`
+		args = []any{key(0), key(1)}
+	}
+	_, err = db.ExecContext(ctx, ins, args...)
+	require.NoError(t, err)
 
-		require.NoError(t, ob.CreateSchema(ctx))
-		require.NoError(t, ob.CreateSchema(ctx))
-		require.Equal(t, map[string]string{key(0): "", key(1): ""}, leaseTokens(t, ob), "leases kept by the upgrade")
+	rec := newRecorder(0)
+	r, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet))
+	require.NoError(t, err)
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second) // a failure, not a hang
+	defer cancel()
+	require.ErrorIs(t, r.Run(rctx), outbox.ErrSchemaOutdated)
+	require.NoError(t, r.Close(ctx))
 
-		rec = newRecorder((keys - 1) * perKey)
-		r, err = ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(5*time.Millisecond))
-		require.NoError(t, err)
-		stop := runRelay(t, r)
-		rec.wait(t, 30*time.Second)
-		waitPolls(t, r, 3)
-		stop()
-		rec.mu.Lock()
-		require.Empty(t, rec.byKey[key(0)], "published a key under an old relay's live lease")
-		delete(rec.byKey, key(0))
-		rec.mu.Unlock()
-		require.Zero(t, rec.check(t, keys-1, perKey))
-		require.Equal(t, map[outbox.State]int64{outbox.Pending: perKey}, counts(t, ob))
-		require.Equal(t, map[string]string{key(0): ""}, leaseTokens(t, ob))
-	})
+	require.NoError(t, ob.CreateSchema(ctx))
+	require.NoError(t, ob.CreateSchema(ctx))
+	want := map[string]string{key(0): "", key(1): ""}
+	if token {
+		want = map[string]string{key(0): "old-token", key(1): "old-token"}
+	}
+	require.Equal(t, want, leaseTokens(t, ob), "leases kept by the upgrade")
+
+	var log claimLog
+	rec = newRecorder((keys - 1) * perKey)
+	r, err = ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+		log.record(ctx, e)
+		return rec.sink(ctx, e)
+	}, outbox.WithLogger(quiet), outbox.WithPollInterval(5*time.Millisecond))
+	require.NoError(t, err)
+	stop := runRelay(t, r)
+	rec.wait(t, 30*time.Second)
+	waitPolls(t, r, 3)
+	stop()
+	rec.mu.Lock()
+	require.Empty(t, rec.byKey[key(0)], "published a key under an old relay's live lease")
+	delete(rec.byKey, key(0))
+	rec.mu.Unlock()
+	require.Zero(t, rec.check(t, keys-1, perKey))
+	for _, c := range log.snapshot() {
+		require.Positive(t, c.Epoch, "a claim on the upgraded table")
+	}
+	require.Equal(t, map[outbox.State]int64{outbox.Pending: perKey}, counts(t, ob))
+	delete(want, key(1))
+	require.Equal(t, want, leaseTokens(t, ob))
 }
 
 // WithTakeOverOnStart: a relay restarted under the same name after a crash

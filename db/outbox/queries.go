@@ -34,10 +34,19 @@ func schema(d Dialect, t string) []string {
 	key        TEXT PRIMARY KEY,
 	owner      TEXT NOT NULL,
 	expires_at TIMESTAMPTZ NOT NULL,
-	token      TEXT
+	token      TEXT,
+	epoch      BIGINT NOT NULL DEFAULT 0
 )`,
 			// A lease table created before the token column (idempotent).
 			`ALTER TABLE ` + t + `_lease ADD COLUMN IF NOT EXISTS token TEXT`,
+			// Each claim's epoch: one counter per outbox, so that a key's
+			// epoch grows across claims even when its lease row was
+			// deleted (released) in between. Created before the column,
+			// which Run's probe checks, and dropped with the lease table.
+			`CREATE SEQUENCE IF NOT EXISTS ` + t + `_lease_epoch`,
+			// A lease table created before the epoch column (idempotent).
+			`ALTER TABLE ` + t + `_lease ADD COLUMN IF NOT EXISTS epoch BIGINT NOT NULL DEFAULT 0`,
+			`ALTER SEQUENCE ` + t + `_lease_epoch OWNED BY ` + t + `_lease.epoch`,
 			`CREATE INDEX IF NOT EXISTS ` + t + `_lease_owner ON ` + t + `_lease (owner)`,
 			`CREATE OR REPLACE FUNCTION ` + t + `_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -70,16 +79,33 @@ $$`,
 	key        TEXT PRIMARY KEY,
 	owner      TEXT NOT NULL,
 	expires_at INTEGER NOT NULL,
-	token      TEXT
+	token      TEXT,
+	epoch      INTEGER NOT NULL DEFAULT 0
 )`,
 		`CREATE INDEX IF NOT EXISTS ` + t + `_lease_owner ON ` + t + `_lease (owner)`,
+		// Each claim's epoch: one counter per outbox (one row), so that a
+		// key's epoch grows across claims even when its lease row was
+		// deleted (released) in between. A claim computes its epochs from
+		// the counter and the triggers move the counter up to them, so
+		// that a claim is one statement (SQLite's write lock is held for
+		// one statement, not a transaction's round trips).
+		`CREATE TABLE IF NOT EXISTS ` + t + `_lease_epoch (id INTEGER PRIMARY KEY CHECK (id = 1), n INTEGER NOT NULL)`,
+		`INSERT OR IGNORE INTO ` + t + `_lease_epoch (id, n) VALUES (1, 0)`,
+		`CREATE TRIGGER IF NOT EXISTS ` + t + `_lease_epoch_insert AFTER INSERT ON ` + t + `_lease
+BEGIN UPDATE ` + t + `_lease_epoch SET n = max(n, NEW.epoch) WHERE id = 1; END`,
+		`CREATE TRIGGER IF NOT EXISTS ` + t + `_lease_epoch_update AFTER UPDATE OF epoch ON ` + t + `_lease
+BEGIN UPDATE ` + t + `_lease_epoch SET n = max(n, NEW.epoch) WHERE id = 1; END`,
 	}
 }
 
-// sqliteAddToken adds the token column to a SQLite lease table created
-// before it (CreateSchema checks that it is missing first).
-func sqliteAddToken(t string) string {
-	return `ALTER TABLE ` + t + `_lease ADD COLUMN token TEXT`
+// sqliteAddColumns are the columns that CreateSchema adds to a SQLite lease
+// table created before them (it checks that each is missing first: SQLite
+// has no ADD COLUMN IF NOT EXISTS), in order.
+func sqliteAddColumns(t string) [][2]string {
+	return [][2]string{
+		{"token", `ALTER TABLE ` + t + `_lease ADD COLUMN token TEXT`},
+		{"epoch", `ALTER TABLE ` + t + `_lease ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0`},
+	}
 }
 
 // queries holds the dialect's statements, with placeholders already in the
@@ -90,18 +116,21 @@ type queries struct {
 
 	insert, listDead, parkedKeys, moveDead, hasDead, countStates string
 
-	// relay
-	renew, release, releaseAll         string // renew: only the keys given (SQLite: a prefix)
+	// relay. Every statement on a claim names it by its key and epoch
+	// (with the relay's owner name and token) and affects nothing under
+	// another claim.
+	renew, release, releaseAll         string // SQLite: a prefix; the (key, epoch) list is appended
 	releaseOthers                      string // WithTakeOverOnStart
 	candidates, candidatesPark         string
 	acquireInsert, acquireTakeover     string // Postgres
-	acquireUpsert                      string // SQLite: %s is the VALUES list
+	acquireUpsert                      string // SQLite: %s is the VALUES list (key, owner, expires_at, token, i)
 	fetch                              string
 	fetchPark                          string // fetch, nothing of a key with a dead row
-	markSentDelete, markSentUpdate     string // SQLite: a prefix; the seq list and markSentSuffix are appended
+	markSentDelete, markSentUpdate     string // SQLite: a prefix; the (seq, epoch) list and markSentSuffix are appended
 	markSentSuffix                     string
-	probeToken                         string // fails when the lease table lacks the token column
+	probeColumns                       string // fails when the lease table lacks the token or epoch column
 	probeTable                         string // fails when the outbox table is missing
+	probeEpoch                         string // fails when the epoch counter (a sequence, a table on SQLite) is missing
 	markDead, cleanup                  string
 	listenChannel, notifyChannelQuoted string
 }
@@ -130,49 +159,84 @@ func newQueries(d Dialect, t string) queries {
 	// claim walk and that relay's marking of the row dead (the walk checks
 	// dead rows, the claim cannot), and must not publish past the row.
 	notDeadFetch := ` AND NOT EXISTS (SELECT 1 FROM ` + t + ` x WHERE x.key = o.key AND x.state = 2)`
-	// Marks of this relay's rows, only on keys whose lease it still holds.
-	held := `EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.owner = ? AND l.token = ?)`
+	// Marks of this relay's rows, only under the claim they belong to (key,
+	// epoch, owner, token), still the key's lease row.
 	if d == Postgres {
 		notLeased = `NOT EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.expires_at > now() AND (l.owner <> ? OR l.token IS DISTINCT FROM ?))`
-		q.renew = `UPDATE ` + l + ` SET expires_at = now() + $3::bigint * interval '1 microsecond' WHERE owner = $1 AND token = $2 AND key = ANY($4) RETURNING key`
-		q.release = `DELETE FROM ` + l + ` WHERE owner = $1 AND token = $2 AND key = ANY($3)`
-		q.acquireInsert = `INSERT INTO ` + l + ` (key, owner, expires_at, token)
-	SELECT k, $2, now() + $3::bigint * interval '1 microsecond', $4 FROM unnest($1::text[]) AS k ORDER BY k
-	ON CONFLICT (key) DO NOTHING RETURNING key`
-		q.acquireTakeover = `UPDATE ` + l + ` AS l SET owner = $2, token = $4, expires_at = now() + $3::bigint * interval '1 microsecond'
+		// The lease rows are locked in key order (byte order, as the
+		// relay sorts them), the order marks lock them in too: a renewal
+		// and a mark of one relay never deadlock.
+		q.renew = `UPDATE ` + l + ` AS l SET expires_at = now() + $3::bigint * interval '1 microsecond'
+	FROM (SELECT x.key FROM ` + l + ` AS x JOIN unnest($4::text[], $5::bigint[]) AS h(key, epoch) ON x.key = h.key AND x.epoch = h.epoch
+		WHERE x.owner = $1 AND x.token = $2 ORDER BY x.key COLLATE "C" FOR UPDATE OF x) AS c
+	WHERE l.key = c.key RETURNING l.key, l.epoch`
+		q.release = `DELETE FROM ` + l + ` AS l USING unnest($3::text[], $4::bigint[]) AS h(key, epoch)
+	WHERE l.owner = $1 AND l.token = $2 AND l.key = h.key AND l.epoch = h.epoch`
+		// Every claim takes a new epoch from the outbox's sequence.
+		q.acquireInsert = `INSERT INTO ` + l + ` (key, owner, expires_at, token, epoch)
+	SELECT k, $2, now() + $3::bigint * interval '1 microsecond', $4, nextval('` + l + `_epoch') FROM unnest($1::text[]) AS k ORDER BY k
+	ON CONFLICT (key) DO NOTHING RETURNING key, epoch`
+		q.acquireTakeover = `UPDATE ` + l + ` AS l SET owner = $2, token = $4, expires_at = now() + $3::bigint * interval '1 microsecond', epoch = nextval('` + l + `_epoch')
 	FROM (SELECT key FROM ` + l + ` WHERE key = ANY($1) AND (expires_at <= now() OR (owner = $2 AND token = $4)) ORDER BY key FOR UPDATE SKIP LOCKED) AS c
-	WHERE l.key = c.key RETURNING l.key`
+	WHERE l.key = c.key RETURNING l.key, l.epoch`
+		// Only the keys still under the claims given.
 		q.fetch = `SELECT o.seq, o.id, o.key, o.type, o.payload, o.headers, o.created_at, o.attempts
-	FROM unnest($1::text[], $2::bigint[]) AS c(key, after)
+	FROM unnest($1::text[], $2::bigint[], $5::bigint[]) AS c(key, after, epoch)
+	JOIN ` + l + ` AS l ON l.key = c.key AND l.epoch = c.epoch AND l.owner = $6 AND l.token = $7
 	CROSS JOIN LATERAL (SELECT * FROM ` + t + ` o WHERE o.key = c.key AND o.state = 0 AND o.seq > c.after%s ORDER BY o.seq LIMIT $3) AS o
 	ORDER BY o.seq LIMIT $4`
 		q.fetchPark = fmt.Sprintf(q.fetch, notDeadFetch)
 		q.fetch = fmt.Sprintf(q.fetch, "")
-		pgHeld := `EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.owner = $2 AND l.token = $3)`
-		q.markSentDelete = `DELETE FROM ` + t + ` AS o WHERE o.state = 0 AND o.seq = ANY($1) AND ` + pgHeld + ` RETURNING o.seq`
-		q.markSentUpdate = `UPDATE ` + t + ` AS o SET state = 1, done_at = now() WHERE o.state = 0 AND o.seq = ANY($1) AND ` + pgHeld + ` RETURNING o.seq`
-		q.markDead = `UPDATE ` + t + ` AS o SET state = 2, attempts = o.attempts + $4, last_error = $5, done_at = now() WHERE o.seq = $1 AND o.state = 0 AND ` + pgHeld
+		// A mark locks its claims' lease rows (FOR SHARE, in key order)
+		// before it touches a row: a takeover committed after the mark's
+		// snapshot was taken makes the lock re-check the lease row (its
+		// epoch has changed: the mark touches nothing), and a takeover
+		// trying while the mark runs skips the row (it is locked) until
+		// the mark has committed. Without the lock, a mark whose snapshot
+		// predates a takeover could land after it, after the new holder
+		// had read the row as pending.
+		held := `WITH h AS MATERIALIZED (SELECT l.key, l.epoch FROM ` + l + ` AS l
+	WHERE l.owner = $4 AND l.token = $5 AND (l.key, l.epoch) IN (SELECT k, e FROM unnest($2::text[], $3::bigint[]) AS c(k, e))
+	ORDER BY l.key COLLATE "C" FOR SHARE OF l)
+`
+		mine := `unnest($1::bigint[], $2::text[], $3::bigint[]) AS m(seq, key, epoch), h
+	WHERE o.seq = m.seq AND o.key = m.key AND h.key = m.key AND h.epoch = m.epoch AND o.state = 0 RETURNING o.seq`
+		q.markSentDelete = held + `DELETE FROM ` + t + ` AS o USING ` + mine
+		q.markSentUpdate = held + `UPDATE ` + t + ` AS o SET state = 1, done_at = now() FROM ` + mine
+		q.markDead = `WITH h AS MATERIALIZED (SELECT l.key FROM ` + l + ` AS l WHERE l.key = $6 AND l.epoch = $7 AND l.owner = $2 AND l.token = $3 FOR SHARE)
+UPDATE ` + t + ` AS o SET state = 2, attempts = o.attempts + $4, last_error = $5, done_at = now() FROM h WHERE o.seq = $1 AND o.key = h.key AND o.state = 0`
 		q.cleanup = `DELETE FROM ` + t + ` WHERE seq IN (SELECT seq FROM ` + t + ` WHERE state = 1 AND done_at < now() - $1::bigint * interval '1 microsecond' ORDER BY seq LIMIT $2)`
 		q.listenChannel = t
 	} else {
-		q.renew = `UPDATE ` + l + ` SET expires_at = ? WHERE owner = ? AND token = ? AND key IN ` // the key list and RETURNING key are appended
-		q.release = `DELETE FROM ` + l + ` WHERE owner = ? AND token = ? AND key IN `
-		q.acquireUpsert = `INSERT INTO ` + l + ` (key, owner, expires_at, token) VALUES %s
-	ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at, token = excluded.token
-	WHERE ` + l + `.expires_at <= ? OR (` + l + `.owner = excluded.owner AND ` + l + `.token = excluded.token) RETURNING key`
-		fetch := `SELECT ` + rowCols + ` FROM ` + t + ` AS o WHERE o.key = ? AND o.state = 0 AND o.seq > ?%s ORDER BY o.seq LIMIT ?`
+		// SQLite has one writer: every write statement reads the latest
+		// lease rows under the write lock, so the claim checks need no row
+		// lock.
+		q.renew = `UPDATE ` + l + ` SET expires_at = ? WHERE owner = ? AND token = ? AND (key, epoch) IN ` // the (key, epoch) list and RETURNING are appended
+		q.release = `DELETE FROM ` + l + ` WHERE owner = ? AND token = ? AND (key, epoch) IN `
+		// %s: rows (key, owner, expires_at, token, i), i = 1, 2, ...: the
+		// claims' epochs are the counter plus i (the triggers move it on).
+		q.acquireUpsert = `INSERT INTO ` + l + ` (key, owner, expires_at, token, epoch)
+	SELECT column1, column2, column3, column4, (SELECT n FROM ` + l + `_epoch WHERE id = 1) + column5 FROM (VALUES %s) WHERE true
+	ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at, token = excluded.token, epoch = excluded.epoch
+	WHERE ` + l + `.expires_at <= ? OR (` + l + `.owner = excluded.owner AND ` + l + `.token = excluded.token) RETURNING key, epoch`
+		fetch := `SELECT ` + rowCols + ` FROM ` + t + ` AS o WHERE o.key = ? AND o.state = 0 AND o.seq > ?
+	AND EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.owner = ? AND l.token = ? AND l.epoch = ?)%s ORDER BY o.seq LIMIT ?`
 		q.fetch = fmt.Sprintf(fetch, "")
 		q.fetchPark = fmt.Sprintf(fetch, notDeadFetch)
-		// The seq list and markSentSuffix are appended.
-		q.markSentDelete = `DELETE FROM ` + t + ` AS o WHERE o.state = 0 AND ` + held + ` AND o.seq IN `
-		q.markSentUpdate = `UPDATE ` + t + ` AS o SET state = 1, done_at = ? WHERE o.state = 0 AND ` + held + ` AND o.seq IN `
-		q.markSentSuffix = ` RETURNING seq`
-		q.markDead = `UPDATE ` + t + ` AS o SET state = 2, attempts = o.attempts + ?, last_error = ?, done_at = ? WHERE o.seq = ? AND o.state = 0 AND ` + held
+		// The (seq, epoch) VALUES list and markSentSuffix are appended.
+		mine := ` WHERE seq IN (SELECT o.seq FROM (VALUES `
+		q.markSentDelete = `DELETE FROM ` + t + mine
+		q.markSentUpdate = `UPDATE ` + t + ` SET state = 1, done_at = ?` + mine
+		q.markSentSuffix = `) AS m JOIN ` + t + ` AS o ON o.seq = m.column1 JOIN ` + l + ` AS l ON l.key = o.key AND l.epoch = m.column2
+	WHERE o.state = 0 AND l.owner = ? AND l.token = ?) RETURNING seq`
+		q.markDead = `UPDATE ` + t + ` AS o SET state = 2, attempts = o.attempts + ?, last_error = ?, done_at = ? WHERE o.seq = ? AND o.state = 0
+	AND EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.owner = ? AND l.token = ? AND l.epoch = ?)`
 		q.cleanup = `DELETE FROM ` + t + ` WHERE seq IN (SELECT seq FROM ` + t + ` WHERE state = 1 AND done_at < ? ORDER BY seq LIMIT ?)`
 	}
 	q.releaseAll = r(`DELETE FROM ` + l + ` WHERE owner = ? AND token = ?`)
 	q.releaseOthers = r(`DELETE FROM ` + l + ` WHERE owner = ? AND (token IS NULL OR token <> ?)`)
-	q.probeToken = `SELECT token FROM ` + l + ` LIMIT 0`
+	q.probeColumns = `SELECT token, epoch FROM ` + l + ` LIMIT 0`
+	q.probeEpoch = `SELECT * FROM ` + l + `_epoch LIMIT 0`
 	q.probeTable = `SELECT seq, id, key, type, payload, headers, created_at, state, attempts, last_error, done_at FROM ` + t + ` LIMIT 0`
 	// The keys with pending rows, walked in key order from a cursor one
 	// index probe per key (a loose index scan on the pending rows' (key,
@@ -190,16 +254,17 @@ SELECT o.key, ` + notLeased
 	return q
 }
 
-// inList returns "(?, ?, ...)" with n placeholders (SQLite only).
-func inList(n int) string {
+// pairList returns "(VALUES (?, ?), ...)" with n pairs of placeholders
+// (SQLite only).
+func pairList(n int) string {
 	var b strings.Builder
-	b.Grow(2 + 3*n)
-	b.WriteByte('(')
+	b.Grow(9 + 8*n)
+	b.WriteString("(VALUES ")
 	for i := 0; i < n; i++ {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteByte('?')
+		b.WriteString("(?, ?)")
 	}
 	b.WriteByte(')')
 	return b.String()

@@ -31,9 +31,48 @@ import (
 // use. ctx ends when the relay's lease on the key ends (see the package doc)
 // or when the relay shuts down: a Sink must return promptly then, and a
 // publish still in flight after that may reach the broker after another relay
-// has taken the key over. The same event can be published more than once
-// (at-least-once): consumers deduplicate on Event.ID (see package inbox).
+// has taken the key over (ClaimFrom(ctx) gives the call's claim epoch, a
+// fencing token for the downstream). The same event can be published more
+// than once (at-least-once): consumers deduplicate on Event.ID (see package
+// inbox).
 type Sink func(ctx context.Context, e Event) error
+
+// A Claim is the claim under which a sink call publishes a row: the row's
+// key, the relay's name (WithOwner) and fencing token (Relay.Token), and
+// the claim's epoch. See ClaimFrom.
+type Claim struct {
+	Key   string
+	Owner string
+	Token string
+	// Epoch is the claim's epoch: every claim of a key (a relay taking a
+	// free key, or an expired lease over) takes a new one, greater than any
+	// earlier claim's of the key (one counter per outbox, never reset, so
+	// epochs are also unique across keys). It is >= 1.
+	Epoch int64
+}
+
+type claimKey struct{}
+
+// ClaimFrom returns the claim of the sink call whose context is ctx, and
+// whether ctx is one (ok is false for any other context, nil included).
+//
+// The epoch is a fencing token for downstreams: a relay that pauses past its
+// lease (a GC pause, a VM migration, SIGSTOP) may resume in the middle of a
+// sink call that then lands after another relay took the key over, whatever
+// the relay does, since the call is already on its way. A downstream that
+// stores each key's highest epoch with its write (a Kafka transactional ID
+// derived from it, a row version column, an HTTP header such as
+// "Fencing-Epoch" checked by the receiver) and refuses a write of a lower
+// epoch for that key turns such a late write into a refusal. Compare epochs
+// of one key only; within one claim, its rows arrive in order, and a new
+// claim starts again from the key's oldest pending row.
+func ClaimFrom(ctx context.Context) (Claim, bool) {
+	if ctx == nil {
+		return Claim{}, false
+	}
+	c, ok := ctx.Value(claimKey{}).(Claim)
+	return c, ok
+}
 
 // Defaults of the relay's options.
 const (
@@ -237,10 +276,11 @@ func WithLogger(l *slog.Logger) RelayOption {
 // The name is not what makes a lease a relay's: each Relay also gets a
 // fencing token (Token, a random UUID per NewRelay) stored with the name in
 // every lease row it takes, and claims, renewals, marks (sent or dead) and
-// releases all require both. So relays sharing a name are safe: two replicas
-// configured alike, or a restart or rolling deploy while the old process
-// still runs each hold their own keys, and a key is published by one of them
-// at a time, in order. A relay whose lease was taken (after it expired)
+// releases all require both (and renewals, marks, releases and fetches the
+// epoch of the claim they belong to: see ClaimFrom). So relays sharing a
+// name are safe: two replicas configured alike, or a restart or rolling
+// deploy while the old process still runs each hold their own keys, and a
+// key is published by one of them at a time, in order. A relay whose lease was taken (after it expired)
 // finds out at its next renewal or mark (0 rows), cancels the key's sink
 // call in flight, gives its rows back unmarked (they stay pending for the
 // new holder, which publishes them again: duplicates, never a loss) and
@@ -375,13 +415,13 @@ func WithSchedulerOptions(opts ...keysched.Option) RelayOption {
 // zero Relay return ErrZeroRelay (those with an error result) or zero
 // values, and do nothing else.
 type Relay struct {
-	o     *Outbox
-	sink  Sink
-	cfg   relayConfig
-	sched *keysched.Scheduler[string]
-	log   *slog.Logger
-	epoch time.Time
-	token string // fencing token: unique to this Relay, stored in its lease rows
+	o      *Outbox
+	sink   Sink
+	cfg    relayConfig
+	sched  *keysched.Scheduler[string]
+	log    *slog.Logger
+	clock0 time.Time // the zero of mono()
+	token  string    // fencing token: unique to this Relay, stored in its lease rows
 
 	wake     chan struct{} // loop wake-up (cap 1)
 	flushSig chan struct{} // flusher wake-up (cap 1)
@@ -437,6 +477,7 @@ type Relay struct {
 // row.
 type tenure struct {
 	key      string
+	epoch    int64        // the claim's epoch in the lease row
 	deadline atomic.Int64 // r.mono() nanoseconds at which the lease ends locally
 	lost     atomic.Bool
 	// fenced ends when the database shows the lease taken by another
@@ -457,8 +498,8 @@ type tenure struct {
 	draining bool
 }
 
-func newTenure(key string, born, deadline int64) *tenure {
-	t := &tenure{key: key, born: born}
+func newTenure(key string, epoch, born, deadline int64) *tenure {
+	t := &tenure{key: key, epoch: epoch, born: born}
 	t.deadline.Store(deadline)
 	t.fenced, t.cancel = context.WithCancel(context.Background())
 	return t
@@ -524,7 +565,7 @@ func (o *Outbox) NewRelay(sink Sink, opts ...RelayOption) (*Relay, error) {
 		cfg.owner = uuid.NewString()
 	}
 	r := &Relay{
-		o: o, sink: sink, cfg: cfg, log: cfg.logger, epoch: time.Now(), token: uuid.NewString(),
+		o: o, sink: sink, cfg: cfg, log: cfg.logger, clock0: time.Now(), token: uuid.NewString(),
 		wake: make(chan struct{}, 1), flushSig: make(chan struct{}, 1),
 		closing: make(chan struct{}), done: make(chan struct{}),
 		keys: map[string]*tenure{},
@@ -695,7 +736,7 @@ func (r *Relay) closed() bool {
 	}
 }
 
-func (r *Relay) mono() int64 { return int64(time.Since(r.epoch)) }
+func (r *Relay) mono() int64 { return int64(time.Since(r.clock0)) }
 
 func (r *Relay) signal() {
 	select {
@@ -718,7 +759,8 @@ func (r *Relay) signal() {
 //
 // Run first checks that the outbox's tables exist with the columns it uses:
 // it returns an error wrapping ErrNoSchema (a table missing) or
-// ErrSchemaOutdated (the lease table without its token column) at once. A
+// ErrSchemaOutdated (the lease table without its token or epoch column, or
+// no epoch counter) at once. A
 // database that does not answer is an outage, not an error: Run retries
 // every poll interval, then and while it runs, and returns because of the
 // database only with WithMaxOutage (an error wrapping
@@ -1013,7 +1055,11 @@ func (r *Relay) checkSchema(ctx context.Context) error {
 		cctx, cancel := r.callCtx(ctx)
 		var err error
 		var which string
-		for _, p := range []struct{ what, q string }{{r.o.table, r.o.q.probeTable}, {r.o.table + "_lease", r.o.q.probeToken}} {
+		for _, p := range []struct{ what, q string }{
+			{r.o.table, r.o.q.probeTable},
+			{r.o.table + "_lease", r.o.q.probeColumns},
+			{r.o.table + "_lease_epoch", r.o.q.probeEpoch},
+		} {
 			if _, err = r.o.db.ExecContext(cctx, p.q); err != nil {
 				which = p.what
 				break
@@ -1025,11 +1071,12 @@ func (r *Relay) checkSchema(ctx context.Context) error {
 			r.okCalls.Add(1)
 			r.dbOK(groupPoll)
 			return nil
-		case which == r.o.table+"_lease" && sqldb.IsUndefinedColumn(err):
-			// A lease table of an older schema: claims would fail
-			// forever, and a relay of an older version may be running
-			// on it.
-			return fmt.Errorf("%w: %s_lease: %w", ErrSchemaOutdated, r.o.table, err)
+		case which == r.o.table+"_lease" && sqldb.IsUndefinedColumn(err),
+			which == r.o.table+"_lease_epoch" && sqldb.Classify(err) == sqldb.KindSchema:
+			// A lease table of an older schema (no token or epoch
+			// column, no epoch counter): claims would fail forever, and
+			// a relay of an older version may be running on it.
+			return fmt.Errorf("%w: %s: %w", ErrSchemaOutdated, which, err)
 		case sqldb.Classify(err) == sqldb.KindSchema:
 			return fmt.Errorf("%w: table %s: %w", ErrNoSchema, which, err)
 		case ctx.Err() != nil:
@@ -1099,38 +1146,39 @@ func (r *Relay) renew(ctx context.Context) {
 	// release failed, or a claim's answer was lost) is left to expire, so
 	// that other relays can take its key.
 	r.mu.Lock()
-	held := make([]string, 0, len(r.keys))
-	for k := range r.keys {
-		held = append(held, k)
+	held := make([]claimed, 0, len(r.keys))
+	for k, t := range r.keys {
+		held = append(held, claimed{k, t.epoch})
 	}
 	r.mu.Unlock()
 	if len(held) == 0 {
 		r.dbOK(groupRenew) // nothing to renew: nothing failing
 		return
 	}
-	sort.Strings(held) // one lock order for every relay
+	sortClaims(held) // one lock order for every relay
 	start := r.mono()
-	var keys map[string]bool
+	var keys map[string]int64
 	var err error
 	if r.o.dialect == Postgres {
-		keys, err = r.queryKeys(ctx, r.o.db, r.o.q.renew, r.cfg.owner, r.token, r.cfg.lease.Microseconds(), held)
+		ks, es := splitClaims(held)
+		keys, err = r.queryClaims(ctx, r.o.db, r.o.q.renew, r.cfg.owner, r.token, r.cfg.lease.Microseconds(), ks, es)
 	} else {
 		exp := time.Now().Add(r.cfg.lease).UnixMicro()
-		keys = map[string]bool{}
+		keys = map[string]int64{}
 		err = r.sqliteTx(ctx, func(tx *sql.Tx) error {
 			for rest := held; len(rest) > 0; {
-				n := min(len(rest), 500)
-				args := make([]any, 0, n+3)
+				n := min(len(rest), 400)
+				args := make([]any, 0, 2*n+3)
 				args = append(args, exp, r.cfg.owner, r.token)
-				for _, k := range rest[:n] {
-					args = append(args, k)
+				for _, c := range rest[:n] {
+					args = append(args, c.key, c.epoch)
 				}
-				ks, err := r.queryKeys(ctx, tx, r.o.q.renew+inList(n)+" RETURNING key", args...)
+				ks, err := r.queryClaims(ctx, tx, r.o.q.renew+pairList(n)+" RETURNING key, epoch", args...)
 				if err != nil {
 					return err
 				}
-				for k := range ks {
-					keys[k] = true
+				for k, e := range ks {
+					keys[k] = e
 				}
 				rest = rest[n:]
 			}
@@ -1146,30 +1194,50 @@ func (r *Relay) renew(ctx context.Context) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for k, t := range r.keys {
-		if keys[k] {
+		if e, ok := keys[k]; ok && e == t.epoch {
 			t.deadline.Store(start + int64(r.cfg.lease))
 		} else if t.fence() {
 			r.st.leasesLost.Add(1)
-			r.log.Warn("outbox relay: lease on key lost (expired and taken over, or taken by another relay); its sink call in flight is cancelled, its rows in flight are given back", "table", r.o.table, "owner", r.cfg.owner, "token", r.token)
+			r.log.Warn("outbox relay: lease on key lost (expired and taken over, or taken by another relay); its sink call in flight is cancelled, its rows in flight are given back", "table", r.o.table, "owner", r.cfg.owner, "token", r.token, "epoch", t.epoch)
 		}
 	}
 }
 
-func (r *Relay) queryKeys(ctx context.Context, q interface {
+// A claimed is a claim of a key: the key and the claim's epoch.
+type claimed struct {
+	key   string
+	epoch int64
+}
+
+func sortClaims(cs []claimed) {
+	sort.Slice(cs, func(i, j int) bool { return cs[i].key < cs[j].key })
+}
+
+func splitClaims(cs []claimed) (keys []string, epochs []int64) {
+	keys, epochs = make([]string, len(cs)), make([]int64, len(cs))
+	for i, c := range cs {
+		keys[i], epochs[i] = c.key, c.epoch
+	}
+	return keys, epochs
+}
+
+// queryClaims runs a statement returning (key, epoch) rows.
+func (r *Relay) queryClaims(ctx context.Context, q interface {
 	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
-}, query string, args ...any) (map[string]bool, error) {
+}, query string, args ...any) (map[string]int64, error) {
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	keys := map[string]bool{}
+	keys := map[string]int64{}
 	for rows.Next() {
 		var k string
-		if err := rows.Scan(&k); err != nil {
+		var e int64
+		if err := rows.Scan(&k, &e); err != nil {
 			return nil, err
 		}
-		keys[k] = true
+		keys[k] = e
 	}
 	return keys, rows.Err()
 }
@@ -1177,13 +1245,13 @@ func (r *Relay) queryKeys(ctx context.Context, q interface {
 // releaseEnded forgets tenures with nothing in flight that are lost or found
 // idle, and deletes their lease rows (those still ours).
 func (r *Relay) releaseEnded(ctx context.Context) {
-	var ended []string
+	var ended []claimed
 	r.mu.Lock()
 	for k, t := range r.keys {
 		if t.inflight == 0 && (t.lost.Load() || !t.fetched || t.draining) {
 			t.cancel()
 			delete(r.keys, k)
-			ended = append(ended, k)
+			ended = append(ended, claimed{k, t.epoch})
 		}
 	}
 	r.st.keysHeld.Store(int64(len(r.keys)))
@@ -1193,17 +1261,19 @@ func (r *Relay) releaseEnded(ctx context.Context) {
 	}
 	ctx, cancel := r.callCtx(ctx)
 	defer cancel()
+	sortClaims(ended) // one lock order for every statement on lease rows
 	var err error
 	if r.o.dialect == Postgres {
-		_, err = r.o.db.ExecContext(ctx, r.o.q.release, r.cfg.owner, r.token, ended)
+		ks, es := splitClaims(ended)
+		_, err = r.o.db.ExecContext(ctx, r.o.q.release, r.cfg.owner, r.token, ks, es)
 	} else {
 		for len(ended) > 0 && err == nil {
-			n := min(len(ended), 500)
+			n := min(len(ended), 400)
 			args := []any{r.cfg.owner, r.token}
-			for _, k := range ended[:n] {
-				args = append(args, k)
+			for _, c := range ended[:n] {
+				args = append(args, c.key, c.epoch)
 			}
-			_, err = r.o.db.ExecContext(ctx, r.o.q.release+inList(n), args...)
+			_, err = r.o.db.ExecContext(ctx, r.o.q.release+pairList(n), args...)
 			ended = ended[n:]
 		}
 	}
@@ -1298,60 +1368,60 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 	r.leaseMu.Lock()
 	defer r.leaseMu.Unlock()
 	start := r.mono()
-	got := map[string]bool{}
+	got := map[string]int64{} // key -> the claim's epoch
 	if r.o.dialect == Postgres {
 		micros := r.cfg.lease.Microseconds()
-		ins, err := r.queryKeys(ctx, r.o.db, r.o.q.acquireInsert, cands, r.cfg.owner, micros, r.token)
+		ins, err := r.queryClaims(ctx, r.o.db, r.o.q.acquireInsert, cands, r.cfg.owner, micros, r.token)
 		if err != nil {
 			r.dbError("claim keys", err)
 			return
 		}
 		var rest []string
 		for _, k := range cands {
-			if ins[k] {
-				got[k] = true
+			if e, ok := ins[k]; ok {
+				got[k] = e
 			} else {
 				rest = append(rest, k)
 			}
 		}
 		if len(rest) > 0 {
-			taken, err := r.queryKeys(ctx, r.o.db, r.o.q.acquireTakeover, rest, r.cfg.owner, micros, r.token)
+			taken, err := r.queryClaims(ctx, r.o.db, r.o.q.acquireTakeover, rest, r.cfg.owner, micros, r.token)
 			if err != nil {
 				r.dbError("take over expired keys", err)
 			}
-			for k := range taken {
-				got[k] = true
+			for k, e := range taken {
+				got[k] = e
 			}
 		}
 	} else {
 		now := time.Now()
 		exp := now.Add(r.cfg.lease).UnixMicro()
 		for len(cands) > 0 {
-			n := min(len(cands), 300)
-			args := make([]any, 0, 4*n+1)
+			n := min(len(cands), 150)
+			args := make([]any, 0, 5*n+1)
 			var b strings.Builder
 			for i, k := range cands[:n] {
 				if i > 0 {
 					b.WriteString(", ")
 				}
-				b.WriteString("(?, ?, ?, ?)")
-				args = append(args, k, r.cfg.owner, exp, r.token)
+				b.WriteString("(?, ?, ?, ?, ?)")
+				args = append(args, k, r.cfg.owner, exp, r.token, i+1)
 			}
 			args = append(args, now.UnixMicro())
-			ks, err := r.queryKeys(ctx, r.o.db, fmt.Sprintf(r.o.q.acquireUpsert, b.String()), args...)
+			ks, err := r.queryClaims(ctx, r.o.db, fmt.Sprintf(r.o.q.acquireUpsert, b.String()), args...)
 			if err != nil {
 				r.dbError("claim keys", err)
 				break
 			}
-			for k := range ks {
-				got[k] = true
+			for k, e := range ks {
+				got[k] = e
 			}
 			cands = cands[n:]
 		}
 	}
 	r.mu.Lock()
-	for k := range got {
-		r.keys[k] = newTenure(k, start, start+int64(r.cfg.lease))
+	for k, e := range got {
+		r.keys[k] = newTenure(k, e, start, start+int64(r.cfg.lease))
 	}
 	r.st.keysHeld.Store(int64(len(r.keys)))
 	r.mu.Unlock()
@@ -1395,10 +1465,11 @@ func (r *Relay) fetch(ctx context.Context, room int) int {
 	if r.o.dialect == Postgres {
 		keys := make([]string, len(wants))
 		afters := make([]int64, len(wants))
+		epochs := make([]int64, len(wants))
 		for i, w := range wants {
-			keys[i], afters[i] = w.t.key, w.t.after
+			keys[i], afters[i], epochs[i] = w.t.key, w.t.after, w.t.epoch
 		}
-		evs, err = r.scanEvents(r.o.db.QueryContext(ctx, fetchQ, keys, afters, r.cfg.keyBatch, room))
+		evs, err = r.scanEvents(r.o.db.QueryContext(ctx, fetchQ, keys, afters, r.cfg.keyBatch, room, epochs, r.cfg.owner, r.token))
 	} else {
 		left := room
 		for _, w := range wants {
@@ -1407,10 +1478,11 @@ func (r *Relay) fetch(ctx context.Context, room int) int {
 			}
 			var rows *sql.Rows
 			var e error
+			args := []any{w.t.key, w.t.after, r.cfg.owner, r.token, w.t.epoch, min(w.limit, left)}
 			if r.fetchStmt != nil {
-				rows, e = r.fetchStmt.QueryContext(ctx, w.t.key, w.t.after, min(w.limit, left))
+				rows, e = r.fetchStmt.QueryContext(ctx, args...)
 			} else {
-				rows, e = r.o.db.QueryContext(ctx, fetchQ, w.t.key, w.t.after, min(w.limit, left))
+				rows, e = r.o.db.QueryContext(ctx, fetchQ, args...)
 			}
 			more, e := r.scanEvents(rows, e)
 			if e != nil {
@@ -1513,8 +1585,9 @@ func (r *Relay) runJob(ctx context.Context, j *job) error {
 		r.abandon(j)
 		return nil
 	}
-	sctx, cancel := context.WithDeadline(ctx, r.epoch.Add(time.Duration(dl)))
+	sctx, cancel := context.WithDeadline(ctx, r.clock0.Add(time.Duration(dl)))
 	defer cancel()
+	sctx = context.WithValue(sctx, claimKey{}, Claim{Key: t.key, Owner: r.cfg.owner, Token: r.token, Epoch: t.epoch})
 	unhook := context.AfterFunc(t.fenced, cancel) // the lease was taken: stop the call
 	defer unhook()
 	returned := false
@@ -1576,9 +1649,9 @@ func (r *Relay) onDeadLetter(dl keysched.DeadLetter[string]) {
 	var res sql.Result
 	var err error
 	if r.o.dialect == Postgres {
-		res, err = r.o.db.ExecContext(ctx, r.o.q.markDead, j.e.Seq, r.cfg.owner, r.token, dl.Attempts, msg)
+		res, err = r.o.db.ExecContext(ctx, r.o.q.markDead, j.e.Seq, r.cfg.owner, r.token, dl.Attempts, msg, j.e.Key, j.t.epoch)
 	} else {
-		res, err = r.o.db.ExecContext(ctx, r.o.q.markDead, dl.Attempts, msg, time.Now().UnixMicro(), j.e.Seq, r.cfg.owner, r.token)
+		res, err = r.o.db.ExecContext(ctx, r.o.q.markDead, dl.Attempts, msg, time.Now().UnixMicro(), j.e.Seq, r.cfg.owner, r.token, j.t.epoch)
 	}
 	var n int64
 	if err == nil {
@@ -1589,7 +1662,7 @@ func (r *Relay) onDeadLetter(dl keysched.DeadLetter[string]) {
 		// and decides about the row.
 		if j.t.fence() {
 			r.st.leasesLost.Add(1)
-			r.log.Warn("outbox relay: lease on key lost (taken by another relay) before a failed row was marked dead; the row is left to it", "table", r.o.table, "owner", r.cfg.owner, "token", r.token, "seq", j.e.Seq)
+			r.log.Warn("outbox relay: lease on key lost (taken by another relay) before a failed row was marked dead; the row is left to it", "table", r.o.table, "owner", r.cfg.owner, "token", r.token, "epoch", j.t.epoch, "seq", j.e.Seq)
 		}
 		r.abandon(j)
 		return
@@ -1672,8 +1745,10 @@ func (r *Relay) flushAll(ctx context.Context) bool {
 	ctx, cancel := r.callCtx(ctx)
 	defer cancel()
 	seqs := make([]int64, len(batch))
+	keys := make([]string, len(batch))
+	epochs := make([]int64, len(batch))
 	for i, j := range batch {
-		seqs[i] = j.e.Seq
+		seqs[i], keys[i], epochs[i] = j.e.Seq, j.e.Key, j.t.epoch
 	}
 	marked := make(map[int64]bool, len(batch))
 	collect := func(rows *sql.Rows, err error) error {
@@ -1696,25 +1771,30 @@ func (r *Relay) flushAll(ctx context.Context) bool {
 		if r.cfg.retention > 0 {
 			q = r.o.q.markSentUpdate
 		}
-		err = collect(r.o.db.QueryContext(ctx, q, seqs, r.cfg.owner, r.token))
+		err = collect(r.o.db.QueryContext(ctx, q, seqs, keys, epochs, r.cfg.owner, r.token))
 	} else {
 		err = r.sqliteTx(ctx, func(tx *sql.Tx) error {
-			for len(seqs) > 0 {
-				n := min(len(seqs), 500)
-				args := make([]any, 0, n+3)
+			for rest := batch; len(rest) > 0; {
+				n := min(len(rest), 400)
+				args := make([]any, 0, 2*n+3)
 				q := r.o.q.markSentDelete
 				if r.cfg.retention > 0 {
 					q = r.o.q.markSentUpdate
 					args = append(args, time.Now().UnixMicro())
 				}
-				args = append(args, r.cfg.owner, r.token)
-				for _, s := range seqs[:n] {
-					args = append(args, s)
+				var b strings.Builder
+				for i, j := range rest[:n] {
+					if i > 0 {
+						b.WriteString(", ")
+					}
+					b.WriteString("(?, ?)")
+					args = append(args, j.e.Seq, j.t.epoch)
 				}
-				if err := collect(tx.QueryContext(ctx, q+inList(n)+r.o.q.markSentSuffix, args...)); err != nil {
+				args = append(args, r.cfg.owner, r.token)
+				if err := collect(tx.QueryContext(ctx, q+b.String()+r.o.q.markSentSuffix, args...)); err != nil {
 					return err
 				}
-				seqs = seqs[n:]
+				rest = rest[n:]
 			}
 			return nil
 		})
@@ -1736,7 +1816,7 @@ func (r *Relay) flushAll(ctx context.Context) bool {
 		}
 		if j.t.fence() {
 			r.st.leasesLost.Add(1)
-			r.log.Warn("outbox relay: lease on key lost (taken by another relay) before its published rows were marked; they stay pending for the key's holder", "table", r.o.table, "owner", r.cfg.owner, "token", r.token)
+			r.log.Warn("outbox relay: lease on key lost (taken by another relay) before its published rows were marked; they stay pending for the key's holder", "table", r.o.table, "owner", r.cfg.owner, "token", r.token, "epoch", j.t.epoch)
 		}
 		r.abandon(j)
 	}
