@@ -3,11 +3,13 @@ package outbox_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -30,8 +32,8 @@ const pausedChildEnv = "OUTBOX_PAUSE_DSN"
 const pausedLease = 400 * time.Millisecond
 
 // pausedRelayChild runs one relay (one worker, so that one sink call runs at
-// a time) whose sink prints "start key j token" when a call starts and
-// "done key j token" when it returns; its first call prints "inflight" and
+// a time) whose sink prints "start key j token epoch" when a call starts and
+// "done key j token epoch" when it returns (its claim, from ClaimFrom); its first call prints "inflight" and
 // sleeps 300 ms ignoring its context (a broker completing a produce the
 // client gave up on). When stdin closes it closes the relay and prints its
 // stats.
@@ -49,12 +51,13 @@ func pausedRelayChild() {
 	var r *outbox.Relay
 	var once sync.Once
 	sink := func(ctx context.Context, e outbox.Event) error {
-		out.printf("start %s %s %s\n", e.Key, e.Payload, r.Token())
+		c, _ := outbox.ClaimFrom(ctx)
+		out.printf("start %s %s %s %d\n", e.Key, e.Payload, c.Token, c.Epoch)
 		once.Do(func() {
 			out.printf("inflight\n")
 			time.Sleep(300 * time.Millisecond)
 		})
-		out.printf("done %s %s %s\n", e.Key, e.Payload, r.Token())
+		out.printf("done %s %s %s %d\n", e.Key, e.Payload, c.Token, c.Epoch)
 		return nil
 	}
 	r, err = ob.NewRelay(sink, outbox.WithWorkers(1), outbox.WithLeaseDuration(pausedLease),
@@ -95,7 +98,8 @@ func (s *syncWriter) printf(format string, args ...any) {
 // meanwhile, then continued (SIGCONT) while the second relay still holds
 // the keys: the in-flight call returns (it ignores its context, as a broker
 // completing a produce would) and is the only overlap: the event is also
-// published by the second relay, under another fencing token. After it
+// published by the second relay, under another claim (ClaimFrom: another
+// token, a greater epoch). After it
 // continues, the paused relay starts no other sink call (its queued rows of
 // the lost keys are given back) and marks nothing (its mark of the
 // in-flight row finds the lease another token's).
@@ -141,9 +145,9 @@ func TestPausedRelayProcess(t *testing.T) {
 	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
 	paused := time.Now()
 	require.Equal(t, "inflight", before[len(before)-1], "child output: %v\n%s", before, stderr.String())
-	first := strings.Fields(before[len(before)-2]) // start key j token
+	first := strings.Fields(before[len(before)-2]) // start key j token epoch
 	require.Equal(t, "start", first[0])
-	childToken := first[3]
+	childToken, childEpoch := first[3], first[4]
 
 	// The child's leases end in the database; the second relay takes the
 	// keys and publishes rows 0-4 of each, then holds them (its calls on
@@ -151,8 +155,7 @@ func TestPausedRelayProcess(t *testing.T) {
 	time.Sleep(3 * pausedLease)
 	rec := newRecorder(keys * perKey)
 	release := make(chan struct{})
-	var tokens sync.Map // event ID -> tokens that published it
-	var r *outbox.Relay
+	var claims sync.Map // "key j" -> the taker's claim that published it
 	sink := func(ctx context.Context, e outbox.Event) error {
 		if string(e.Payload) >= "5" && len(e.Payload) == 1 {
 			select {
@@ -161,10 +164,14 @@ func TestPausedRelayProcess(t *testing.T) {
 				return ctx.Err()
 			}
 		}
-		tokens.Store(e.ID, r.Token())
+		c, ok := outbox.ClaimFrom(ctx)
+		if !ok {
+			return errors.New("no claim in the sink's context")
+		}
+		claims.Store(e.Key+" "+string(e.Payload), c)
 		return rec.sink(ctx, e)
 	}
-	r, err = ob.NewRelay(sink, outbox.WithLeaseDuration(pausedLease), outbox.WithPollInterval(20*time.Millisecond),
+	r, err := ob.NewRelay(sink, outbox.WithLeaseDuration(pausedLease), outbox.WithPollInterval(20*time.Millisecond),
 		outbox.WithOwner("taker"), outbox.WithLogger(quiet))
 	require.NoError(t, err)
 	stop := runRelay(t, r)
@@ -206,15 +213,24 @@ func TestPausedRelayProcess(t *testing.T) {
 	stats := after[len(after)-1]
 	require.True(t, strings.HasPrefix(stats, "stats published=1 marked=0 "), "the paused relay published one row and marked none: %s", stats)
 	// The overlapping event was published by the child (in flight across
-	// the pause) and by the taker, under two fencing tokens; the taker
-	// published every event once.
+	// the pause) and by the taker, under two claims: two tokens, two
+	// epochs, the taker's greater (a downstream storing the epoch refuses
+	// the child's late write). The taker published every event once.
 	dups := rec.check(t, keys, perKey)
 	require.Zero(t, dups, "the taker published each event once")
-	var takerTokens int
-	tokens.Range(func(_, v any) bool {
-		require.NotEqual(t, childToken, v)
-		takerTokens++
+	v, ok := claims.Load(first[1] + " " + first[2])
+	require.True(t, ok)
+	taker := v.(outbox.Claim)
+	t.Logf("the overlap: %s row %s published under epoch %s (token %s, paused) and epoch %d (token %s)", first[1], first[2], childEpoch, childToken, taker.Epoch, taker.Token)
+	require.NotEqual(t, childToken, taker.Token)
+	ce, err := strconv.ParseInt(childEpoch, 10, 64)
+	require.NoError(t, err)
+	require.Greater(t, taker.Epoch, ce, "the taker's claim has a greater epoch")
+	n := 0
+	claims.Range(func(_, v any) bool {
+		require.NotEqual(t, childToken, v.(outbox.Claim).Token)
+		n++
 		return true
 	})
-	require.Equal(t, keys*perKey, takerTokens)
+	require.Equal(t, keys*perKey, n)
 }
