@@ -65,6 +65,16 @@ var (
 	// before it are recorded, so a redelivery finds the event handled;
 	// after fn's rollback nothing is.
 	ErrTxEnded = errors.New("inbox: fn committed or rolled back the transaction itself (it must not: Apply does)")
+	// ErrCommitUnknown is wrapped by Apply's error (Inbox's and Versions')
+	// when the connection broke during the commit (the server restarted or
+	// went away, the backend was terminated): the commit may or may not
+	// have taken effect, and the client cannot know from the failed call.
+	// The ID and fn's writes are committed together or not at all, so a
+	// redelivery is safe either way: it applies fn once if they were not,
+	// and finds the ID (already handled) if they were. The error also says
+	// what Seen reported just after (a commit still being completed by the
+	// server can land after that look).
+	ErrCommitUnknown = errors.New("inbox: connection lost during commit: outcome unknown")
 	// ErrNilTx is returned by Record and Gate for a nil transaction.
 	ErrNilTx = errors.New("inbox: nil transaction")
 	// ErrNilContext is returned by every method given a nil context (it
@@ -270,10 +280,13 @@ func timeArg(d Dialect, t time.Time) any {
 //     not run and nothing was written. Acknowledge the delivery.
 //   - (false, err): nothing was recorded, so a redelivery runs fn again:
 //     fn's error (returned as is, unwrapped), a database error, or ctx's.
-//     The one exception is an error wrapping ErrTxEnded: fn committed or
+//     Two exceptions: an error wrapping ErrTxEnded: fn committed or
 //     rolled back tx itself (a bug in fn); if it committed, the ID and
 //     fn's writes before the commit are recorded (Seen reports true), and
-//     the error says so.
+//     the error says so. And an error wrapping ErrCommitUnknown: the
+//     connection broke during the commit, which may have taken effect;
+//     the ID is recorded if and only if fn's writes are, so a redelivery
+//     is still safe (applied once, or "already handled").
 //
 // Concurrent deliveries of one ID run fn at most once in total: the second
 // one's insert waits for the first transaction (PostgreSQL's unique index,
@@ -343,6 +356,9 @@ func runTx(ctx context.Context, db *sql.DB, body func(tx *sql.Tx) (bool, error),
 		if errors.Is(err, sql.ErrTxDone) && ctx.Err() != nil {
 			// database/sql rolled the transaction back when ctx ended.
 			return false, fmt.Errorf("inbox: commit: %w: %w", err, ctx.Err())
+		}
+		if sqldb.Classify(err) == sqldb.KindConnection {
+			return false, fmt.Errorf("%w (%s): %w", ErrCommitUnknown, state(), err)
 		}
 		return false, fmt.Errorf("inbox: commit: %w", err)
 	}

@@ -166,6 +166,32 @@
 // made pending again in key order, one transaction per batch, returning
 // what moved; Recoverable is its dry run.
 //
+// # Database faults
+//
+// The relay rides out a database that fails: a restart or failover, a
+// terminated connection, a statement_timeout or lock_timeout, SQLite busy
+// past its timeout, a read-only or failing disk. A failed call is retried at
+// the next poll, renewal or flush, on a new connection when the old one
+// broke; each call is bounded by a third of the lease (at least 5 s), so a
+// server that stops answering holds nothing for ever. Meanwhile no key is
+// published past its lease (the relay's local deadline stops it), and once
+// the database is back the keys whose leases expired are claimed again, by
+// this relay or another, from their oldest pending row. Published rows whose
+// marks failed are marked once it is back, or published again by the key's
+// next holder (duplicates, in order, never a loss).
+//
+// What the caller sees: RelayStats.DBErrors, DBErrorKinds (by
+// sqldb.Classify) and DBFailingFor; one log line when the calls start
+// failing, one when they have failed 10, 100, 1000... times in a row (with
+// the last error), one when a poll succeeds again, never one per failed
+// call. Run does not return because of the database unless WithMaxOutage is
+// given (then, once every poll has failed that long, it returns an error
+// wrapping ErrDatabaseUnavailable and the last error); on a database without
+// the outbox's tables it returns ErrNoSchema at once. Close stays bounded by
+// its context (plus keysched.CloseGrace) while the database is away, and
+// reports the published rows it could not mark and the leases it could not
+// release.
+//
 // # Shutdown
 //
 // Close stops claiming, lets the sink calls in progress finish (until its

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"log/slog"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,12 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(sqliteHolderEnv) != "" {
+		sqliteHolderChild() // exits
+	}
+	if os.Getenv(pausedChildEnv) != "" {
+		pausedRelayChild() // exits
+	}
 	goleak.VerifyTestMain(m, dbtest.LeakOptions()...)
 }
 

@@ -21,7 +21,13 @@ func (r *Relay) listen(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		r.dbError("listen", err)
+		if errors.Is(err, errNotPgx) {
+			// Not a database fault: polling alone it is.
+			r.log.Error("outbox relay: no LISTEN (polling only)", "table", r.o.table, "err", err)
+			r.dbOK(groupListen)
+			return
+		}
+		r.dbError(opListen, err)
 		wait.Reset(max(r.cfg.poll, 100*time.Millisecond))
 		select {
 		case <-ctx.Done():
@@ -59,6 +65,7 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 				}
 			}
 		}()
+		r.dbOK(groupListen)
 		r.st.listening.Store(true)
 		defer r.st.listening.Store(false)
 		r.signal() // rows committed before the LISTEN took effect

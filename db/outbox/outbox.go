@@ -67,6 +67,14 @@ var (
 	// lacks the token or the epoch column (created by an older version of
 	// this package): run CreateSchema (or see Schema) first.
 	ErrSchemaOutdated = errors.New("outbox: lease table has no token or epoch column: run CreateSchema")
+	// ErrNoSchema is wrapped by Run's error when the outbox table or its
+	// lease table does not exist: run CreateSchema (or see Schema) first.
+	// Run checks before it claims anything and returns at once.
+	ErrNoSchema = errors.New("outbox: table missing: run CreateSchema")
+	// ErrDatabaseUnavailable is wrapped by Run's error when every poll
+	// failed for longer than WithMaxOutage; the error also says how many
+	// calls failed and wraps the last one's error.
+	ErrDatabaseUnavailable = errors.New("outbox: database unavailable")
 	// ErrZeroOutbox is returned by the methods of a nil or zero Outbox (one
 	// not made by New) that return an error; the others return zero values.
 	ErrZeroOutbox = errors.New("outbox: nil or zero Outbox (make one with New)")

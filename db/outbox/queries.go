@@ -129,6 +129,8 @@ type queries struct {
 	markSentDelete, markSentUpdate     string // SQLite: a prefix; the (seq, epoch) list and markSentSuffix are appended
 	markSentSuffix                     string
 	probeColumns                       string // fails when the lease table lacks the token or epoch column
+	probeTable                         string // fails when the outbox table is missing
+	probeEpoch                         string // fails when the epoch counter (a sequence, a table on SQLite) is missing
 	markDead, cleanup                  string
 	listenChannel, notifyChannelQuoted string
 }
@@ -234,6 +236,8 @@ UPDATE ` + t + ` AS o SET state = 2, attempts = o.attempts + $4, last_error = $5
 	q.releaseAll = r(`DELETE FROM ` + l + ` WHERE owner = ? AND token = ?`)
 	q.releaseOthers = r(`DELETE FROM ` + l + ` WHERE owner = ? AND (token IS NULL OR token <> ?)`)
 	q.probeColumns = `SELECT token, epoch FROM ` + l + ` LIMIT 0`
+	q.probeEpoch = `SELECT * FROM ` + l + `_epoch LIMIT 0`
+	q.probeTable = `SELECT seq, id, key, type, payload, headers, created_at, state, attempts, last_error, done_at FROM ` + t + ` LIMIT 0`
 	// The keys with pending rows, walked in key order from a cursor one
 	// index probe per key (a loose index scan on the pending rows' (key,
 	// seq) index), at most a given number of keys per call, each with

@@ -123,6 +123,7 @@ type relayConfig struct {
 	schedOpts   []keysched.Option
 	// given, for how options meet (see NewRelay)
 	workersSet, batchSet, pollSet, leaseSet bool
+	maxOutage                               time.Duration
 }
 
 func badOption(format string, args ...any) error {
@@ -344,6 +345,29 @@ func WithTakeOverOnStart() RelayOption {
 	return func(c *relayConfig) error { c.takeOver = true; return nil }
 }
 
+// WithMaxOutage makes Run give up when the database stays away: once every
+// poll has failed for d (no poll whose database calls all succeeded), Run
+// shuts down as it does when its context ends and returns an error wrapping
+// ErrDatabaseUnavailable with the number of failed calls and the last error.
+// d > 0. By default (without this option) Run never gives up on the
+// database: it retries every poll interval through a restart or a failover,
+// however long, logging one line when the calls start failing, one when they
+// have failed 10, 100, 1000... times in a row, and one when they succeed
+// again (see the package doc's "Database faults").
+//
+// A relay running in a process that a supervisor restarts, or whose health
+// check should fail when it cannot publish, may prefer a bound: a minute or
+// a few, above the database's longest failover.
+func WithMaxOutage(d time.Duration) RelayOption {
+	return func(c *relayConfig) error {
+		if d <= 0 {
+			return badOption("WithMaxOutage(%v)", d)
+		}
+		c.maxOutage = d
+		return nil
+	}
+}
+
 // WithOnDead sets a function called after a row was marked dead, with the
 // row (for alerting). It runs on the worker, while the key waits: keep it
 // short.
@@ -428,8 +452,9 @@ type Relay struct {
 	// found, before they are claimed (forces interleavings).
 	afterWalk func(found []string)
 
-	lastClean int64  // loop goroutine only
-	cursor    string // loop goroutine only: where the next key walk starts
+	okCalls   atomic.Uint64 // successful database calls (walks, fetches, renewals, marks)
+	lastClean int64         // loop goroutine only
+	cursor    string        // loop goroutine only: where the next key walk starts
 	fetchStmt *sql.Stmt
 
 	// leaseMu makes claiming and renewing take turns, so that a renewal
@@ -446,6 +471,11 @@ type Relay struct {
 
 	fmu    sync.Mutex
 	toMark []*job
+
+	health health
+	// shutdownErr: what Run's last database calls (marking the published
+	// rows, releasing the leases) failed with; set before done is closed.
+	shutdownErr error
 
 	st struct {
 		published, sinkErrors, marked, dead, abandoned, leasesLost atomic.Uint64
@@ -636,9 +666,15 @@ type RelayStats struct {
 	LeasesLost    uint64 // keys whose lease expired or was taken before this relay let it go
 	Polls         uint64 // poll iterations
 	Notifications uint64 // PostgreSQL NOTIFY wake-ups received
-	DBErrors      uint64 // failed database calls (logged; the relay retries)
-	KeysHeld      int    // keys leased now
-	InFlight      int    // rows fetched and not yet settled
+	DBErrors      uint64 // failed database calls (the relay retries; see DBErrorKinds)
+	// DBErrorKinds splits DBErrors by kind (sqldb.Classify).
+	DBErrorKinds DBErrorCounts
+	// DBFailingFor is how long the database calls have been failing, with
+	// no poll whose calls all succeeded since (0 while they succeed): for a
+	// health check, compare it with the database's longest failover.
+	DBFailingFor time.Duration
+	KeysHeld     int // keys leased now
+	InFlight     int // rows fetched and not yet settled
 	// Listening is true while a PostgreSQL LISTEN for this outbox is
 	// active (false on SQLite, with WithListen(false), and while the
 	// listening connection is being re-established).
@@ -653,7 +689,9 @@ func (r *Relay) Stats() RelayStats {
 	r.mu.Lock()
 	inflight := r.inflight
 	r.mu.Unlock()
+	failing, _, _, _ := r.outage()
 	return RelayStats{
+		DBErrorKinds: r.health.counts(), DBFailingFor: failing,
 		Published: r.st.published.Load(), SinkErrors: r.st.sinkErrors.Load(),
 		Marked: r.st.marked.Load(), Dead: r.st.dead.Load(), Abandoned: r.st.abandoned.Load(),
 		LeasesLost: r.st.leasesLost.Load(), Polls: r.st.polls.Load(),
@@ -744,6 +782,15 @@ func (r *Relay) signal() {
 // calls in progress see their context cancelled, and Run returns ctx's error
 // once they have returned. Rows given back stay pending: they are published
 // by this outbox's next relay to claim their key.
+//
+// Run first checks that the outbox's tables exist with the columns it uses:
+// it returns an error wrapping ErrNoSchema (a table missing) or
+// ErrSchemaOutdated (the lease table without its token or epoch column, or
+// no epoch counter) at once. A
+// database that does not answer is an outage, not an error: Run retries
+// every poll interval, then and while it runs, and returns because of the
+// database only with WithMaxOutage (an error wrapping
+// ErrDatabaseUnavailable). See the package doc's "Database faults".
 func (r *Relay) Run(ctx context.Context) error {
 	if r.zero() {
 		return ErrZeroRelay
@@ -755,6 +802,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		return ErrClosed
 	}
 	defer close(r.done)
+	doneCtx, cancelDone := context.WithCancel(context.Background())
+	cancelDone()
 	select {
 	case <-r.closing:
 		// Close came after Run started but before this: Close leaves the
@@ -763,15 +812,16 @@ func (r *Relay) Run(ctx context.Context) error {
 		return ErrClosed
 	default:
 	}
-	if _, err := r.o.db.ExecContext(ctx, r.o.q.probeColumns); err != nil && sqldb.IsUndefinedColumn(err) {
-		// A lease table of an older schema: claims would fail forever, and
-		// a relay of an older version may be running on it.
-		_ = r.sched.Close(ctx)
-		return fmt.Errorf("%w: %s_lease: %w", ErrSchemaOutdated, r.o.table, err)
+	if err := r.checkSchema(ctx); err != nil {
+		_ = r.sched.Close(doneCtx)
+		return err
 	}
 	if r.cfg.takeOver {
 		// The predecessor's keys are free at once (see WithTakeOverOnStart).
-		if res, err := r.o.db.ExecContext(ctx, r.o.q.releaseOthers, r.cfg.owner, r.token); err != nil {
+		cctx, cancel := r.callCtx(ctx)
+		res, err := r.o.db.ExecContext(cctx, r.o.q.releaseOthers, r.cfg.owner, r.token)
+		cancel()
+		if err != nil {
 			r.dbError("take over the leases of the relay's name", err)
 		} else if n, _ := res.RowsAffected(); n > 0 {
 			r.log.Info("outbox relay: took over the leases of a previous relay of the same name", "table", r.o.table, "owner", r.cfg.owner, "keys", n)
@@ -779,6 +829,23 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	bg, cancelBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelBG()
+	// The loop's database calls end with ctx, and when Close's context
+	// ends; the flusher's and renewer's too (Run's last marks and release
+	// then run on a context of their own).
+	loopCtx, cancelLoop := context.WithCancel(ctx)
+	defer cancelLoop()
+	go func() {
+		select {
+		case <-r.closing:
+			select {
+			case <-r.closeCtx.Done():
+				cancelLoop()
+				cancelBG()
+			case <-loopCtx.Done():
+			}
+		case <-loopCtx.Done():
+		}
+	}()
 	var wg sync.WaitGroup
 	stopFlush := make(chan struct{})
 	wg.Add(2)
@@ -803,7 +870,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			defer st.Close()
 		}
 	}
-	err := r.loop(ctx)
+	err := r.loop(loopCtx, ctx)
 
 	// Shut down: no claim after this; tasks that have not started give
 	// their rows back.
@@ -822,10 +889,24 @@ func (r *Relay) Run(ctx context.Context) error {
 	cancelListen()
 	wg.Wait()
 	if !r.crash {
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.lease/3)
-		r.flushAll(fctx)
+		// Each bounded as every call (callTimeout): a database that is
+		// away does not hold Run (nor Close: see there) for ever.
+		fctx, cancel := r.callCtx(context.WithoutCancel(ctx))
+		if !r.flushAll(fctx) {
+			r.fmu.Lock()
+			n := len(r.toMark)
+			r.fmu.Unlock()
+			_, _, _, last := r.outage()
+			if last == nil {
+				last = errors.New("marking failed")
+			}
+			r.shutdownErr = fmt.Errorf("outbox: %d published rows not marked sent (they stay pending: published again once their leases expire): %w", n, last)
+		}
+		cancel()
+		fctx, cancel = r.callCtx(context.WithoutCancel(ctx))
 		if _, e := r.o.db.ExecContext(fctx, r.o.q.releaseAll, r.cfg.owner, r.token); e != nil {
 			r.dbError("release leases", e)
+			r.shutdownErr = errors.Join(r.shutdownErr, fmt.Errorf("outbox: leases not released (their keys wait until they expire): %w", e))
 		}
 		cancel()
 	}
@@ -835,10 +916,12 @@ func (r *Relay) Run(ctx context.Context) error {
 
 // Close stops the relay: see Run. It waits for Run to return, or for ctx to
 // end: then the sink calls in progress see their context cancelled, the rows
-// not started are given back, and Close returns within keysched.CloseGrace
-// (100 ms) of ctx's end, whatever the sink does, plus the database calls
-// that mark the published rows and release the leases once every sink call
-// has returned (each bounded by a third of the lease). If a sink call still
+// not started are given back, the poll's database calls are cancelled, and
+// Close returns within keysched.CloseGrace (100 ms) of ctx's end, whatever
+// the sink and the database do. If Run is then still marking the published
+// rows and releasing its leases (the database is slow or away), Close
+// returns an error wrapping ctx's error that says so; those calls go on in
+// the background, each bounded by a third of the lease, at least 5 s. If a sink call still
 // runs after the grace (it ignores its cancelled context), Close returns an error
 // wrapping ctx's error that counts the sink calls still running; they finish
 // in the background and Run returns once they have: a call that then
@@ -847,7 +930,10 @@ func (r *Relay) Run(ctx context.Context) error {
 // pending, and the relay then releases its leases. If the process exits
 // first, those rows stay pending and are published again (duplicates) once
 // the leases expire. Close returns nil when Run finished in time, ctx's error
-// (wrapped) otherwise. Close without Run releases the scheduler. Close is
+// (wrapped) otherwise; when Run's last calls failed (published rows not
+// marked sent: they are published again once their leases expire; leases
+// not released: their keys wait until they expire), an error saying so,
+// wrapping the database's. Close without Run releases the scheduler. Close is
 // idempotent; only the first call's ctx bounds the drain. A nil ctx gets
 // ErrNilContext.
 func (r *Relay) Close(ctx context.Context) error {
@@ -867,28 +953,38 @@ func (r *Relay) Close(ctx context.Context) error {
 	}
 	select {
 	case <-r.done:
+		if r.shutdownErr != nil {
+			return fmt.Errorf("outbox: close: %w", r.shutdownErr)
+		}
 		return nil
 	case <-ctx.Done():
 	}
-	// While no sink call runs, Run is only shutting down (marking what was
-	// published, releasing its leases: database calls bounded by a third
-	// of the lease): wait for it. Give up once a sink call outlives the
-	// grace.
-	grace := time.NewTicker(keysched.CloseGrace)
+	grace := time.NewTimer(keysched.CloseGrace)
 	defer grace.Stop()
-	for {
-		select {
-		case <-r.done:
-			return ctx.Err()
-		case <-grace.C:
-		}
-		r.mu.Lock()
-		running := r.active
-		r.mu.Unlock()
-		if running > 0 {
-			return fmt.Errorf("outbox: close: %d sink calls still running (ignoring their cancelled context), left to finish in the background: %w", running, ctx.Err())
-		}
+	select {
+	case <-r.done:
+		return fmt.Errorf("outbox: close: %w", ctx.Err())
+	case <-grace.C:
 	}
+	r.mu.Lock()
+	running := r.active
+	r.mu.Unlock()
+	if running > 0 {
+		return fmt.Errorf("outbox: close: %d sink calls still running (ignoring their cancelled context), left to finish in the background: %w", running, ctx.Err())
+	}
+	// Run is marking what was published and releasing its leases: the
+	// database is slow or away. Those calls go on in the background, each
+	// bounded by callTimeout.
+	return fmt.Errorf("outbox: close: still marking published rows and releasing leases (the database is slow or away; last: %v), left to finish in the background: %w", r.lastDBError(), ctx.Err())
+}
+
+// lastDBError returns the last failed database call's error while the
+// database is failing, or "no database error".
+func (r *Relay) lastDBError() error {
+	if _, _, op, err := r.outage(); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	return errors.New("no answer")
 }
 
 func (r *Relay) beginTask() {
@@ -914,24 +1010,34 @@ func (r *Relay) waitTasks() {
 	r.mu.Unlock()
 }
 
-func (r *Relay) loop(ctx context.Context) error {
+// loop polls until runCtx ends, Close is called, or the database stays
+// away longer than WithMaxOutage. Its database calls use ctx (runCtx, also
+// cancelled when Close's context ends).
+func (r *Relay) loop(ctx, runCtx context.Context) error {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
 		select {
-		case <-ctx.Done():
-			return ctx.Err()
+		case <-runCtx.Done():
+			return runCtx.Err()
 		case <-r.closing:
 			return nil
 		default:
 		}
-		if r.poll(ctx) {
+		fails, oks := r.health.total.Load(), r.okCalls.Load()
+		full := r.poll(ctx)
+		if r.health.total.Load() == fails && r.okCalls.Load() != oks {
+			r.dbOK(groupPoll)
+		} else if err := r.outageOver(); err != nil {
+			return err
+		}
+		if full {
 			continue // a full batch: there may be more at once
 		}
 		timer.Reset(r.cfg.poll)
 		select {
-		case <-ctx.Done():
-			return ctx.Err()
+		case <-runCtx.Done():
+			return runCtx.Err()
 		case <-r.closing:
 			return nil
 		case <-r.wake:
@@ -940,12 +1046,81 @@ func (r *Relay) loop(ctx context.Context) error {
 	}
 }
 
-func (r *Relay) dbError(what string, err error) {
-	if errors.Is(err, context.Canceled) && r.stopping.Load() {
-		return
+// outageOver returns an error wrapping ErrDatabaseUnavailable once the
+// database has been failing for WithMaxOutage.
+func (r *Relay) outageOver() error {
+	if r.cfg.maxOutage <= 0 {
+		return nil
 	}
-	r.st.dbErrors.Add(1)
-	r.log.Warn("outbox relay: database call failed", "op", what, "table", r.o.table, "owner", r.cfg.owner, "err", err)
+	d, tries, op, err := r.outage()
+	if d < r.cfg.maxOutage {
+		return nil
+	}
+	r.log.Error("outbox relay: database away longer than WithMaxOutage; Run returns", "for", d.Round(time.Millisecond), "tries", tries, "table", r.o.table, "owner", r.cfg.owner, "err", err)
+	return fmt.Errorf("%w: every poll failed for %v (%d failed calls; max outage %v); last: %s: %w", ErrDatabaseUnavailable, d.Round(time.Millisecond), tries, r.cfg.maxOutage, op, err)
+}
+
+// callTimeout bounds each of the relay's database operations (a claim, a
+// fetch, a renewal, a mark): a third of the lease, at least 5 s. A call
+// that hangs (a server that stopped answering, a network partition) fails
+// then, rather than holding the relay until TCP gives up.
+func (r *Relay) callTimeout() time.Duration { return max(r.cfg.lease/3, 5*time.Second) }
+
+func (r *Relay) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, r.callTimeout())
+}
+
+// checkSchema checks, before Run claims anything, that the outbox and lease
+// tables exist and have the columns the relay uses. A database that does not
+// answer is retried every poll interval (an outage, bounded by
+// WithMaxOutage); a missing schema is an error at once.
+func (r *Relay) checkSchema(ctx context.Context) error {
+	wait := time.NewTimer(time.Hour)
+	defer wait.Stop()
+	for {
+		cctx, cancel := r.callCtx(ctx)
+		var err error
+		var which string
+		for _, p := range []struct{ what, q string }{
+			{r.o.table, r.o.q.probeTable},
+			{r.o.table + "_lease", r.o.q.probeColumns},
+			{r.o.table + "_lease_epoch", r.o.q.probeEpoch},
+		} {
+			if _, err = r.o.db.ExecContext(cctx, p.q); err != nil {
+				which = p.what
+				break
+			}
+		}
+		cancel()
+		switch {
+		case err == nil:
+			r.okCalls.Add(1)
+			r.dbOK(groupPoll)
+			return nil
+		case which == r.o.table+"_lease" && sqldb.IsUndefinedColumn(err),
+			which == r.o.table+"_lease_epoch" && sqldb.Classify(err) == sqldb.KindSchema:
+			// A lease table of an older schema (no token or epoch
+			// column, no epoch counter): claims would fail forever, and
+			// a relay of an older version may be running on it.
+			return fmt.Errorf("%w: %s: %w", ErrSchemaOutdated, which, err)
+		case sqldb.Classify(err) == sqldb.KindSchema:
+			return fmt.Errorf("%w: table %s: %w", ErrNoSchema, which, err)
+		case ctx.Err() != nil:
+			return ctx.Err()
+		}
+		r.dbError("check the schema", err)
+		if err := r.outageOver(); err != nil {
+			return err
+		}
+		wait.Reset(r.cfg.poll)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-r.closing:
+			return ErrClosed
+		case <-wait.C:
+		}
+	}
 }
 
 // poll does one round: renew leases when due, let ended tenures go, claim
@@ -989,6 +1164,8 @@ func (r *Relay) renewer(ctx context.Context, stop <-chan struct{}) {
 }
 
 func (r *Relay) renew(ctx context.Context) {
+	ctx, cancel := r.callCtx(ctx)
+	defer cancel()
 	r.leaseMu.Lock()
 	defer r.leaseMu.Unlock()
 	// Only the keys held: a lease row of this token without a tenure (its
@@ -1001,6 +1178,7 @@ func (r *Relay) renew(ctx context.Context) {
 	}
 	r.mu.Unlock()
 	if len(held) == 0 {
+		r.dbOK(groupRenew) // nothing to renew: nothing failing
 		return
 	}
 	sortClaims(held) // one lock order for every relay
@@ -1034,9 +1212,11 @@ func (r *Relay) renew(ctx context.Context) {
 		})
 	}
 	if err != nil {
-		r.dbError("renew leases", err)
+		r.dbError(opRenew, err)
 		return
 	}
+	r.okCalls.Add(1)
+	r.dbOK(groupRenew)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for k, t := range r.keys {
@@ -1105,6 +1285,8 @@ func (r *Relay) releaseEnded(ctx context.Context) {
 	if len(ended) == 0 {
 		return
 	}
+	ctx, cancel := r.callCtx(ctx)
+	defer cancel()
 	sortClaims(ended) // one lock order for every statement on lease rows
 	var err error
 	if r.o.dialect == Postgres {
@@ -1141,6 +1323,8 @@ func (r *Relay) sqliteTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 
 // acquire claims up to room keys that have pending rows and no live lease.
 func (r *Relay) acquire(ctx context.Context, room int) {
+	ctx, cancel := r.callCtx(ctx)
+	defer cancel()
 	q := r.o.q.candidates
 	if r.cfg.policy == keysched.Park {
 		q = r.o.q.candidatesPark
@@ -1182,6 +1366,7 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 		r.dbError("find keys", err)
 		return
 	}
+	r.okCalls.Add(1)
 	if r.afterWalk != nil {
 		r.afterWalk(found)
 	}
@@ -1295,6 +1480,8 @@ func (r *Relay) fetch(ctx context.Context, room int) int {
 	if len(wants) == 0 {
 		return 0
 	}
+	ctx, cancel := r.callCtx(ctx)
+	defer cancel()
 	var evs []Event
 	var err error
 	fetchQ := r.o.q.fetch
@@ -1336,6 +1523,8 @@ func (r *Relay) fetch(ctx context.Context, room int) int {
 		r.dbError("fetch rows", err)
 		// Rows read before the error are still submitted below: each key's
 		// rows are complete up to where they stop.
+	} else {
+		r.okCalls.Add(1)
 	}
 	quota := make(map[*tenure]int, len(wants))
 	for _, w := range wants {
@@ -1576,8 +1765,11 @@ func (r *Relay) flushAll(ctx context.Context) bool {
 	r.toMark = nil
 	r.fmu.Unlock()
 	if len(batch) == 0 {
+		r.dbOK(groupMark) // nothing to mark: nothing failing
 		return true
 	}
+	ctx, cancel := r.callCtx(ctx)
+	defer cancel()
 	seqs := make([]int64, len(batch))
 	keys := make([]string, len(batch))
 	epochs := make([]int64, len(batch))
@@ -1634,12 +1826,14 @@ func (r *Relay) flushAll(ctx context.Context) bool {
 		})
 	}
 	if err != nil {
-		r.dbError("mark rows sent", err)
+		r.dbError(opMark, err)
 		r.fmu.Lock()
 		r.toMark = append(batch, r.toMark...)
 		r.fmu.Unlock()
 		return false
 	}
+	r.okCalls.Add(1)
+	r.dbOK(groupMark)
 	r.st.marked.Add(uint64(len(marked)))
 	for _, j := range batch {
 		if marked[j.e.Seq] {
@@ -1656,6 +1850,8 @@ func (r *Relay) flushAll(ctx context.Context) bool {
 }
 
 func (r *Relay) cleanup(ctx context.Context) {
+	ctx, cancel := r.callCtx(ctx)
+	defer cancel()
 	r.lastClean = r.mono()
 	var err error
 	if r.o.dialect == Postgres {

@@ -16,11 +16,15 @@ package sqldb
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/url"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -241,4 +245,115 @@ func CheckText(field, v string, max int) error {
 		return fmt.Errorf("%s %q: invalid UTF-8", field, v)
 	}
 	return nil
+}
+
+// An ErrorKind classes a database error by what the caller can expect of a
+// retry. See Classify.
+type ErrorKind int
+
+// The kinds of database errors.
+const (
+	// KindOther is any error of no other kind (a constraint, a syntax
+	// error, a full disk): a retry is unlikely to help until something
+	// changes.
+	KindOther ErrorKind = iota
+	// KindConnection: the connection could not be made or broke (the
+	// server is restarting, down or unreachable, the backend was
+	// terminated, too many connections). A retry on a new connection
+	// passes once the server is back.
+	KindConnection
+	// KindTimeout: a statement ran out of time (PostgreSQL's
+	// statement_timeout or lock_timeout, SQLSTATE 57014 or 55P03, or a
+	// context deadline).
+	KindTimeout
+	// KindConflict: a transient conflict with another transaction
+	// (IsRetryable: a deadlock, a serialization failure, SQLite busy or
+	// locked).
+	KindConflict
+	// KindSchema: a table or column is missing (the schema was not
+	// created, or is older than the code).
+	KindSchema
+	// KindStorage: the database cannot write: a read-only database (a
+	// PostgreSQL hot standby after a failover went the wrong way, SQLSTATE
+	// 25006; a read-only SQLite file, SQLITE_READONLY or SQLITE_CANTOPEN),
+	// a failing or full disk (SQLITE_IOERR, SQLITE_FULL, PostgreSQL's
+	// 53100 disk_full and 58030 io_error).
+	KindStorage
+	numKinds
+)
+
+// NumErrorKinds is the number of ErrorKind values (KindOther is 0).
+const NumErrorKinds = int(numKinds)
+
+// String returns "other", "connection", "timeout", "conflict", "schema" or
+// "storage".
+func (k ErrorKind) String() string {
+	switch k {
+	case KindOther:
+		return "other"
+	case KindConnection:
+		return "connection"
+	case KindTimeout:
+		return "timeout"
+	case KindConflict:
+		return "conflict"
+	case KindSchema:
+		return "schema"
+	case KindStorage:
+		return "storage"
+	}
+	return "ErrorKind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Classify returns the kind of a database error from either driver (nil is
+// KindOther). A context.Canceled error is KindOther: the caller gave up.
+func Classify(err error) ErrorKind {
+	if err == nil {
+		return KindOther
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch c := pgErr.Code; {
+		case strings.HasPrefix(c, "08"), // connection exception
+			c == "57P01", c == "57P02", c == "57P03", // admin shutdown, crash shutdown, cannot connect now
+			c == "53300": // too many connections
+			return KindConnection
+		case c == "57014", c == "55P03": // query canceled (statement_timeout), lock_not_available (lock_timeout)
+			return KindTimeout
+		case c == "40P01", c == "40001":
+			return KindConflict
+		case c == "42P01", c == "42703", c == "3F000": // undefined table, column, schema
+			return KindSchema
+		case c == "25006", c == "53100", c == "58030": // read_only_sql_transaction, disk_full, io_error
+			return KindStorage
+		}
+		return KindOther
+	}
+	var sqErr *sqlite.Error
+	if errors.As(err, &sqErr) {
+		switch sqErr.Code() & 0xff {
+		case 5, 6: // SQLITE_BUSY, SQLITE_LOCKED
+			return KindConflict
+		case 8, 10, 13, 14: // SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN
+			return KindStorage
+		case 1:
+			if m := sqErr.Error(); strings.Contains(m, "no such table") || strings.Contains(m, "no such column") {
+				return KindSchema
+			}
+		}
+		return KindOther
+	}
+	if errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) {
+		return KindTimeout
+	}
+	var connErr *pgconn.ConnectError
+	var netErr net.Error
+	if errors.As(err, &connErr) || errors.As(err, &netErr) ||
+		errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		strings.Contains(err.Error(), "conn closed") {
+		return KindConnection
+	}
+	return KindOther
 }
