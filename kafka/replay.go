@@ -283,7 +283,7 @@ func Replay(ctx context.Context, opts ReplayOptions, clientOpts ...kgo.Opt) (*Re
 		r := &selected[i]
 		d := &r.DeadLetter
 		if n, ok := topics[d.Topic]; !ok || d.Partition >= n {
-			problems = append(problems, ReplayProblem{r.From, fmt.Errorf("%w: original %s/%d (the dead letter of %s/%d@%d)",
+			problems = append(problems, ReplayProblem{r.From, fmt.Errorf("%w: original %q/%d (the dead letter of %q/%d@%d)",
 				ErrUnknownTopic, d.Topic, d.Partition, d.Topic, d.Partition, d.Offset)})
 		}
 		// The count of the record's latest dead letter read, selected
@@ -291,7 +291,7 @@ func Replay(ctx context.Context, opts ReplayOptions, clientOpts ...kgo.Opt) (*Re
 		done := max(d.Replays, replays[originOf(d)])
 		r.Replay = done + 1
 		if done >= opts.MaxReplays {
-			problems = append(problems, ReplayProblem{r.From, fmt.Errorf("%w: %s/%d@%d was replayed %d times already (limit %d)",
+			problems = append(problems, ReplayProblem{r.From, fmt.Errorf("%w: %q/%d@%d was replayed %d times already (limit %d)",
 				ErrReplayLimit, d.Topic, d.Partition, d.Offset, done, opts.MaxReplays)})
 		}
 		// franz-go fails a record too large for a batch alone, at once,
@@ -309,7 +309,7 @@ func Replay(ctx context.Context, opts ReplayOptions, clientOpts ...kgo.Opt) (*Re
 			maxBytes = min(maxBytes, int64(batchMax(d.Topic)))
 		}
 		if size+61+36+10*int64(len(hs)) > maxBytes || maxBuffered > 0 && size > maxBuffered {
-			problems = append(problems, ReplayProblem{r.From, fmt.Errorf("%w: %s/%d@%d would be a record of %d bytes (up to %d on the wire), the client produces at most %d (kgo.ProducerBatchMaxBytes)",
+			problems = append(problems, ReplayProblem{r.From, fmt.Errorf("%w: %q/%d@%d would be a record of %d bytes (up to %d on the wire), the client produces at most %d (kgo.ProducerBatchMaxBytes)",
 				ErrReplayTooLarge, d.Topic, d.Partition, d.Offset, size, size+61+36+10*int64(len(hs)), maxBytes)})
 		}
 	}

@@ -297,7 +297,8 @@ type ReplayResult struct {
 	// parked event that a concurrent Resume or Skip moved first is in no
 	// list; that is logged.)
 	Recovered []string `json:"recovered"`
-	// Pending are events not delivered yet, left as they are (they will be
+	// Pending are events not delivered yet (or already sent again by a
+	// concurrent replay, not delivered yet), left as they are (they will be
 	// delivered; a replay would send them twice).
 	Pending []string `json:"pending"`
 	// Expired are events whose payload is past the retention (Config.History):
@@ -406,20 +407,27 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 		}
 	}
 	if len(requeue) > 0 {
-		gone, err := s.requeue(ctx, requeue)
+		if s.beforeRequeue != nil {
+			s.beforeRequeue()
+		}
+		left, err := s.requeue(ctx, requeue)
 		if err != nil {
 			res.Requeued = nil
 			return res, fmt.Errorf("webhook: replay: %w", err)
 		}
-		// Rows the retention deleted since the candidates were read:
-		// expired, not sent (the others are).
-		if len(gone) > 0 {
+		// Events that changed since the candidates were read: a row the
+		// retention deleted (expired), a replay of a concurrent replay
+		// now pending (left as is, not sent twice).
+		if len(left) > 0 {
 			res.Requeued = res.Requeued[:0]
 			kept := requeue[:0]
 			for _, c := range requeue {
-				if gone[c.id] {
+				switch left[c.id] {
+				case stateExpired:
 					res.Expired = append(res.Expired, c.id)
-				} else {
+				case StatePending:
+					res.Pending = append(res.Pending, c.id)
+				default:
 					res.Requeued = append(res.Requeued, c.id)
 					kept = append(kept, c)
 				}
@@ -445,9 +453,10 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 // requeue writes one new outbox row per event (and its replay record), all
 // in one transaction: the new deliveries enter the backlog first, as the
 // intake's do, so that a delivery always finds its row counted. It returns
-// the events whose row the retention deleted since they were read (not
-// sent again).
-func (s *Service) requeue(ctx context.Context, cands []*replayCand) (map[string]bool, error) {
+// the events left out (not sent again), each with why: stateExpired (the
+// retention deleted its row since it was read) or StatePending (a
+// concurrent replay's delivery of it is pending).
+func (s *Service) requeue(ctx context.Context, cands []*replayCand) (map[string]string, error) {
 	now := s.now().UTC()
 	rows := make([]string, len(cands))
 	for i, c := range cands {
@@ -458,7 +467,7 @@ func (s *Service) requeue(ctx context.Context, cands []*replayCand) (map[string]
 		rows[i] = u.String()
 		s.backlog.load(c.partner, rows[i], now)
 	}
-	gone, err := s.store.writeReplays(ctx, cands, rows, now)
+	left, err := s.store.writeReplays(ctx, cands, rows, now)
 	if err != nil {
 		for i, c := range cands {
 			s.backlog.drop(c.partner, rows[i])
@@ -466,20 +475,27 @@ func (s *Service) requeue(ctx context.Context, cands []*replayCand) (map[string]
 		return nil, err
 	}
 	for i, c := range cands {
-		if gone[c.id] {
+		if left[c.id] != "" {
 			s.backlog.drop(c.partner, rows[i])
 		}
 	}
-	if n := len(cands) - len(gone); n > 0 {
+	if n := len(cands) - len(left); n > 0 {
 		s.metrics.enqueued(ctx, cands[0].partner, int64(n))
 	}
-	return gone, nil
+	return left, nil
 }
 
-// writeReplays writes the replay rows of cands; an event whose original
-// row is gone (deleted by the retention after the candidates were read) is
-// left out and returned in gone.
-func (st *Store) writeReplays(ctx context.Context, cands []*replayCand, rows []string, now time.Time) (gone map[string]bool, err error) {
+// stateExpired is writeReplays' word for an event whose payload is gone.
+const stateExpired = "expired"
+
+// writeReplays writes the replay rows of cands, each checked again in the
+// write transaction (on PostgreSQL, under the event's intake row lock; on
+// SQLite, the write transaction excludes the others): an event whose
+// original row is gone (deleted by the retention after the candidates were
+// read) or that has a pending replay (a concurrent replay's, a double
+// click) is left out and returned in left, with stateExpired or
+// StatePending.
+func (st *Store) writeReplays(ctx context.Context, cands []*replayCand, rows []string, now time.Time) (left map[string]string, err error) {
 	tx, err := st.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, err
@@ -487,16 +503,38 @@ func (st *Store) writeReplays(ctx context.Context, cands []*replayCand, rows []s
 	defer tx.Rollback()
 	ins := st.rebind(`INSERT INTO ` + st.replay + ` (row_id, event_id, partner, requested_at) VALUES (?, ?, ?, ?)`)
 	sel := st.rebind(`SELECT payload FROM ` + st.ob.Table() + ` WHERE id = ?`)
+	pending := st.rebind(`SELECT COUNT(*) FROM ` + st.replay + ` r JOIN ` + st.ob.Table() + ` o ON o.id = r.row_id WHERE r.event_id = ? AND o.state = 0`)
+	lock := ""
+	if st.ob.Dialect() == outbox.Postgres {
+		lock = st.rebind(`SELECT id FROM ` + st.intake + ` WHERE id = ? FOR UPDATE`)
+	}
+	leave := func(id, why string) {
+		if left == nil {
+			left = map[string]string{}
+		}
+		left[id] = why
+	}
 	for i, c := range cands {
+		if lock != "" {
+			var id string
+			if err := tx.QueryRowContext(ctx, lock, c.id).Scan(&id); err != nil && !errors.Is(err, sql.ErrNoRows) {
+				return nil, fmt.Errorf("lock %q: %w", c.id, err)
+			}
+		}
+		var n int
+		if err := tx.QueryRowContext(ctx, pending, c.id).Scan(&n); err != nil {
+			return nil, fmt.Errorf("replays of %q: %w", c.id, err)
+		}
+		if n > 0 {
+			leave(c.id, StatePending)
+			continue
+		}
 		// One payload in memory at a time (each up to MaxBodyBytes and
 		// a little), not a whole range's.
 		var payload []byte
 		err := tx.QueryRowContext(ctx, sel, c.id).Scan(&payload)
 		if errors.Is(err, sql.ErrNoRows) {
-			if gone == nil {
-				gone = map[string]bool{}
-			}
-			gone[c.id] = true
+			leave(c.id, stateExpired)
 			continue
 		}
 		if err != nil {
@@ -512,7 +550,7 @@ func (st *Store) writeReplays(ctx context.Context, cands []*replayCand, rows []s
 			return nil, err
 		}
 	}
-	return gone, tx.Commit()
+	return left, tx.Commit()
 }
 
 // replayCandidates reads the events a replay considers (one ID, or a

@@ -224,3 +224,57 @@ WHEN NEW.id NOT IN ('%s', '%s') BEGIN DELETE FROM %s WHERE id = '%s'; END`, tbl,
 	require.Equal(t, []string{e0, e1, e0}, ids)
 	require.Eventually(t, func() bool { return h.status("p").Backlog == 0 }, waitLong, 5*time.Millisecond, "the left-out replay row is not counted")
 }
+
+// Found by attacking the code: two replays of one delivered event at once
+// (a double click on the Replay button, two operators) both read the event
+// as delivered before either wrote, and both sent it again: the partner got
+// it twice more, while a replay is meant to leave an event with a pending
+// delivery as is. The hook runs the second replay between the first's read
+// and its write; the first now finds the second's delivery pending in its
+// write transaction and leaves the event as is. SQLite and PostgreSQL.
+func TestConcurrentReplaysOfOneEventSendItOnce(t *testing.T) {
+	for name, open := range map[string]func(t *testing.T) func() (*Store, error){
+		"sqlite":   func(t *testing.T) func() (*Store, error) { return nil },
+		"postgres": postgresStore,
+	} {
+		t.Run(name, func(t *testing.T) {
+			ep := newScripted(t, func(int, string) (int, string) { return http.StatusNoContent, "" })
+			mod := func(c *Config) { c.Partners = map[string]string{"p": ep.srv.URL} }
+			var h *harness
+			if o := open(t); o != nil {
+				h = newHarnessOn(t, o, nil, mod)
+			} else {
+				h = newHarness(t, nil, mod)
+			}
+			_, e0 := h.post("p", 0)
+			require.Eventually(t, func() bool { return h.event(e0).State == StateDelivered }, waitLong, 5*time.Millisecond)
+			// Hold the replays' deliveries: the endpoint fails.
+			ep.set(func(int, string) (int, string) { return http.StatusServiceUnavailable, "down" })
+			ctx := context.Background()
+			var second ReplayResult
+			h.svc.beforeRequeue = func() {
+				h.svc.beforeRequeue = nil
+				var err error
+				second, err = h.svc.Replay(ctx, e0)
+				require.NoError(t, err)
+			}
+			first, err := h.svc.Replay(ctx, e0)
+			require.NoError(t, err)
+			require.Equal(t, []string{e0}, second.Requeued)
+			require.Empty(t, first.Requeued, "sent again once, by the second")
+			require.Equal(t, []string{e0}, first.Pending)
+			require.Len(t, h.event(e0).Replays, 1)
+			require.Equal(t, 1, h.status("p").Backlog)
+			ep.set(func(int, string) (int, string) { return http.StatusNoContent, "" })
+			require.Eventually(t, func() bool { return h.status("p").Backlog == 0 }, waitLong, 5*time.Millisecond)
+			ids, _ := ep.received()
+			n := 0
+			for _, id := range ids {
+				if id == e0 {
+					n++
+				}
+			}
+			require.Equal(t, 2, n, "the event and one replay delivered")
+		})
+	}
+}

@@ -293,21 +293,22 @@ func (c *Config) defaults() error {
 // ErrZeroService's text (not nil: http.Server would serve
 // http.DefaultServeMux in place of a nil Handler).
 type Service struct {
-	cfg      Config
-	log      *slog.Logger
-	now      func() time.Time
-	partners []string
-	backlog  *backlog
-	deliver  *Deliverer
-	metrics  *metrics
-	store    *Store
-	relay    *relay
-	schedMet *otelkeysched.Metrics[string]
-	commit   *committer
-	history  *history
-	trend    *trend
-	bgStop   chan struct{}
-	bgDone   []chan struct{}
+	beforeRequeue func() // tests: runs just before a replay writes its new deliveries
+	cfg           Config
+	log           *slog.Logger
+	now           func() time.Time
+	partners      []string
+	backlog       *backlog
+	deliver       *Deliverer
+	metrics       *metrics
+	store         *Store
+	relay         *relay
+	schedMet      *otelkeysched.Metrics[string]
+	commit        *committer
+	history       *history
+	trend         *trend
+	bgStop        chan struct{}
+	bgDone        []chan struct{}
 
 	syncStop, syncDone chan struct{} // backlog sync (BacklogSync > 0)
 

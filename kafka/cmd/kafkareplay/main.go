@@ -251,7 +251,7 @@ func parseTime(flag, s string, now time.Time) (time.Time, error) {
 func print(w io.Writer, rep *kafka.ReplayReport) {
 	for _, r := range rep.Records {
 		d := &r.DeadLetter
-		orig := kafka.Position{Topic: d.Topic, Partition: d.Partition, Offset: d.Offset}
+		orig := position(kafka.Position{Topic: d.Topic, Partition: d.Partition, Offset: d.Offset})
 		switch {
 		case rep.DryRun || len(rep.Problems) > 0:
 			fmt.Fprintf(w, "would replay %s key=%s attempts=%d replays=%d error=%q from=%s failed=%s\n",
@@ -259,7 +259,7 @@ func print(w io.Writer, rep *kafka.ReplayReport) {
 		case r.Err != nil:
 			fmt.Fprintf(w, "NOT written %s key=%s from=%s: %v\n", orig, quoteKey(r.Key), r.From, r.Err)
 		default:
-			fmt.Fprintf(w, "wrote %s key=%s replay=%d from=%s (failed as %s)\n", r.Written, quoteKey(r.Key), r.Replay, r.From, orig)
+			fmt.Fprintf(w, "wrote %s key=%s replay=%d from=%s (failed as %s)\n", position(r.Written), quoteKey(r.Key), r.Replay, r.From, orig)
 		}
 	}
 	for _, p := range rep.Duplicates {
@@ -271,6 +271,17 @@ func print(w io.Writer, rep *kafka.ReplayReport) {
 	} else {
 		fmt.Fprintf(w, "replayed %d of %d records %s\n", rep.Written, len(rep.Records), counts)
 	}
+}
+
+// position prints p, its topic quoted unless it is plain text: the
+// original topic comes from a dead letter's header, which any producer of
+// the dead-letter topic writes (a newline or a terminal escape in it would
+// forge output lines).
+func position(p kafka.Position) string {
+	if q := strconv.Quote(p.Topic); q[1:len(q)-1] != p.Topic || strings.ContainsAny(p.Topic, "/@ ") {
+		return fmt.Sprintf("%s/%d@%d", q, p.Partition, p.Offset)
+	}
+	return p.String()
 }
 
 func quoteKey(k []byte) string {

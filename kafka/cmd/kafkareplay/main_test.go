@@ -275,3 +275,37 @@ func TestCommandExitStatus(t *testing.T) {
 		}
 	}
 }
+
+// Found by attacking the code: the original topic is a header any producer
+// of the dead-letter topic writes; one holding a newline and a terminal
+// escape ("t\n\x1b[32mwrote t/0@0 ...") was printed raw in the refusal and
+// the "would replay" lines, forging output lines in the operator's terminal.
+// It is printed quoted.
+func TestOutputQuotesTheHeadersTopic(t *testing.T) {
+	c, addrs := clusterWith(t)
+	if err := c.CreateTopic("forged", 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	evil := "t\n\x1b[32mwrote t/0@0 key=\"a\" replay=1 from=dlq/0@0 (failed as t/0@10)\x1b[0m"
+	if err := cl.ProduceSync(context.Background(), deadLetter("forged", "a", "a1", evil, 0, 10, 5, 0, "x")).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, status := runArgs(t, "--brokers", addrs[0], "--dlq", "forged")
+	if status != exitRefused {
+		t.Fatalf("status %d, want %d: %s", status, exitRefused, errOut)
+	}
+	for _, s := range []string{out, errOut} {
+		if strings.ContainsAny(s, "\x1b") || strings.Contains(s, "\nwrote") || strings.HasPrefix(s, "wrote") {
+			t.Errorf("raw header text in the output:\n%q", s)
+		}
+	}
+	if !strings.Contains(out, strconv.Quote(evil)) {
+		t.Errorf("the topic is not shown quoted:\n%q", out)
+	}
+	records(t, addrs, 0)
+}
