@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/examples/webhook/signing"
 	"github.com/keysched/keysched/examples/webhook/sim"
 	"github.com/sony/gobreaker/v2"
@@ -182,5 +183,77 @@ func TestRefused(t *testing.T) {
 		nil,
 	} {
 		require.False(t, Refused(err), "%v", err)
+	}
+}
+
+// Found by attacking the code (adversarial review of the service: first written as a failing reproducer).
+//
+// A PerDestination limit whose key is not exactly "scheme://host:port" (the
+// port left out, as URLs usually are) or names a host no partner uses was
+// silently ignored: the destination ran with the defaults. Now the key is
+// normalised, and one that matches no destination is an error.
+func TestPerDestinationKeysAreCheckedAndNormalised(t *testing.T) {
+	base := func(per map[string]DestinationLimits) DelivererConfig {
+		return DelivererConfig{
+			Endpoints:      map[string]string{"p": "https://api.example.com/hooks", "q": "http://10.0.0.1:8080/x"},
+			Secrets:        map[string][]signing.Secret{"p": {testSecret(t)}, "q": {testSecret(t)}},
+			Limits:         DestinationLimits{8, 100, 10},
+			PerDestination: per,
+			Breaker:        BreakerSettings{1, time.Second},
+			Timeout:        time.Second,
+		}
+	}
+	for _, per := range []map[string]DestinationLimits{
+		{"https://other.example.com": {1, 1, 1}},                                         // no partner's
+		{"http://api.example.com": {1, 1, 1}},                                            // wrong scheme: port 80
+		{"api.example.com:443": {1, 1, 1}},                                               // no scheme
+		{"https://api.example.com": {0, 1, 1}},                                           // bad limits
+		{"https://api.example.com": {1, 1, 1}, "https://api.example.com:443": {2, 1, 1}}, // two limits for one
+	} {
+		_, err := NewDeliverer(base(per))
+		require.ErrorIs(t, err, ErrInvalidConfig, "%v", per)
+	}
+	d, err := NewDeliverer(base(map[string]DestinationLimits{
+		"https://api.example.com":   {Concurrency: 1, Rate: 1, Burst: 1},
+		"http://10.0.0.1:8080/path": {Concurrency: 2, Rate: 2, Burst: 2},
+	}))
+	require.NoError(t, err)
+	defer d.Close()
+	// The bulkhead of api.example.com is 1: one slot, then full.
+	dst := d.byPartner["p"]
+	require.Equal(t, "https://api.example.com:443", dst.name)
+	require.True(t, dst.bulkhead.TryAcquire(1))
+	require.False(t, dst.bulkhead.TryAcquire(1), "the PerDestination limit applied")
+	dst.bulkhead.Release(1)
+	require.Equal(t, 2, d.byPartner["q"].limiter.Burst())
+}
+
+// Found by attacking the code (adversarial review of the service: first written as a failing reproducer).
+//
+// Two partners share a destination whose bulkhead is 1 and whose endpoint
+// is healthy but slow: the second partner's attempts are refused locally
+// (ErrBulkheadFull) while the first's call is in flight. A refusal made no
+// call, so the sink returns it wrapped in keysched.Snooze and it does not
+// count against Retry.MaxAttempts: nobody is parked, every event arrives.
+// (Before, each refusal counted like a failed call and the partner was
+// parked although its endpoint never failed; likewise an open breaker's or
+// the rate limiter's refusals.)
+func TestBusySharedDestinationDoesNotParkHealthyPartner(t *testing.T) {
+	h := newHarness(t, map[string]sim.Behavior{"a": {Delay: 100 * time.Millisecond}}, func(c *Config) {
+		c.Partners["b"] = c.Partners["a"]
+		c.Limits.Concurrency = 1
+		c.Retry = keysched.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}
+	})
+	for i := range 3 {
+		h.post("a", i)
+		h.post("b", i)
+	}
+	require.Eventually(t, func() bool { return h.delivered("a") && h.delivered("b") || len(h.parked()) > 0 }, waitLong, 5*time.Millisecond)
+	require.Empty(t, h.parked(), "no endpoint call failed")
+	h.checkOrder("a")
+	h.checkOrder("b")
+	require.Positive(t, h.svc.relay.scheduler().Stats().Snoozed, "the bulkhead refused some attempts (else the test shows nothing)")
+	for _, p := range []string{"a", "b"} {
+		require.Zero(t, h.status(p).Failed, "partner %s: a refusal is no failed attempt", p)
 	}
 }
