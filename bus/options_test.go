@@ -84,7 +84,7 @@ func TestSubOptionsMeetByOneRule(t *testing.T) {
 			err = b.Publish(ctx, "k", tc.accept)
 			require.ErrorIs(t, err, tc.refuse)
 			other := keysched.ErrKeyFull
-			if tc.refuse == keysched.ErrKeyFull {
+			if errors.Is(tc.refuse, keysched.ErrKeyFull) {
 				other = keysched.ErrFull
 			}
 			require.False(t, errors.Is(err, other), "%v", err)

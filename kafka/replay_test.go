@@ -381,7 +381,7 @@ func TestReplayLimitCountsDeadLettersTheFiltersLeaveOut(t *testing.T) {
 		deadLetterRec("dlq", 0, "a", "a", at, last(1, DefaultMaxReplays, "bad payload")),
 		deadLetterRec("dlq", 0, "b", "b", at, last(2, 1, "bad payload")),
 	)
-	rep, err := replay(t, tc, ReplayOptions{DeadLetterTopic: "dlq", ErrorContains: "timeout"})
+	_, err := replay(t, tc, ReplayOptions{DeadLetterTopic: "dlq", ErrorContains: "timeout"})
 	var refused *ReplayRefusedError
 	if !errors.Is(err, ErrReplayLimit) || !errors.As(err, &refused) || len(refused.Problems) != 1 || refused.Problems[0].At.String() != "dlq/0@0" {
 		t.Fatalf("err %v, want ErrReplayLimit for dlq/0@0 only", err)
@@ -389,7 +389,7 @@ func TestReplayLimitCountsDeadLettersTheFiltersLeaveOut(t *testing.T) {
 	if n := tc.endOffset(t, "t", 0); n != 0 {
 		t.Fatalf("wrote %d records", n)
 	}
-	rep, err = replay(t, tc, ReplayOptions{DeadLetterTopic: "dlq", ErrorContains: "timeout", Keys: [][]byte{[]byte("b")}})
+	rep, err := replay(t, tc, ReplayOptions{DeadLetterTopic: "dlq", ErrorContains: "timeout", Keys: [][]byte{[]byte("b")}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -119,20 +119,20 @@ type queries struct {
 	// relay. Every statement on a claim names it by its key and epoch
 	// (with the relay's owner name and token) and affects nothing under
 	// another claim.
-	renew, release, releaseAll         string // SQLite: a prefix; the (key, epoch) list is appended
-	releaseOthers                      string // WithTakeOverOnStart
-	candidates, candidatesPark         string
-	acquireInsert, acquireTakeover     string // Postgres
-	acquireUpsert                      string // SQLite: %s is the VALUES list (key, owner, expires_at, token, i)
-	fetch                              string
-	fetchPark                          string // fetch, nothing of a key with a dead row
-	markSentDelete, markSentUpdate     string // SQLite: a prefix; the (seq, epoch) list and markSentSuffix are appended
-	markSentSuffix                     string
-	probeColumns                       string // fails when the lease table lacks the token or epoch column
-	probeTable                         string // fails when the outbox table is missing
-	probeEpoch                         string // fails when the epoch counter (a sequence, a table on SQLite) is missing
-	markDead, cleanup                  string
-	listenChannel, notifyChannelQuoted string
+	renew, release, releaseAll     string // SQLite: a prefix; the (key, epoch) list is appended
+	releaseOthers                  string // WithTakeOverOnStart
+	candidates, candidatesPark     string
+	acquireInsert, acquireTakeover string // Postgres
+	acquireUpsert                  string // SQLite: %s is the VALUES list (key, owner, expires_at, token, i)
+	fetch                          string
+	fetchPark                      string // fetch, nothing of a key with a dead row
+	markSentDelete, markSentUpdate string // SQLite: a prefix; the (seq, epoch) list and markSentSuffix are appended
+	markSentSuffix                 string
+	probeColumns                   string // fails when the lease table lacks the token or epoch column
+	probeTable                     string // fails when the outbox table is missing
+	probeEpoch                     string // fails when the epoch counter (a sequence, a table on SQLite) is missing
+	markDead, cleanup              string
+	listenChannel                  string
 }
 
 const rowCols = `seq, id, key, type, payload, headers, created_at, attempts`

@@ -192,7 +192,7 @@ func (o *Outbox) recoverQuery(f *RecoverFilter) (where string, args []any, err e
 	}
 	for _, id := range f.IDs {
 		if err := sqldb.CheckText("ID", id, MaxIDLen); err != nil || id == "" {
-			return "", nil, fmt.Errorf("%w: ID %q: %v", ErrInvalidFilter, id, err)
+			return "", nil, fmt.Errorf("%w: ID %q: %w", ErrInvalidFilter, id, err)
 		}
 	}
 	if len(f.IDs) > 0 {

@@ -975,7 +975,7 @@ func (r *Relay) Close(ctx context.Context) error {
 	// Run is marking what was published and releasing its leases: the
 	// database is slow or away. Those calls go on in the background, each
 	// bounded by callTimeout.
-	return fmt.Errorf("outbox: close: still marking published rows and releasing leases (the database is slow or away; last: %v), left to finish in the background: %w", r.lastDBError(), ctx.Err())
+	return fmt.Errorf("outbox: close: still marking published rows and releasing leases (the database is slow or away; last: %w), left to finish in the background: %w", r.lastDBError(), ctx.Err())
 }
 
 // lastDBError returns the last failed database call's error while the

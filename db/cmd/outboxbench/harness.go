@@ -173,7 +173,7 @@ func run(ctx context.Context, sys system, wl workload, n int) (result, error) {
 	case err := <-werr:
 		written = true
 		if err != nil {
-			stop(ctx)
+			_ = stop(ctx)
 			return result{}, err
 		}
 		select {
@@ -190,7 +190,7 @@ func run(ctx context.Context, sys system, wl workload, n int) (result, error) {
 			cancel()
 		}
 		if err := <-werr; err != nil && !timedOut {
-			stop(ctx)
+			_ = stop(ctx)
 			return result{}, err
 		}
 	}

@@ -40,10 +40,11 @@ func newOutboxSystem(ctx context.Context, env *dbEnv, keys, batch int) (system, 
 		return nil, err
 	}
 	drop := func() {
-		db.ExecContext(ctx, "DROP TABLE IF EXISTS "+name)
-		db.ExecContext(ctx, "DROP TABLE IF EXISTS "+name+"_lease")
+		// Best effort: a table left behind is named for this run only.
+		_, _ = db.ExecContext(ctx, "DROP TABLE IF EXISTS "+name)
+		_, _ = db.ExecContext(ctx, "DROP TABLE IF EXISTS "+name+"_lease")
 		if ob.Dialect() == outbox.Postgres {
-			db.ExecContext(ctx, "DROP FUNCTION IF EXISTS "+name+"_notify() CASCADE")
+			_, _ = db.ExecContext(ctx, "DROP FUNCTION IF EXISTS "+name+"_notify() CASCADE")
 		}
 		closeDB()
 	}

@@ -90,7 +90,7 @@ func newRiverSystem(ctx context.Context, env *dbEnv, keys int) (system, error) {
 	}
 	s := &riverSystem[pgx.Tx]{driver: riverpgxv5.New(pool), schema: schema, keys: keys,
 		drop: func() {
-			pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
+			_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
 			pool.Close()
 		},
 		begin: func(ctx context.Context) (pgx.Tx, func() error, func(), error) {
@@ -98,7 +98,7 @@ func newRiverSystem(ctx context.Context, env *dbEnv, keys int) (system, error) {
 			if err != nil {
 				return nil, nil, nil, err
 			}
-			return tx, func() error { return tx.Commit(ctx) }, func() { tx.Rollback(context.Background()) }, nil
+			return tx, func() error { return tx.Commit(ctx) }, func() { _ = tx.Rollback(context.Background()) }, nil
 		}}
 	if err := s.migrate(ctx); err != nil {
 		s.drop()

@@ -41,8 +41,8 @@ func newWatermillSystem(ctx context.Context, env *dbEnv, keys int) (system, erro
 	topic := env.tableName("wm")
 	s := &watermillSystem{db: db, topic: topic, keys: keys}
 	s.drop = func() {
-		db.ExecContext(context.Background(), `DROP TABLE IF EXISTS "watermill_`+topic+`"`)
-		db.ExecContext(context.Background(), `DROP TABLE IF EXISTS "watermill_offsets_`+topic+`"`)
+		_, _ = db.ExecContext(context.Background(), `DROP TABLE IF EXISTS "watermill_`+topic+`"`)
+		_, _ = db.ExecContext(context.Background(), `DROP TABLE IF EXISTS "watermill_offsets_`+topic+`"`)
 		closeDB()
 	}
 	// Create the topic's tables before the first transactional publish

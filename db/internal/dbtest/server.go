@@ -84,7 +84,7 @@ func NewServer(t testing.TB) *Server {
 	}
 	t.Cleanup(func() {
 		s.signalAll(syscall.SIGCONT)
-		s.pgCtl("-m", "immediate", "stop") // best effort: it may be stopped or killed
+		_, _ = s.pgCtl("-m", "immediate", "stop") // best effort: it may be stopped or killed
 		s.signalAll(syscall.SIGKILL)
 		os.RemoveAll(dir)
 	})
@@ -275,12 +275,12 @@ func (s *Server) signalAll(sig syscall.Signal) {
 	if sig == syscall.SIGSTOP {
 		// Children first, so that none is reaped and replaced meanwhile.
 		for i := len(pids) - 1; i >= 0; i-- {
-			syscall.Kill(pids[i], sig)
+			_ = syscall.Kill(pids[i], sig) // a process gone meanwhile is fine
 		}
 		return
 	}
 	for _, pid := range pids {
-		syscall.Kill(pid, sig)
+		_ = syscall.Kill(pid, sig) // a process gone meanwhile is fine
 	}
 }
 

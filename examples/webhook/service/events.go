@@ -135,13 +135,13 @@ func checkEventID(id string) error {
 	return nil
 }
 
-func (st *Store) event(ctx context.Context, id string) (EventInfo, error) {
+func (s *Store) event(ctx context.Context, id string) (EventInfo, error) {
 	var ev EventInfo
 	if err := checkEventID(id); err != nil {
 		return ev, err
 	}
 	var us int64
-	err := st.db.QueryRowContext(ctx, st.rebind(`SELECT id, partner, type, received_at FROM `+st.intake+` WHERE id = ?`), id).
+	err := s.db.QueryRowContext(ctx, s.rebind(`SELECT id, partner, type, received_at FROM `+s.intake+` WHERE id = ?`), id).
 		Scan(&ev.ID, &ev.Partner, &ev.Type, &us)
 	if errors.Is(err, sql.ErrNoRows) {
 		return ev, fmt.Errorf("%w: %q", ErrUnknownEvent, id)
@@ -151,10 +151,10 @@ func (st *Store) event(ctx context.Context, id string) (EventInfo, error) {
 	}
 	ev.Created = time.UnixMicro(us).UTC()
 	// The event's outbox rows: its own, and its replays', in outbox order.
-	rows, err := st.db.QueryContext(ctx, st.rebind(`SELECT r.id, r.requested_at, o.state, o.done_at, o.last_error FROM (
+	rows, err := s.db.QueryContext(ctx, s.rebind(`SELECT r.id, r.requested_at, o.state, o.done_at, o.last_error FROM (
 	SELECT ? AS id, 0 AS requested_at
-	UNION ALL SELECT row_id, requested_at FROM `+st.replay+` WHERE event_id = ?
-) r LEFT JOIN `+st.ob.Table()+` o ON o.id = r.id ORDER BY r.requested_at, o.seq`), id, id)
+	UNION ALL SELECT row_id, requested_at FROM `+s.replay+` WHERE event_id = ?
+) r LEFT JOIN `+s.ob.Table()+` o ON o.id = r.id ORDER BY r.requested_at, o.seq`), id, id)
 	if err != nil {
 		return ev, fmt.Errorf("webhook: event %q: %w", id, err)
 	}
@@ -164,7 +164,7 @@ func (st *Store) event(ctx context.Context, id string) (EventInfo, error) {
 		var req int64
 		var state sql.NullInt64
 		var lastErr sql.NullString
-		done := st.timeDest()
+		done := s.timeDest()
 		if err := rows.Scan(&rowID, &req, &state, done, &lastErr); err != nil {
 			rows.Close()
 			return ev, fmt.Errorf("webhook: event %q: %w", id, err)
@@ -186,11 +186,11 @@ func (st *Store) event(ctx context.Context, id string) (EventInfo, error) {
 		return ev, fmt.Errorf("webhook: event %q: %w", id, err)
 	}
 	rows.Close()
-	if ev.Attempts, err = st.attempts(ctx, id); err != nil {
+	if ev.Attempts, err = s.attempts(ctx, id); err != nil {
 		return ev, err
 	}
 	var first sql.NullInt64 // the first delivered attempt's end, µs
-	if err := st.db.QueryRowContext(ctx, st.rebind(`SELECT MIN(at + duration_us) FROM `+st.attempt+` WHERE event_id = ? AND error = ''`), id).Scan(&first); err != nil {
+	if err := s.db.QueryRowContext(ctx, s.rebind(`SELECT MIN(at + duration_us) FROM `+s.attempt+` WHERE event_id = ? AND error = ''`), id).Scan(&first); err != nil {
 		return ev, fmt.Errorf("webhook: event %q: %w", id, err)
 	}
 	if first.Valid {
@@ -199,7 +199,7 @@ func (st *Store) event(ctx context.Context, id string) (EventInfo, error) {
 	}
 	if len(ev.Attempts) == MaxLookupAttempts {
 		var n int
-		if err := st.db.QueryRowContext(ctx, st.rebind(`SELECT COUNT(*) FROM `+st.attempt+` WHERE event_id = ?`), id).Scan(&n); err != nil {
+		if err := s.db.QueryRowContext(ctx, s.rebind(`SELECT COUNT(*) FROM `+s.attempt+` WHERE event_id = ?`), id).Scan(&n); err != nil {
 			return ev, fmt.Errorf("webhook: event %q: %w", id, err)
 		}
 		ev.AttemptsOmitted = max(0, n-MaxLookupAttempts)
@@ -213,8 +213,8 @@ func (st *Store) event(ctx context.Context, id string) (EventInfo, error) {
 	return ev, nil
 }
 
-func (st *Store) attempts(ctx context.Context, id string) ([]Attempt, error) {
-	rows, err := st.db.QueryContext(ctx, st.rebind(`SELECT row_id, at, duration_us, status, error, body, relay FROM `+st.attempt+` WHERE event_id = ? ORDER BY at DESC LIMIT ?`), id, MaxLookupAttempts)
+func (s *Store) attempts(ctx context.Context, id string) ([]Attempt, error) {
+	rows, err := s.db.QueryContext(ctx, s.rebind(`SELECT row_id, at, duration_us, status, error, body, relay FROM `+s.attempt+` WHERE event_id = ? ORDER BY at DESC LIMIT ?`), id, MaxLookupAttempts)
 	if err != nil {
 		return nil, fmt.Errorf("webhook: attempts of %q: %w", id, err)
 	}
@@ -495,18 +495,18 @@ const stateExpired = "expired"
 // read) or that has a pending replay (a concurrent replay's, a double
 // click) is left out and returned in left, with stateExpired or
 // StatePending.
-func (st *Store) writeReplays(ctx context.Context, cands []*replayCand, rows []string, now time.Time) (left map[string]string, err error) {
-	tx, err := st.db.BeginTx(ctx, nil)
+func (s *Store) writeReplays(ctx context.Context, cands []*replayCand, rows []string, now time.Time) (left map[string]string, err error) {
+	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, err
 	}
 	defer tx.Rollback()
-	ins := st.rebind(`INSERT INTO ` + st.replay + ` (row_id, event_id, partner, requested_at) VALUES (?, ?, ?, ?)`)
-	sel := st.rebind(`SELECT payload FROM ` + st.ob.Table() + ` WHERE id = ?`)
-	pending := st.rebind(`SELECT COUNT(*) FROM ` + st.replay + ` r JOIN ` + st.ob.Table() + ` o ON o.id = r.row_id WHERE r.event_id = ? AND o.state = 0`)
+	ins := s.rebind(`INSERT INTO ` + s.replay + ` (row_id, event_id, partner, requested_at) VALUES (?, ?, ?, ?)`)
+	sel := s.rebind(`SELECT payload FROM ` + s.ob.Table() + ` WHERE id = ?`)
+	pending := s.rebind(`SELECT COUNT(*) FROM ` + s.replay + ` r JOIN ` + s.ob.Table() + ` o ON o.id = r.row_id WHERE r.event_id = ? AND o.state = 0`)
 	lock := ""
-	if st.ob.Dialect() == outbox.Postgres {
-		lock = st.rebind(`SELECT id FROM ` + st.intake + ` WHERE id = ? FOR UPDATE`)
+	if s.ob.Dialect() == outbox.Postgres {
+		lock = s.rebind(`SELECT id FROM ` + s.intake + ` WHERE id = ? FOR UPDATE`)
 	}
 	leave := func(id, why string) {
 		if left == nil {
@@ -542,7 +542,7 @@ func (st *Store) writeReplays(ctx context.Context, cands []*replayCand, rows []s
 		}
 		// The original's intake time: the body and Webhook-Timestamp are
 		// the event's, byte for byte.
-		if _, err := st.ob.Write(ctx, tx, outbox.Event{ID: rows[i], Key: c.partner, Type: c.typ, Payload: payload,
+		if _, err := s.ob.Write(ctx, tx, outbox.Event{ID: rows[i], Key: c.partner, Type: c.typ, Payload: payload,
 			Headers: map[string]string{webhookIDHeader: c.id}, CreatedAt: c.received}); err != nil {
 			return nil, err
 		}
@@ -555,9 +555,9 @@ func (st *Store) writeReplays(ctx context.Context, cands []*replayCand, rows []s
 
 // replayCandidates reads the events a replay considers (one ID, or a
 // partner's range), in intake order, each with its original row's state and its latest delivery's row and state. At most MaxReplay+1.
-func (st *Store) replayCandidates(ctx context.Context, partner, id string, from, to time.Time) ([]*replayCand, error) {
-	q := `SELECT i.id, i.partner, i.type, i.received_at, o.state FROM ` + st.intake + ` i
-LEFT JOIN ` + st.ob.Table() + ` o ON o.id = i.id WHERE `
+func (s *Store) replayCandidates(ctx context.Context, partner, id string, from, to time.Time) ([]*replayCand, error) {
+	q := `SELECT i.id, i.partner, i.type, i.received_at, o.state FROM ` + s.intake + ` i
+LEFT JOIN ` + s.ob.Table() + ` o ON o.id = i.id WHERE `
 	var args []any
 	if id != "" {
 		q += `i.id = ?`
@@ -566,7 +566,7 @@ LEFT JOIN ` + st.ob.Table() + ` o ON o.id = i.id WHERE `
 		q += `i.partner = ? AND i.received_at >= ? AND i.received_at < ? ORDER BY i.received_at, i.id LIMIT ?`
 		args = append(args, partner, from.UnixMicro(), to.UnixMicro(), MaxReplay+1)
 	}
-	rows, err := st.db.QueryContext(ctx, st.rebind(q), args...)
+	rows, err := s.db.QueryContext(ctx, s.rebind(q), args...)
 	if err != nil {
 		return nil, fmt.Errorf("webhook: replay: %w", err)
 	}
@@ -602,8 +602,8 @@ LEFT JOIN ` + st.ob.Table() + ` o ON o.id = i.id WHERE `
 		b.WriteByte('?')
 		rargs = append(rargs, c.id)
 	}
-	rows, err = st.db.QueryContext(ctx, st.rebind(`SELECT r.event_id, r.row_id, o.state FROM `+st.replay+` r
-JOIN `+st.ob.Table()+` o ON o.id = r.row_id WHERE r.event_id IN (`+b.String()+`) ORDER BY o.seq`), rargs...)
+	rows, err = s.db.QueryContext(ctx, s.rebind(`SELECT r.event_id, r.row_id, o.state FROM `+s.replay+` r
+JOIN `+s.ob.Table()+` o ON o.id = r.row_id WHERE r.event_id IN (`+b.String()+`) ORDER BY o.seq`), rargs...)
 	if err != nil {
 		return nil, fmt.Errorf("webhook: replay: %w", err)
 	}

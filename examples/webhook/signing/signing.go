@@ -290,7 +290,7 @@ func parseTimestamp(ts string) (int64, error) {
 	}
 	n, err := strconv.ParseInt(ts, 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("%w: %s %q: %v", ErrInvalidHeader, HeaderTimestamp, ts, err)
+		return 0, fmt.Errorf("%w: %s %q: %w", ErrInvalidHeader, HeaderTimestamp, ts, err)
 	}
 	return n, nil
 }
