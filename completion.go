@@ -170,7 +170,12 @@ func (c *Completion) core() *core { return c.hdr.core }
 // it has one, was delivered (see WithDeadLetter). The channel is made on the
 // first call. A task that receives from it to wait for another task is not
 // checked for a deadlock (see ErrDeadlock): use Wait with the task's context.
+// A nil *Completion (what Submit returns with an error) is done: its channel
+// is closed, and Err and Wait return ErrNilCompletion.
 func (c *Completion) Done() <-chan struct{} {
+	if c == nil {
+		return *closedChan
+	}
 	g := c.signals()
 	ch, made := g.done.get()
 	if made && c.state.Load() == stDone {
@@ -185,6 +190,9 @@ func (c *Completion) Done() <-chan struct{} {
 // *PanicError when it panicked; context.Canceled when Cancel withdrew it
 // before it ran; ErrAborted when Close's context ended before it ran.
 func (c *Completion) Err() error {
+	if c == nil {
+		return ErrNilCompletion
+	}
 	if c.state.Load() != stDone {
 		return nil
 	}
@@ -204,6 +212,9 @@ func (c *Completion) Err() error {
 // another key, B waits for one behind A; longer cycles too, across
 // schedulers). See ErrDeadlock for what is and is not detected.
 func (c *Completion) Wait(ctx context.Context) error {
+	if c == nil {
+		return ErrNilCompletion
+	}
 	if c.state.Load() == stDone {
 		return c.Err()
 	}
@@ -227,9 +238,9 @@ func (c *Completion) Wait(ctx context.Context) error {
 // retry backoff or parked is withdrawn the same way. A running task has its
 // context cancelled; its outcome is what it then returns, and it is not
 // retried. Cancel on a done task does nothing, nor on a Completion no
-// scheduler returned (the zero value).
+// scheduler returned (the zero value, or nil).
 func (c *Completion) Cancel() {
-	if c.hdr == nil {
+	if c == nil || c.hdr == nil {
 		return // not a task: nothing to withdraw (and no scheduler to tell)
 	}
 	c.ctxBits.Or(ctxCancelReq)

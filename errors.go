@@ -33,6 +33,10 @@ var (
 	// ErrEmptyBatch is returned by SubmitBatch and TrySubmitBatch for a
 	// batch with no items.
 	ErrEmptyBatch = errors.New("keysched: empty batch")
+	// ErrNilCompletion is what Err and Wait return on a nil *Completion:
+	// the one Submit (or TrySubmit) returns together with its error. Check
+	// Submit's error first; a nil Completion's Done channel is closed.
+	ErrNilCompletion = errors.New("keysched: nil *Completion (the task was not accepted: check Submit's error)")
 	// ErrNilContext is returned when a nil context.Context is passed.
 	ErrNilContext = errors.New("keysched: nil context")
 	// ErrZeroScheduler is returned by the methods of a nil or zero-value

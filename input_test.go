@@ -244,3 +244,27 @@ func TestBadInput(t *testing.T) {
 		require.ErrorIs(t, s.Skip(1), ErrNotParked)
 	})
 }
+
+// A nil *Completion, what Submit returns with its error, answers instead of
+// panicking (a new user's c, _ := s.Submit(...); c.Wait(ctx) on a full key
+// dereferenced nil in Wait, Err, Done and Cancel).
+func TestNilCompletionAnswers(t *testing.T) {
+	s, err := New[string](WithWorkers(1), WithMaxKeyDepth(1))
+	require.NoError(t, err)
+	defer s.Close(context.Background())
+	gate := make(chan struct{})
+	defer close(gate)
+	_, err = s.Submit(context.Background(), "k", func(context.Context) error { <-gate; return nil })
+	require.NoError(t, err)
+	c, err := s.TrySubmit(context.Background(), "k", func(context.Context) error { return nil })
+	require.ErrorIs(t, err, ErrKeyFull)
+	require.Nil(t, c)
+	require.ErrorIs(t, c.Wait(context.Background()), ErrNilCompletion)
+	require.ErrorIs(t, c.Err(), ErrNilCompletion)
+	select {
+	case <-c.Done():
+	default:
+		t.Fatal("a nil Completion's Done channel is not closed")
+	}
+	c.Cancel()
+}

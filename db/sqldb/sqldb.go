@@ -28,6 +28,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/keysched/keysched"
+
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 	"modernc.org/sqlite"
@@ -123,8 +125,12 @@ func OpenSQLite(path string) (*sql.DB, error) {
 // OpenPostgres opens a PostgreSQL database through pgx's database/sql driver
 // and checks that it answers (within ctx). dsn is a URL
 // (postgres://user@host/db?sslmode=disable) or a key=value string
-// (host=/var/run/postgresql dbname=app), as pgx accepts.
+// (host=/var/run/postgresql dbname=app), as pgx accepts. A nil ctx gets
+// keysched.ErrNilContext.
 func OpenPostgres(ctx context.Context, dsn string) (*sql.DB, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("sqldb: open PostgreSQL: %w", keysched.ErrNilContext)
+	}
 	db, err := sql.Open("pgx", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("sqldb: open PostgreSQL: %w", err)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/db/sqldb"
 )
 
@@ -57,4 +58,12 @@ func TestDetectAndOpen(t *testing.T) {
 	_, err = db.Exec(`INSERT INTO u VALUES ('a')`)
 	require.True(t, sqldb.IsUniqueViolation(err), "%v", err)
 	require.False(t, sqldb.IsUniqueViolation(errors.New("other")))
+}
+
+// OpenPostgres with a nil context is an error, not a panic (a new user's
+// sqldb.OpenPostgres(nil, dsn) dereferenced nil in PingContext).
+func TestOpenPostgresNilContext(t *testing.T) {
+	db, err := sqldb.OpenPostgres(nil, "host=/nonexistent dbname=x") //nolint:staticcheck // SA1012: the nil context is the input under test
+	require.ErrorIs(t, err, keysched.ErrNilContext)
+	require.Nil(t, db)
 }

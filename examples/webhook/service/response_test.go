@@ -102,7 +102,9 @@ func TestEveryAnswerIsClassifiedAsTheTableSays(t *testing.T) {
 			}
 			if row.want == SnoozeUntil {
 				if row.minWait > 0 {
-					require.GreaterOrEqual(t, r.RetryAfter, row.minWait)
+					// Less what a loaded machine spends between building the
+					// table's date and the answer (a new user's run: 28.99 s).
+					require.GreaterOrEqual(t, r.RetryAfter, row.minWait-10*time.Second)
 					require.LessOrEqual(t, r.RetryAfter, row.minWait+2*time.Second)
 				} else {
 					require.Equal(t, row.wait, r.RetryAfter)

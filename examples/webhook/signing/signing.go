@@ -137,7 +137,10 @@ func (s Secret) mac(id, timestamp string, body []byte) []byte {
 // Sign returns the webhook-signature header value for one request: "v1,"
 // and the base64 signature for each secret, in the order given, separated by
 // single spaces. It panics on no secret or a zero Secret (a programming
-// error: the service checks its configuration at start).
+// error: the service checks its configuration at start). The id must not
+// hold a '.': the signed content id.timestamp.body would be ambiguous, and
+// every Verifier refuses such a request with ErrInvalidHeader (the service
+// makes its own IDs, which never do).
 func Sign(id string, timestamp time.Time, body []byte, secrets ...Secret) string {
 	if len(secrets) == 0 {
 		panic("signing: Sign without a secret")
