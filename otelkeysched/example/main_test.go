@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -37,13 +38,30 @@ func TestScrapeOverHTTP(t *testing.T) {
 	}
 	base := "http://" + ln.Addr().String()
 
-	resp, err := http.Get(base + "/metrics")
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
-	resp.Body.Close()
-	require.NoError(t, err)
+	scrape := func() map[string]*dto.MetricFamily {
+		t.Helper()
+		resp, err := http.Get(base + "/metrics")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		fams, err := parser.TextToMetricFamilies(resp.Body)
+		require.NoError(t, err)
+		return fams
+	}
+	// A Completion is done once its outcome is counted; the pending gauge
+	// drops when its runner lets the key go, a moment later: a scrape right
+	// after the batch settled read 3 pending once (CI, a loaded machine).
+	// Scrape until the gauge settles (bounded), then check everything on
+	// that one scrape.
+	var fams map[string]*dto.MetricFamily
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		fams = scrape()
+		if pending(fams) == 2 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	var names []string
 	for n := range fams {
 		if strings.HasPrefix(n, "keysched_") {
@@ -103,7 +121,7 @@ func TestScrapeOverHTTP(t *testing.T) {
 	require.Equal(t, 101.0, value("keysched_task_queue_wait_seconds", orders), "observations: every task that started")
 	require.Positive(t, value("keysched_tasks_oldest_age_seconds", orders))
 
-	resp, err = http.Get(base + "/debug/keys")
+	resp, err := http.Get(base + "/debug/keys")
 	require.NoError(t, err)
 	body, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
@@ -121,4 +139,17 @@ func TestScrapeOverHTTP(t *testing.T) {
 
 	cancel()
 	require.NoError(t, <-done)
+}
+
+// pending is the orders scheduler's keysched_tasks_pending gauge in fams, or
+// -1 when it has no sample.
+func pending(fams map[string]*dto.MetricFamily) float64 {
+	for _, m := range fams["keysched_tasks_pending"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "scheduler" && l.GetValue() == "orders" {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return -1
 }
