@@ -181,8 +181,9 @@ func WithTable(name string) Option {
 // serialises the commits of every transaction that sent a notification,
 // server-wide (a heavyweight lock taken before the commit record is written
 // and held until after it is flushed), so concurrent writers no longer share
-// WAL flushes (group commit). With 4 writers the outbox's write rate was
-// about halved (db/README.md, "NOTIFY and the write rate").
+// WAL flushes (group commit). With 4 writers the trigger cost a third to
+// a half of the outbox's write rate (db/README.md, "NOTIFY and the write
+// rate").
 //
 // Off, CreateSchema drops the trigger and its function if they are there
 // (both ways are idempotent: switching is one CreateSchema), writes send no
