@@ -12,7 +12,14 @@ import (
 // the pool and wakes the relay on every notification (the schema's trigger
 // sends one per committed inserting transaction). When the connection fails
 // it retries after the poll interval; polling goes on meanwhile.
+//
+// On an Outbox made WithNotify(false) it returns at once: no trigger sends
+// notifications, so a LISTEN would only hold a connection.
 func (r *Relay) listen(ctx context.Context) {
+	if !r.o.notify {
+		r.log.Debug("outbox relay: no LISTEN, the outbox has no NOTIFY trigger (WithNotify(false)): polling only", "table", r.o.table)
+		return
+	}
 	wait := time.NewTimer(time.Hour)
 	wait.Stop()
 	defer wait.Stop()

@@ -140,6 +140,7 @@ type Outbox struct {
 	db      *sql.DB
 	dialect Dialect
 	table   string
+	notify  bool
 	q       queries
 }
 
@@ -171,6 +172,34 @@ func WithTable(name string) Option {
 	}
 }
 
+// WithNotify says whether the PostgreSQL schema that CreateSchema makes (and
+// Schema returns) has the trigger that NOTIFYs relays of committed writes
+// (default true; no effect on SQLite, which has none).
+//
+// On (the default), a committed write wakes an idle relay at once (its
+// LISTEN, see WithListen). The price is paid by writers: PostgreSQL
+// serialises the commits of every transaction that sent a notification,
+// server-wide (a heavyweight lock taken before the commit record is written
+// and held until after it is flushed), so concurrent writers no longer share
+// WAL flushes (group commit). With 4 writers the trigger cost a third to
+// a half of the outbox's write rate (db/README.md, "NOTIFY and the write
+// rate").
+//
+// Off, CreateSchema drops the trigger and its function if they are there
+// (both ways are idempotent: switching is one CreateSchema), writes send no
+// notification, and relays made by NewRelay on this Outbox do not LISTEN
+// (they hold no connection for it): an idle relay finds a committed write
+// at its next poll, WithPollInterval (default DefaultPollInterval) later at
+// most. The trigger is the table's, not the process's: give every process
+// that runs CreateSchema on the table the same setting, or the last one to
+// run it decides.
+func WithNotify(on bool) Option {
+	return func(o *Outbox) error {
+		o.notify = on
+		return nil
+	}
+}
+
 // New returns an Outbox on db. It does not touch the database: create the
 // tables once with CreateSchema (or with the SQL that Schema returns, in your
 // own migrations). A nil db or a bad option is an error wrapping
@@ -188,7 +217,7 @@ func New(db *sql.DB, opts ...Option) (*Outbox, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: nil *sql.DB", ErrInvalidOption)
 	}
-	o := &Outbox{db: db, table: DefaultTable}
+	o := &Outbox{db: db, table: DefaultTable, notify: true}
 	for _, opt := range opts {
 		if opt == nil {
 			return nil, fmt.Errorf("%w: nil Option", ErrInvalidOption)
@@ -235,8 +264,10 @@ func (o *Outbox) Table() string {
 func (o *Outbox) zero() bool { return o == nil || o.db == nil }
 
 // Schema returns the SQL statements that create the outbox's tables, indexes
-// and (on PostgreSQL) the trigger that notifies relays of new rows, in order.
-// Each is idempotent (IF NOT EXISTS, OR REPLACE). Use it to put the schema
+// and (on PostgreSQL) the trigger that notifies relays of new rows, in order
+// (with WithNotify(false): statements that drop that trigger and its
+// function instead). Each is idempotent (IF NOT EXISTS, OR REPLACE, IF
+// EXISTS). Use it to put the schema
 // into your own migrations. It returns nil for a nil or zero Outbox.
 //
 // Upgrading: the lease table gained a token column (each relay's fencing
@@ -255,7 +286,7 @@ func (o *Outbox) Schema() []string {
 	if o.zero() {
 		return nil
 	}
-	return schema(o.dialect, o.table)
+	return schema(o.dialect, o.table, o.notify)
 }
 
 // CreateSchema runs Schema's statements in one transaction. It is
@@ -311,7 +342,8 @@ func (o *Outbox) CreateSchema(ctx context.Context) error {
 // Write inserts e as a pending outbox row inside tx, the caller's
 // transaction: the row becomes visible to relays when, and only if, tx
 // commits. It is one INSERT and no other write (on PostgreSQL the schema's
-// statement trigger queues a NOTIFY, delivered on commit). It returns the
+// statement trigger, unless WithNotify(false), queues a NOTIFY, delivered
+// on commit). It returns the
 // event's ID (generated when e.ID is empty).
 //
 // Order: a key's events are published in insert order (Seq). On PostgreSQL,

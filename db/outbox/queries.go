@@ -11,9 +11,11 @@ import (
 
 // schema returns the DDL for the dialect. Times are TIMESTAMPTZ on
 // PostgreSQL and INTEGER microseconds since the Unix epoch (UTC) on SQLite.
-func schema(d Dialect, t string) []string {
+// notify says whether PostgreSQL's schema ends with the NOTIFY trigger
+// (created or replaced) or without it (dropped if there).
+func schema(d Dialect, t string, notify bool) []string {
 	if d == Postgres {
-		return []string{
+		return append([]string{
 			`CREATE TABLE IF NOT EXISTS ` + t + ` (
 	seq        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 	id         TEXT NOT NULL UNIQUE,
@@ -48,15 +50,7 @@ func schema(d Dialect, t string) []string {
 			`ALTER TABLE ` + t + `_lease ADD COLUMN IF NOT EXISTS epoch BIGINT NOT NULL DEFAULT 0`,
 			`ALTER SEQUENCE ` + t + `_lease_epoch OWNED BY ` + t + `_lease.epoch`,
 			`CREATE INDEX IF NOT EXISTS ` + t + `_lease_owner ON ` + t + `_lease (owner)`,
-			`CREATE OR REPLACE FUNCTION ` + t + `_notify() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-	PERFORM pg_notify('` + t + `', '');
-	RETURN NULL;
-END
-$$`,
-			`CREATE OR REPLACE TRIGGER ` + t + `_notify AFTER INSERT ON ` + t + `
-	FOR EACH STATEMENT EXECUTE FUNCTION ` + t + `_notify()`,
-		}
+		}, notifyTrigger(t, notify)...)
 	}
 	return []string{
 		`CREATE TABLE IF NOT EXISTS ` + t + ` (
@@ -95,6 +89,34 @@ $$`,
 BEGIN UPDATE ` + t + `_lease_epoch SET n = max(n, NEW.epoch) WHERE id = 1; END`,
 		`CREATE TRIGGER IF NOT EXISTS ` + t + `_lease_epoch_update AFTER UPDATE OF epoch ON ` + t + `_lease
 BEGIN UPDATE ` + t + `_lease_epoch SET n = max(n, NEW.epoch) WHERE id = 1; END`,
+	}
+}
+
+// notifyTrigger returns PostgreSQL's statements that create (or replace) the
+// trigger that NOTIFYs relays of a committed insert, one notification per
+// inserting statement, or that drop it and its function. Both are
+// idempotent, and switching either way is one CreateSchema.
+//
+// The cost of the trigger: a transaction that has called pg_notify takes,
+// at commit, a lock that serialises every notifying commit of the whole
+// server (PostgreSQL's async.c, PreCommit_Notify, held until after the
+// commit record is flushed), so concurrent writers lose group commit.
+func notifyTrigger(t string, on bool) []string {
+	if !on {
+		return []string{
+			`DROP TRIGGER IF EXISTS ` + t + `_notify ON ` + t,
+			`DROP FUNCTION IF EXISTS ` + t + `_notify()`,
+		}
+	}
+	return []string{
+		`CREATE OR REPLACE FUNCTION ` + t + `_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM pg_notify('` + t + `', '');
+	RETURN NULL;
+END
+$$`,
+		`CREATE OR REPLACE TRIGGER ` + t + `_notify AFTER INSERT ON ` + t + `
+	FOR EACH STATEMENT EXECUTE FUNCTION ` + t + `_notify()`,
 	}
 }
 

@@ -18,6 +18,9 @@ type dbEnv struct {
 	name string // "sqlite" or "postgres"
 	dsn  string
 	dir  string
+	// noNotify: the outbox's schema without its NOTIFY trigger and its
+	// relays without LISTEN (outbox.WithNotify(false)).
+	noNotify bool
 }
 
 var runs atomic.Int64

@@ -30,7 +30,7 @@ func newOutboxSystem(ctx context.Context, env *dbEnv, keys, batch int) (system, 
 		return nil, err
 	}
 	name := env.tableName("outbox")
-	ob, err := outbox.New(db, outbox.WithTable(name))
+	ob, err := outbox.New(db, outbox.WithTable(name), outbox.WithNotify(!env.noNotify))
 	if err != nil {
 		closeDB()
 		return nil, err

@@ -51,6 +51,7 @@ type config struct {
 	isolation    bool
 	only         string
 	json         bool
+	notify       bool
 }
 
 func main() {
@@ -79,11 +80,12 @@ func mainErr(ctx context.Context, args []string, out io.Writer) error {
 		profile = fs.String("cpuprofile", "", "write a CPU profile to this file")
 		only    = fs.String("only", "", "run only the healthy (\"throughput\") or only the failing-key (\"isolation\") runs")
 		asJSON  = fs.Bool("json", false, "print one JSON object per run and per summary row, one a line, instead of the tables")
+		notify  = fs.Bool("notify", true, "keysched on PostgreSQL: the outbox's NOTIFY trigger and its relays' LISTEN (false: outbox.WithNotify(false), relays poll every 20 ms)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg := config{dsn: *dsn, rounds: *rounds, batch: *batch, isolation: *isolate, only: *only, json: *asJSON,
+	cfg := config{dsn: *dsn, rounds: *rounds, batch: *batch, isolation: *isolate, only: *only, json: *asJSON, notify: *notify,
 		wl: workload{events: *events, keys: *keys, perTx: *perTx, writers: *writers, backlog: *backlog, timeout: *timeout}}
 	switch {
 	case *events < 1, *keys < 2, *perTx < 1, *writers < 1, *rounds < 1, *batch < 1, *timeout <= 0:
@@ -168,8 +170,8 @@ func bench(ctx context.Context, cfg config, out io.Writer) error {
 		if cfg.wl.backlog {
 			shape = "written before the consumers start (--backlog)"
 		}
-		fmt.Fprintf(out, "outboxbench: %d events on %d keys, %d per transaction, %d writers, %s; consumers %v, %d rounds; load average %s\n",
-			cfg.wl.events, cfg.wl.keys, cfg.wl.perTx, cfg.wl.writers, shape, cfg.consumers, cfg.rounds, loadavg())
+		fmt.Fprintf(out, "outboxbench: %d events on %d keys, %d per transaction, %d writers, %s; consumers %v, %d rounds; outbox notify %v; load average %s\n",
+			cfg.wl.events, cfg.wl.keys, cfg.wl.perTx, cfg.wl.writers, shape, cfg.consumers, cfg.rounds, cfg.notify, loadavg())
 		fmt.Fprintf(out, "%-8s %-16s %4s %-15s %5s %10s %10s %10s %8s %8s %6s %6s %5s\n",
 			"db", "system", "cons", "scenario", "round", "write/s", "deliv/s", "others/s", "p50 ms", "p99 ms", "viol", "dups", "load")
 	}
@@ -181,6 +183,7 @@ func bench(ctx context.Context, cfg config, out io.Writer) error {
 			}
 			continue
 		}
+		env.noNotify = !cfg.notify
 		for _, sysName := range cfg.systems {
 			for _, n := range cfg.consumers {
 				s, err := benchOne(ctx, cfg, env, sysName, n, out, enc)

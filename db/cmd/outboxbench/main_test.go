@@ -41,6 +41,17 @@ func TestEverySystemDeliversEveryEventOnce(t *testing.T) {
 	if !bytes.Contains(backlog.Bytes(), []byte(`"delivered":100,`)) {
 		t.Errorf("--backlog: not every event delivered:\n%s", backlog.String())
 	}
+	if dbs != "sqlite" {
+		// The outbox without its NOTIFY trigger: relays poll only.
+		var polled bytes.Buffer
+		if err := mainErr(context.Background(), append(common, "--db", "postgres", "--systems", "keysched", "--notify=false",
+			"--only", "throughput", "--timeout", "60s"), &polled); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(polled.Bytes(), []byte(`"delivered":100,`)) {
+			t.Errorf("--notify=false: not every event delivered:\n%s", polled.String())
+		}
+	}
 	if err := mainErr(context.Background(), append(common, "--only", "isolation", "--timeout", "60s", "--systems", "keysched"), &out); err != nil {
 		t.Fatal(err)
 	}
