@@ -1,13 +1,16 @@
 package keysched
 
 import (
+	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
 )
 
-// This file holds what Close does once it gives up (its context ended, or a
+// This file holds the scheduler's shutdown: Drain, Close (at the end of the
+// file), and what Close does once it gives up (its context ended, or a
 // later Close's did): abort every task that has not started, have the dead
 // letters delivered (concurrently across keys, each key's in its order, in
 // one lane per key), settle Stats, and return within CloseGrace whatever is
@@ -232,4 +235,257 @@ func (s *Scheduler[K]) deliverLoop() {
 	q.active--
 	q.ready = nil // let the backing array go
 	q.mu.Unlock()
+}
+
+// Drain waits until every task accepted so far has finished, or ctx ends.
+// With submitters still at work it may also wait for tasks accepted while it
+// waits: it returns when none is pending. Parked keys (FailurePolicy Park)
+// hold unfinished tasks: Drain waits for them to be resumed or skipped.
+// When ctx ends first it returns an error wrapping ctx's error that says how
+// many tasks are unfinished, how many keys are parked and how many tasks are
+// waiting to run again (a retry backoff, or a Snooze: a task that snoozes for
+// ever holds its key for ever, and Drain waits for it). With a task's context
+// it returns ErrInsideTask.
+func (s *Scheduler[K]) Drain(ctx context.Context) error {
+	if s.zero() {
+		return ErrZeroScheduler
+	}
+	if ctx == nil {
+		return ErrNilContext
+	}
+	if inTask(ctx) {
+		return ErrInsideTask
+	}
+	if err := s.pending.waitIdle(ctx, nil); err != nil {
+		return fmt.Errorf("keysched: drain: %d tasks unfinished, %d keys parked, %d tasks waiting to run again (retry backoff or Snooze): %w",
+			s.pending.count(), s.parkedCount(), s.core.waiting.Load(), err)
+	}
+	s.awaitPassing()
+	return nil
+}
+
+// awaitPassing waits for the Completions that runners are about to make done
+// after releasing their pending slots (only once Close has given up: see
+// pass). Those runners run no user code in that window.
+func (s *Scheduler[K]) awaitPassing() {
+	for s.core.passing.Load() != 0 {
+		runtime.Gosched()
+	}
+}
+
+// Close shuts the scheduler down. From the moment it starts, Submit and
+// TrySubmit fail with ErrClosed (decided atomically with the enqueue: a task
+// is either accepted, and then run or aborted, or refused) and waiting
+// submitters are woken with it. Accepted tasks finish (a parked key counts
+// as unfinished until Resume or Skip); then Close releases the scheduler's
+// own pool (not one given with WithPool) and returns nil.
+//
+// If ctx ends first, Close gives up: it cancels the contexts of running
+// tasks, completes every task that has not started (including retries
+// waiting out a backoff and parked keys) with ErrAborted and hands those to
+// the dead-letter function, and returns a *CloseError (wrapping ErrAborted
+// and ctx's error) that says how many did not run. It returns within
+// CloseGrace (100 ms) of giving up, however long the backlog: the aborted
+// tasks' dead letters are delivered concurrently across keys (on up to one
+// goroutine per worker, at most 64) and one at a time per key, in the key's
+// order: an aborted task's letter is delivered once its key has passed it,
+// so the letters of the tasks queued behind a task still running (which
+// hold their slots anyway) come after that task returns and after its own
+// dead letter, if it has one. What is not finished
+// by then (dead letters still being delivered, tasks still running, a
+// backlog not yet walked) is counted in the *CloseError and goes on in the
+// background; nothing is dropped. Drain after such a Close waits for that
+// background work (a process about to exit should call it, with a deadline
+// of its own, or the letters still being delivered are lost with the
+// process). A task that ignores its context keeps its worker until it
+// returns.
+//
+// Close is idempotent: later calls wait for the first to finish and return
+// its result; if a later call's ctx ends first, the first Close gives up as
+// if its own had ended (so a Close(context.Background()) waiting on a parked
+// key can be escalated). With a task's context it returns ErrInsideTask and
+// does nothing.
+//
+// When it returns with an error, tasks still running (and the aborted tasks
+// queued behind them) and dead letters still being delivered hold their
+// slots in Stats until they are done; each such task's Completion is done
+// once its key no longer counts it and its dead letter was delivered, so
+// once every Completion is done Stats is settled.
+func (s *Scheduler[K]) Close(ctx context.Context) error {
+	if s.zero() {
+		return ErrZeroScheduler
+	}
+	if ctx == nil {
+		return ErrNilContext
+	}
+	if inTask(ctx) {
+		return ErrInsideTask
+	}
+	first := false
+	s.closeOnce.Do(func() { first = true })
+	if !first {
+		select {
+		case <-s.closed:
+			return s.closeErr
+		case <-ctx.Done():
+			// Escalate: the first Close gives up now too.
+			s.giveUpOne.Do(func() { close(s.giveUp) })
+			<-s.closed
+			return s.closeErr
+		}
+	}
+	s.pending.close()
+	close(s.closing)
+	var err error
+	if werr := s.pending.waitIdle(ctx, s.giveUp); werr != nil {
+		err = s.giveUpOnTasks(werr) // close.go
+		s.workers.releaseNow()
+	} else {
+		// Every task and dead letter is done: only idle workers are left to
+		// exit. A later Close giving up need not wait for them either.
+		rctx, cancel := context.WithCancel(ctx)
+		giveUp := s.giveUp // not s: this goroutine may outlive Close by a moment
+		go func() {
+			select {
+			case <-giveUp:
+				cancel()
+			case <-rctx.Done():
+			}
+		}()
+		if rerr := s.workers.release(rctx); rerr != nil {
+			err = fmt.Errorf("keysched: close: releasing the pool: %w", rerr)
+		}
+		cancel()
+	}
+	s.closeErr = err
+	close(s.closed)
+	return err
+}
+
+// abort gives up on every task that has not started: Close's context ended.
+// (Each task it completes with ErrAborted is counted in core.notRun.) The
+// caller has set core.aborting and cancelled the running tasks' contexts.
+func (s *Scheduler[K]) abort() {
+	s.tails.m.Range(func(_ K, ch *chainHdr) bool {
+		s.abortChain(ch)
+		return true
+	})
+}
+
+// settle moves keys past the tasks abort finished, so that Stats and
+// KeyDepth count only what is still held by running tasks (and queued behind
+// them), and so that their dead letters go to their keys' lanes (passing a
+// key hands them over, in its order). It takes what is in the ready queue
+// itself (step runs no task while the scheduler aborts: it finishes them),
+// while the walk (abort) goes on, until walked is closed; then it waits for
+// runners that are moving keys on and for dead letters being delivered,
+// until stop is closed. Once stop is closed it still waits for the walk and
+// passes what the walk left in the ready queue, so that no key is left
+// unpassed (Close has returned by then).
+func (s *Scheduler[K]) settle(stop, walked <-chan struct{}) {
+	for i := 0; ; i++ {
+		walkDone := isClosed(walked) // before passReady: it passes all the walk left
+		s.passReady()
+		if walkDone && s.core.delivering.Load() == 0 && s.core.passing.Load() == 0 && s.pending.count() <= s.heldByRunning() {
+			return
+		}
+		if isClosed(stop) {
+			<-walked
+			s.passReady()
+			return
+		}
+		if i < 100 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+}
+
+// passReady takes the keys in the ready queue and passes their finished
+// tasks (see settle).
+func (s *Scheduler[K]) passReady() {
+	for n := s.ready.pop(); n != nil; n = s.ready.pop() {
+		for n != nil && s.step(n, nil) {
+			n = s.pass(n)
+		}
+	}
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// heldByRunning counts the tasks of keys whose head's task function is still
+// running: what Close cannot settle while it waits for no one. (A head whose
+// attempt has returned is being finished by its worker: that settles.)
+func (s *Scheduler[K]) heldByRunning() int64 {
+	var held int64
+	s.tails.m.Range(func(_ K, ch *chainHdr) bool {
+		if h := ch.head.Load(); h != nil && h.state.Load() == stRunning && !attemptEnded(h) {
+			held += ch.depth.Load()
+		}
+		return true
+	})
+	return held
+}
+
+// abortChain aborts the unstarted tasks of one chain, from its head on. The
+// head pointer may lag behind a runner that is moving the key on; a node the
+// key has moved past has the passed sentinel as its next, and the head has
+// been moved beyond it before: so from there, go on at the head. A node whose
+// next is nil is the tail: stop.
+func (s *Scheduler[K]) abortChain(ch *chainHdr) {
+	var n *node[K]
+	if h := ch.head.Load(); h != nil {
+		n = nodeOf[K](h)
+	}
+	for n != nil {
+		s.takeAborted(n)
+		next := n.next.Load()
+		if next == s.passed {
+			next = nil
+			if h := ch.head.Load(); h != &n.Completion { // else the key drained at n
+				next = nodeOf[K](h)
+			}
+		}
+		n = next
+	}
+}
+
+// abortNode completes n with ErrAborted if it has not started; its dead
+// letter is delivered once its key passes it (see takeAborted).
+func (s *Scheduler[K]) abortNode(n *node[K]) { s.takeAborted(n) }
+
+// takeAborted completes n with ErrAborted if it has not started, and keeps
+// its dead letter on n: n is still on its key's chain, and whoever passes it
+// there (its key's runner, or Close's settle) hands the letter to the key's
+// lane (laneAborted), so that the key's dead letters are delivered in its order,
+// after those of the tasks before n (n's own pending slot counts it until
+// then). n is done once its letter was delivered.
+func (s *Scheduler[K]) takeAborted(n *node[K]) bool {
+	c := &n.Completion
+	for {
+		switch st := c.state.Load(); st {
+		case stQueued, stWaiting, stParked:
+			if !c.state.CompareAndSwap(st, stFinishing) {
+				continue
+			}
+			// No user code between taking it and deciding it (see step).
+			s.keepAborted(n)
+			s.core.notRun.Add(1)
+			if st != stQueued {
+				s.wakeStalled(c, st)
+			}
+			s.core.publish(c)
+			return true
+		default:
+			return false
+		}
+	}
 }

@@ -635,7 +635,7 @@ func TestLaterCloseEscalates(t *testing.T) {
 // A runner that pops a queued task after Close set core.aborting (step,
 // run.go) moves it stQueued -> stRunning, then delivers its ErrAborted dead
 // letter and only then finishes it. While it delivers, the task is stRunning
-// with no attempt started and none ended, so heldByRunning (chain.go) counts
+// with no attempt started and none ended, so heldByRunning (close.go) counts
 // it (and its key's depth) as "held by a running task", and settle() returns
 // at once. Close then returns ErrAborted while a task that never ran is not
 // done, its dead letter not delivered, and Stats.Pending/Keys not zero, with
@@ -648,7 +648,7 @@ func TestLaterCloseEscalates(t *testing.T) {
 // visits before the runner reaches its task does not reproduce; with 30
 // decoy keys that is ~3% of runs).
 //
-// Fix (step in run.go / settle, heldByRunning in chain.go): in step's abort
+// Fix (step in run.go / settle, heldByRunning in close.go): in step's abort
 // branch finish before delivering (as abortNode does) and have settle wait
 // for in-flight abort deliveries, or make heldByRunning count only heads
 // whose attempt has actually started (ctxStarted / attempts > 0) and not

@@ -275,3 +275,17 @@ func (s *Scheduler[K]) wakeKey(ch *chainHdr) {
 	}
 	s.keyMu.Unlock()
 }
+
+// KeyDepth returns the key's queued plus running tasks: the quantity
+// WithMaxKeyDepth bounds. It is 0 for a key with none (and for an invalid
+// key). A cancelled task still counts until its key's chain reaches it.
+func (s *Scheduler[K]) KeyDepth(key K) int {
+	if s.zero() || s.keyCheck && !validKey(key) {
+		return 0
+	}
+	ch, ok := s.tails.load(key)
+	if !ok {
+		return 0
+	}
+	return int(ch.depth.Load())
+}

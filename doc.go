@@ -192,18 +192,19 @@
 // # Where each mechanism lives
 //
 //   - doc.go: this overview.
-//   - chain.go: the public face. [Scheduler], [New], Submit, TrySubmit,
-//     KeyDepth, Drain, Close (and its abort), [Stats]; the task node.
+//   - chain.go: the public face. [Scheduler], [New], Submit, TrySubmit;
+//     the task node.
 //   - batch.go: SubmitBatch and TrySubmitBatch.
 //   - tailmap.go: the concurrent map (xsync Map) from each live key to its
 //     chain's header, which holds the tail. Appending a task and removing a drained key each happen
 //     inside one Compute on that key; invalid keys are refused before they
 //     reach it.
-//   - close.go: what Close does once it gives up: abort what has not
-//     started, deliver those dead letters (concurrently across keys, in
-//     order within a key, one lane per key), return within CloseGrace with
-//     a [CloseError].
-//   - depth.go: the bounds. The per-key depth, the pending count (with the
+//   - close.go: shutdown. Drain, Close, and what Close does once it gives
+//     up: abort what has not started, deliver those dead letters
+//     (concurrently across keys, in order within a key, one lane per key),
+//     return within CloseGrace with a [CloseError].
+//   - stats.go: [Stats].
+//   - depth.go: the bounds. KeyDepth, the per-key depth, the pending count (with the
 //     closed flag in the same word, so "closed?" and "take a slot" are one
 //     CompareAndSwap), and the waiting protocol that loses no wake-up.
 //   - pool.go: the workers. The ants pool (own or shared), the ready queue of

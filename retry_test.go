@@ -681,7 +681,7 @@ func break2CloseNil(t *testing.T) {
 // later Close makes the first give up and both return promptly (with an
 // error), as they do while the key is still parked.
 //
-// Fix (chain.go Close / pool.go release): wait for the pool with a context
+// Fix (close.go Close / pool.go release): wait for the pool with a context
 // that giveUp also ends, or settle in-flight dead letters before the
 // pending count can reach zero (see the test above).
 func break2Escalation(t *testing.T) {

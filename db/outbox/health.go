@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -149,4 +150,37 @@ func (h *health) counts() DBErrorCounts {
 		Storage:    h.kinds[sqldb.KindStorage].Load(),
 		Other:      h.kinds[sqldb.KindOther].Load(),
 	}
+}
+
+// lastDBError returns the last failed database call's error while the
+// database is failing, or "no database error".
+func (r *Relay) lastDBError() error {
+	if _, _, op, err := r.outage(); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	return errors.New("no answer")
+}
+
+// outageOver returns an error wrapping ErrDatabaseUnavailable once the
+// database has been failing for WithMaxOutage.
+func (r *Relay) outageOver() error {
+	if r.cfg.maxOutage <= 0 {
+		return nil
+	}
+	d, tries, op, err := r.outage()
+	if d < r.cfg.maxOutage {
+		return nil
+	}
+	r.log.Error("outbox relay: database away longer than WithMaxOutage; Run returns", "for", d.Round(time.Millisecond), "tries", tries, "table", r.o.table, "owner", r.cfg.owner, "err", err)
+	return fmt.Errorf("%w: every poll failed for %v (%d failed calls; max outage %v); last: %s: %w", ErrDatabaseUnavailable, d.Round(time.Millisecond), tries, r.cfg.maxOutage, op, err)
+}
+
+// callTimeout bounds each of the relay's database operations (a claim, a
+// fetch, a renewal, a mark): a third of the lease, at least 5 s. A call
+// that hangs (a server that stopped answering, a network partition) fails
+// then, rather than holding the relay until TCP gives up.
+func (r *Relay) callTimeout() time.Duration { return max(r.cfg.lease/3, 5*time.Second) }
+
+func (r *Relay) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, r.callTimeout())
 }

@@ -3,10 +3,8 @@ package outbox_test
 import (
 	"context"
 	"database/sql"
-	"math"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -222,45 +220,6 @@ func TestSinkTimeout(t *testing.T) {
 	require.Len(t, rows, 1)
 }
 
-// Close whose context ends while sink calls hang cancels them and gives
-// their rows (and the rows queued behind them) back: they stay pending,
-// nothing is marked dead, and the next relay publishes them.
-func TestCloseGivesRowsBack(t *testing.T) {
-	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
-		ob := newOutbox(t, db)
-		const keys, perKey = 3, 3
-		writeEvents(t, ob, keys, perKey, 20)
-		started := make(chan struct{}, keys*perKey)
-		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
-			started <- struct{}{}
-			<-ctx.Done()
-			return ctx.Err()
-		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
-		require.NoError(t, err)
-		errc := make(chan error, 1)
-		go func() { errc <- r.Run(context.Background()) }()
-		for range keys {
-			<-started // one call per key hangs; the keys' later rows queue
-		}
-		cctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-		defer cancel()
-		require.ErrorIs(t, r.Close(cctx), context.DeadlineExceeded)
-		require.NoError(t, <-errc)
-		st := r.Stats()
-		require.EqualValues(t, keys*perKey, st.Abandoned)
-		require.Zero(t, st.Dead)
-		require.Equal(t, map[outbox.State]int64{outbox.Pending: keys * perKey}, counts(t, ob))
-
-		rec := newRecorder(keys * perKey)
-		b, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
-		require.NoError(t, err)
-		stop := runRelay(t, b)
-		rec.wait(t, 30*time.Second) // Close released the leases: no wait
-		stop()
-		require.Zero(t, rec.check(t, keys, perKey))
-	})
-}
-
 // Two relays with short leases hand keys back and forth while they publish
 // (a key held longer than a lease drains and is claimed again, by either):
 // every key's events still arrive in order, complete, never published by
@@ -326,123 +285,36 @@ func TestPoolOfOneConnection(t *testing.T) {
 	require.Empty(t, counts(t, ob))
 }
 
-// WithSchedulerOptions reaches the relay's scheduler: an observer sees every
-// sink call, WithTaskAges makes OldestAge report a blocked row's age. The
-// relay's own dead letter and scheduler failure policy win over the
-// caller's: a row failing for good is still marked dead in the database
-// (the caller's dead-letter function is never called) and its key goes on
-// (a scheduler Park would have stopped it in memory).
-func TestSchedulerOptions(t *testing.T) {
-	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
-		ob := newOutbox(t, db)
-		const keys, perKey = 3, 3
-		writeEvents(t, ob, keys, perKey, 10)
-		var ended, calls atomic.Int64
-		var userDead atomic.Int64
-		obs := keysched.Observer[string]{AttemptEnded: func(string, keysched.AttemptInfo) { ended.Add(1) }}
-		blocked, release := make(chan struct{}), make(chan struct{})
-		rec := newRecorder(keys*perKey - 1)
-		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
-			calls.Add(1)
-			switch {
-			case e.Key == key(0) && string(e.Payload) == "0":
-				return keysched.Permanent(errDown)
-			case e.Key == key(1) && string(e.Payload) == "0":
-				close(blocked)
-				<-release
-			}
-			return rec.sink(ctx, e)
-		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond),
-			outbox.WithSchedulerOptions(keysched.WithObserver(obs), keysched.WithTaskAges()),
-			outbox.WithSchedulerOptions(
-				keysched.WithDeadLetter(func(keysched.DeadLetter[string]) { userDead.Add(1) }),
-				keysched.WithFailurePolicy(keysched.Park)))
-		require.NoError(t, err)
-		stop := runRelay(t, r)
-		<-blocked
-		require.Positive(t, r.Scheduler().OldestAge(), "a row waits in its sink: its age is reported")
-		close(release)
-		rec.wait(t, 30*time.Second)
-		stop()
-		require.Equal(t, map[string][]int{key(0): {1, 2}, key(1): {0, 1, 2}, key(2): {0, 1, 2}}, rec.byKey,
-			"in order; the dead row's key went on")
-		require.Equal(t, calls.Load(), ended.Load(), "the observer saw every sink call")
-		require.Zero(t, userDead.Load(), "the relay's dead letter wins")
-		dead, err := ob.Dead(context.Background(), 10)
-		require.NoError(t, err)
-		require.Len(t, dead, 1)
-		require.Equal(t, key(0), dead[0].Key)
-		require.Contains(t, dead[0].Err, errDown.Error())
-	})
-}
-
-func TestSchedulerOptionsErrors(t *testing.T) {
-	db := dbtest.SQLite(t)
-	ob := newOutbox(t, db)
-	sink := func(context.Context, outbox.Event) error { return nil }
-	_, err := ob.NewRelay(sink, outbox.WithSchedulerOptions(nil))
-	require.ErrorIs(t, err, outbox.ErrInvalidOption)
-	_, err = ob.NewRelay(sink, outbox.WithSchedulerOptions(keysched.WithMaxConcurrency(0)))
-	require.ErrorIs(t, err, outbox.ErrInvalidOption)
-	require.ErrorIs(t, err, keysched.ErrInvalidOption)
-}
-
-// A nil context is keysched.ErrNilContext, not a panic inside database/sql
-// (Write's panic left the caller's transaction open).
-func TestNilContext(t *testing.T) {
-	ctx := context.Background()
-	db := dbtest.SQLite(t)
-	ob := newOutbox(t, db)
-	var nilCtx context.Context
-	tx, err := db.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	defer tx.Rollback()
-	calls := map[string]func() error{
-		"CreateSchema": func() error { return ob.CreateSchema(nilCtx) },
-		"Write":        func() error { _, err := ob.Write(nilCtx, tx, outbox.Event{Key: "k"}); return err },
-		"Dead":         func() error { _, err := ob.Dead(nilCtx, 1); return err },
-		"Parked":       func() error { _, err := ob.Parked(nilCtx); return err },
-		"Resume":       func() error { return ob.Resume(nilCtx, "k") },
-		"Skip":         func() error { return ob.Skip(nilCtx, "k") },
-		"Count":        func() error { _, err := ob.Count(nilCtx); return err },
-	}
-	for name, call := range calls {
-		var err error
-		require.NotPanics(t, func() { err = call() }, name)
-		require.ErrorIs(t, err, keysched.ErrNilContext, name)
-	}
-}
-
-// A lease so long that the relay's deadline (monotonic nanoseconds plus the
-// lease) overflowed made every row's lease look ended: the relay gave every
-// row back, published nothing and reported no error. It is now refused, and
-// the longest lease allowed publishes.
-func TestLeaseDurationBounds(t *testing.T) {
-	db := dbtest.SQLite(t)
-	ob := newOutbox(t, db)
-	_, err := ob.NewRelay(func(context.Context, outbox.Event) error { return nil }, outbox.WithLeaseDuration(time.Duration(math.MaxInt64)))
-	require.ErrorIs(t, err, outbox.ErrInvalidOption)
-	writeEvents(t, ob, 2, 3, 10)
-	rec := newRecorder(6)
-	r, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithLeaseDuration(outbox.MaxLeaseDuration))
-	require.NoError(t, err)
-	runRelay(t, r)
-	rec.wait(t, 30*time.Second)
-}
-
-// Invalid UTF-8 in an event's key, ID or type is ErrInvalidEvent on both
-// databases: before, SQLite stored it and PostgreSQL failed the Write (and
-// aborted the caller's transaction) with a database error.
-func TestWriteInvalidUTF8(t *testing.T) {
+// A sink that panics is a failed call like one that returns an error:
+// SinkErrors counts every panicking call, the row dies after MaxAttempts with
+// the panic as its error.
+func TestSinkPanicCountsAsSinkError(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
 		ctx := context.Background()
 		ob := newOutbox(t, db)
-		for _, e := range []outbox.Event{{Key: "k\xff"}, {Key: "k", ID: "id\xfe"}, {Key: "k", Type: "t\xc3"}} {
-			tx, err := db.BeginTx(ctx, nil)
-			require.NoError(t, err)
-			_, err = ob.Write(ctx, tx, e)
-			require.ErrorIs(t, err, outbox.ErrInvalidEvent, "%+v", e)
-			require.NoError(t, tx.Rollback())
+		writeEvents(t, ob, 1, 1, 1)
+		died := make(chan struct{})
+		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+			panic("sink bug")
+		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond),
+			outbox.WithRetry(keysched.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond}),
+			outbox.WithOnDead(func(outbox.DeadEvent) { close(died) }))
+		require.NoError(t, err)
+		stop := runRelay(t, r)
+		select {
+		case <-died:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the panicking row was not marked dead")
 		}
+		stop()
+		st := r.Stats()
+		require.EqualValues(t, 2, st.SinkErrors, "each panicking call counts")
+		require.EqualValues(t, 1, st.Dead)
+		require.Zero(t, st.Published)
+		dead, err := ob.Dead(ctx, 10)
+		require.NoError(t, err)
+		require.Len(t, dead, 1)
+		require.Equal(t, 2, dead[0].Attempts)
+		require.Contains(t, dead[0].Err, "sink bug")
 	})
 }

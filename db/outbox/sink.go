@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/bus"
 )
 
@@ -36,3 +37,61 @@ func BusSink(b *bus.Bus[string], decode func(Event) (any, error)) Sink {
 		return b.PublishEnvelope(ctx, bus.Envelope[string]{ID: e.ID, Key: e.Key, Event: ev, Headers: e.Headers, Published: e.CreatedAt})
 	}
 }
+
+// A Sink publishes one event: to a broker, a bus, an HTTP endpoint. It
+// returns nil once the event is published (durably, for a broker); an error
+// makes the relay retry it with its retry policy, then mark the row dead.
+// Wrap an error with keysched.Permanent to give up at once, or with
+// keysched.Snooze to try again later without spending an attempt (the sink
+// refused locally: a full bulkhead, an open breaker, a rate limit; it still
+// counts in RelayStats.SinkErrors).
+//
+// The relay calls a Sink for one key at a time, in the key's write order,
+// and for different keys concurrently: a Sink must be safe for concurrent
+// use. ctx ends when the relay's lease on the key ends (see the package doc)
+// or when the relay shuts down: a Sink must return promptly then, and a
+// publish still in flight after that may reach the broker after another relay
+// has taken the key over (ClaimFrom(ctx) gives the call's claim epoch, a
+// fencing token for the downstream). The same event can be published more
+// than once (at-least-once): consumers deduplicate on Event.ID (see package
+// inbox).
+type Sink func(ctx context.Context, e Event) error
+
+// A Claim is the claim under which a sink call publishes a row: the row's
+// key, the relay's name (WithOwner) and fencing token (Relay.Token), and
+// the claim's epoch. See ClaimFrom.
+type Claim struct {
+	Key   string
+	Owner string
+	Token string
+	// Epoch is the claim's epoch: every claim of a key (a relay taking a
+	// free key, or an expired lease over) takes a new one, greater than any
+	// earlier claim's of the key (one counter per outbox, never reset, so
+	// epochs are also unique across keys). It is >= 1.
+	Epoch int64
+}
+
+type claimKey struct{}
+
+// ClaimFrom returns the claim of the sink call whose context is ctx, and
+// whether ctx is one (ok is false for any other context, nil included).
+//
+// The epoch is a fencing token for downstreams: a relay that pauses past its
+// lease (a GC pause, a VM migration, SIGSTOP) may resume in the middle of a
+// sink call that then lands after another relay took the key over, whatever
+// the relay does, since the call is already on its way. A downstream that
+// stores each key's highest epoch with its write (a Kafka transactional ID
+// derived from it, a row version column, an HTTP header such as
+// "Fencing-Epoch" checked by the receiver) and refuses a write of a lower
+// epoch for that key turns such a late write into a refusal. Compare epochs
+// of one key only; within one claim, its rows arrive in order, and a new
+// claim starts again from the key's oldest pending row.
+func ClaimFrom(ctx context.Context) (Claim, bool) {
+	if ctx == nil {
+		return Claim{}, false
+	}
+	c, ok := ctx.Value(claimKey{}).(Claim)
+	return c, ok
+}
+
+func permanent(err error) error { return keysched.Permanent(err) }

@@ -12,91 +12,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/db/inbox"
 	"github.com/keysched/keysched/db/internal/dbtest"
 	"github.com/keysched/keysched/db/outbox"
 )
-
-// A sink that panics is a failed call like one that returns an error:
-// SinkErrors counts every panicking call, the row dies after MaxAttempts with
-// the panic as its error.
-func TestSinkPanicCountsAsSinkError(t *testing.T) {
-	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
-		ctx := context.Background()
-		ob := newOutbox(t, db)
-		writeEvents(t, ob, 1, 1, 1)
-		died := make(chan struct{})
-		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
-			panic("sink bug")
-		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond),
-			outbox.WithRetry(keysched.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond}),
-			outbox.WithOnDead(func(outbox.DeadEvent) { close(died) }))
-		require.NoError(t, err)
-		stop := runRelay(t, r)
-		select {
-		case <-died:
-		case <-time.After(30 * time.Second):
-			t.Fatal("the panicking row was not marked dead")
-		}
-		stop()
-		st := r.Stats()
-		require.EqualValues(t, 2, st.SinkErrors, "each panicking call counts")
-		require.EqualValues(t, 1, st.Dead)
-		require.Zero(t, st.Published)
-		dead, err := ob.Dead(ctx, 10)
-		require.NoError(t, err)
-		require.Len(t, dead, 1)
-		require.Equal(t, 2, dead[0].Attempts)
-		require.Contains(t, dead[0].Err, "sink bug")
-	})
-}
-
-// Close is bounded by its context even when a sink call ignores its own:
-// it returns (within keysched.CloseGrace) an error wrapping ctx's that counts
-// the call still running; the call finishes in the background, its success
-// is marked (the relay kept the lease), and Run returns after it.
-func TestCloseBoundedWhenSinkIgnoresContext(t *testing.T) {
-	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
-		ob := newOutbox(t, db)
-		writeEvents(t, ob, 1, 1, 1)
-		started, release := make(chan struct{}), make(chan struct{})
-		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
-			close(started)
-			<-release // ignores ctx
-			return nil
-		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
-		require.NoError(t, err)
-		errc := make(chan error, 1)
-		go func() { errc <- r.Run(context.Background()) }()
-		<-started
-		cctx, cancel := context.WithCancel(context.Background())
-		cancel() // Close gives up at once: the bound is CloseGrace
-		closed := make(chan error, 1)
-		go func() { closed <- r.Close(cctx) }()
-		var cerr error
-		select {
-		case cerr = <-closed:
-		case <-time.After(30 * time.Second):
-			close(release)
-			<-closed
-			t.Fatal("Close waited for a sink call that ignores its context")
-		}
-		require.ErrorIs(t, cerr, context.Canceled)
-		require.ErrorContains(t, cerr, "1 sink calls still running")
-		select {
-		case err := <-errc:
-			t.Fatalf("Run returned (%v) while its sink call still ran", err)
-		default:
-		}
-		close(release)
-		require.NoError(t, <-errc)
-		st := r.Stats()
-		require.EqualValues(t, 1, st.Published)
-		require.EqualValues(t, 1, st.Marked, "the call that succeeded late is marked sent")
-		require.Empty(t, counts(t, ob), "nothing left pending")
-	})
-}
 
 // Write's limits are the exported constants; each refusal is ErrInvalidEvent
 // naming the field, returned before any SQL: the same transaction (also on
@@ -180,30 +99,6 @@ func TestHeadersRoundTrip(t *testing.T) {
 	})
 }
 
-// Resume, Skip and SkipHead refuse a key no event can have (ErrInvalidKey,
-// not ErrNotParked), and a closed Relay's return ErrClosed.
-func TestResumeSkipBadKeyAndAfterClose(t *testing.T) {
-	ctx := context.Background()
-	ob := newOutbox(t, dbtest.SQLite(t))
-	for _, k := range []string{"", "k\x00", "k\xff", strings.Repeat("k", outbox.MaxKeyLen+1)} {
-		require.ErrorIs(t, ob.Resume(ctx, k), outbox.ErrInvalidKey, "%q", k)
-		require.ErrorIs(t, ob.Skip(ctx, k), outbox.ErrInvalidKey, "%q", k)
-		_, err := ob.SkipHead(ctx, k)
-		require.ErrorIs(t, err, outbox.ErrInvalidKey, "%q", k)
-	}
-	require.ErrorIs(t, ob.Resume(ctx, "k"), outbox.ErrNotParked)
-
-	r, err := ob.NewRelay(func(context.Context, outbox.Event) error { return nil }, outbox.WithLogger(quiet))
-	require.NoError(t, err)
-	require.ErrorIs(t, r.Resume(ctx, ""), outbox.ErrInvalidKey)
-	require.ErrorIs(t, r.Resume(ctx, "k"), outbox.ErrNotParked)
-	require.NoError(t, r.Close(ctx))
-	require.ErrorIs(t, r.Resume(ctx, "k"), outbox.ErrClosed)
-	require.ErrorIs(t, r.Skip(ctx, "k"), outbox.ErrClosed)
-	_, err = r.SkipHead(ctx, "k")
-	require.ErrorIs(t, err, outbox.ErrClosed)
-}
-
 // On a database opened with sqldb.OpenSQLite (busy timeout, WAL, immediate
 // transactions), 8 goroutines writing events concurrently, each Write its
 // own transaction, while a relay claims, fetches and marks: every Write
@@ -252,4 +147,21 @@ func TestConcurrentWritersOnOpenSQLite(t *testing.T) {
 	rec.wait(t, 60*time.Second)
 	stop()
 	require.Zero(t, rec.check(t, writers, each))
+}
+
+// Invalid UTF-8 in an event's key, ID or type is ErrInvalidEvent on both
+// databases: before, SQLite stored it and PostgreSQL failed the Write (and
+// aborted the caller's transaction) with a database error.
+func TestWriteInvalidUTF8(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ctx := context.Background()
+		ob := newOutbox(t, db)
+		for _, e := range []outbox.Event{{Key: "k\xff"}, {Key: "k", ID: "id\xfe"}, {Key: "k", Type: "t\xc3"}} {
+			tx, err := db.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			_, err = ob.Write(ctx, tx, e)
+			require.ErrorIs(t, err, outbox.ErrInvalidEvent, "%+v", e)
+			require.NoError(t, tx.Rollback())
+		}
+	})
 }

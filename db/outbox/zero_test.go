@@ -1,8 +1,13 @@
 package outbox_test
 
 import (
+	"context"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
+	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/db/internal/dbtest"
 	"github.com/keysched/keysched/db/outbox"
 	"github.com/keysched/keysched/internal/zerotest"
 )
@@ -29,5 +34,31 @@ func TestZeroValues(t *testing.T) {
 		}},
 	} {
 		t.Run(c.name, c.run)
+	}
+}
+
+// A nil context is keysched.ErrNilContext, not a panic inside database/sql
+// (Write's panic left the caller's transaction open).
+func TestNilContext(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.SQLite(t)
+	ob := newOutbox(t, db)
+	var nilCtx context.Context
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer tx.Rollback()
+	calls := map[string]func() error{
+		"CreateSchema": func() error { return ob.CreateSchema(nilCtx) },
+		"Write":        func() error { _, err := ob.Write(nilCtx, tx, outbox.Event{Key: "k"}); return err },
+		"Dead":         func() error { _, err := ob.Dead(nilCtx, 1); return err },
+		"Parked":       func() error { _, err := ob.Parked(nilCtx); return err },
+		"Resume":       func() error { return ob.Resume(nilCtx, "k") },
+		"Skip":         func() error { return ob.Skip(nilCtx, "k") },
+		"Count":        func() error { _, err := ob.Count(nilCtx); return err },
+	}
+	for name, call := range calls {
+		var err error
+		require.NotPanics(t, func() { err = call() }, name)
+		require.ErrorIs(t, err, keysched.ErrNilContext, name)
 	}
 }

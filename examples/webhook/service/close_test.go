@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/keysched/keysched/examples/webhook/sim"
 	"github.com/stretchr/testify/require"
+
+	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/examples/webhook/sim"
 )
 
 // Found by attacking the code (adversarial review of the service: first written as a failing reproducer).
@@ -87,4 +89,40 @@ func TestPostsRacingCloseThenRestart(t *testing.T) {
 	for _, p := range []string{"p", "q"} {
 		require.Eventually(t, func() bool { return h.delivered(p) }, waitLong, 5*time.Millisecond, p)
 	}
+}
+
+func TestIntakeAfterCloseFailsClearly(t *testing.T) {
+	h := newHarness(t, map[string]sim.Behavior{"p": {}}, nil)
+	require.NoError(t, h.svc.Close(t.Context()))
+	c, _ := h.post("p", 1)
+	require.Equal(t, http.StatusServiceUnavailable, c)
+	require.NoError(t, h.svc.Close(t.Context()), "Close is idempotent")
+	require.ErrorIs(t, h.svc.Resume(t.Context(), "p"), ErrClosed)
+	require.ErrorIs(t, h.svc.Skip(t.Context(), "p"), ErrClosed)
+}
+
+// Found by attacking the code: Resume, Skip and a parked event's Replay
+// that passed the service's own closed check while Close was stopping the
+// relay got the outbox's "relay closed": not ErrClosed, and a 500 on the
+// admin endpoints instead of 503. The relay is closed here first, as Close
+// does, with the service not yet marked closed.
+func TestOperatorActionsRacingCloseAnswerClosed(t *testing.T) {
+	ep := newScripted(t, func(int, string) (int, string) { return http.StatusGone, "gone" })
+	h := newHarness(t, map[string]sim.Behavior{}, func(c *Config) {
+		c.Partners = map[string]string{"p": ep.srv.URL}
+		c.Retry = keysched.RetryPolicy{MaxAttempts: 1, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}
+	})
+	_, e0 := h.post("p", 0)
+	require.Eventually(t, func() bool { return h.event(e0).State == StateParked }, waitLong, 5*time.Millisecond)
+	ctx := context.Background()
+	require.NoError(t, h.svc.relay.r.Close(ctx))
+	require.ErrorIs(t, h.svc.Resume(ctx, "p"), ErrClosed)
+	require.ErrorIs(t, h.svc.Skip(ctx, "p"), ErrClosed)
+	_, err := h.svc.Replay(ctx, e0)
+	require.ErrorIs(t, err, ErrClosed)
+	code, body := adminForm(t, h.admin.URL+"/events/"+e0+"/replay", nil, nil)
+	require.Equal(t, http.StatusServiceUnavailable, code, body)
+	code, body = adminForm(t, h.admin.URL+"/partners/p/resume", nil, nil)
+	require.Equal(t, http.StatusServiceUnavailable, code, body)
+	require.Equal(t, StateParked, h.event(e0).State, "nothing moved")
 }

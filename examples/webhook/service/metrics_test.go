@@ -2,14 +2,21 @@ package service
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
 	"sync"
 	"testing"
+	"time"
 
-	"github.com/keysched/keysched/examples/webhook/sim"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/examples/webhook/sim"
 )
 
 // collectingMP is a MeterProvider whose reader collects right after every
@@ -71,4 +78,75 @@ func TestMetricsCollectedDuringNew(t *testing.T) {
 		}
 	}
 	require.True(t, found, "a collection during New reported the backlog gauge")
+}
+
+func TestMetricsServed(t *testing.T) {
+	mp, handler, err := NewPrometheus()
+	require.NoError(t, err)
+	defer mp.Shutdown(context.Background())
+	// h's endpoint hangs: its delivery is in flight when /metrics is read,
+	// so the relay's scheduler has a task with an age.
+	h := newHarness(t, map[string]sim.Behavior{"p": {Down: true}, "q": {}, "h": {Hang: true}}, func(c *Config) {
+		c.MeterProvider = mp
+		c.MetricsHandler = handler
+		c.Retry = keysched.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}
+	})
+	for i := range 3 {
+		h.post("p", i)
+		h.post("q", i)
+	}
+	h.post("h", 0)
+	require.Eventually(t, func() bool { return len(h.parked()) == 1 && h.delivered("q") }, waitLong, 5*time.Millisecond)
+	scrape := func() string {
+		resp, err := http.Get(h.admin.URL + "/metrics")
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return string(b)
+	}
+	// The relay's scheduler through otelkeysched's Observer (given with
+	// outbox.WithSchedulerOptions): queue wait and attempt duration
+	// histograms with samples, and the age of the hanging delivery.
+	value := func(body, series string) float64 {
+		m := regexp.MustCompile(`(?m)^` + series + `\{[^}]*scheduler="webhook.delivery"[^}]*\} (\S+)$`).FindStringSubmatch(body)
+		if m == nil {
+			return -1
+		}
+		v, err := strconv.ParseFloat(m[1], 64)
+		require.NoError(t, err)
+		return v
+	}
+	var body string
+	require.Eventually(t, func() bool {
+		if _, received := h.rec.Total(); received < 6 { // q: 3, p: 2, h: 1 (hanging)
+			return false
+		}
+		body = scrape()
+		return value(body, `keysched_tasks_oldest_age_seconds`) > 0
+	}, waitLong, 5*time.Millisecond, "the hanging delivery's age")
+	require.GreaterOrEqual(t, value(body, `keysched_task_queue_wait_seconds_count`), 5.0, "a queue wait per delivery started (q: 3, p: 1 then parked, h: 1)")
+	require.GreaterOrEqual(t, value(body, `keysched_task_duration_seconds_count`), 1.0, "attempt durations")
+	require.Regexp(t, `keysched_task_duration_seconds_count\{[^}]*outcome="succeeded"[^}]*\} [3-9]`, body)
+	require.Regexp(t, `keysched_task_duration_seconds_count\{[^}]*outcome="failed"[^}]*\} [2-9]`, body)
+	require.Contains(t, body, `keysched_task_queue_wait_seconds_bucket{`)
+	require.Contains(t, body, `keysched_task_duration_seconds_bucket{`)
+	h.eps["h"].Set(sim.Behavior{})
+	for _, want := range []string{
+		`webhook_partner_backlog{otel_scope_name="github.com/keysched/keysched/examples/webhook"`,
+		`webhook_partner_parked{`,
+		`webhook_deliveries_total{`,
+		`webhook_partner_parks_total{`,
+		`webhook_intake_events_total{`,
+		`webhook_delivery_latency_seconds_bucket{`,
+		// The relay's scheduler, through otelkeysched.
+		`keysched_tasks_pending{`,
+		`keysched_keys_live{`,
+		`keysched_tasks_retried_total{`,
+	} {
+		require.Contains(t, body, want)
+	}
+	require.Regexp(t, `webhook_partner_backlog\{[^}]*partner="p"[^}]*\} 3\n`, body)
+	require.Regexp(t, `webhook_partner_parked\{[^}]*partner="p"[^}]*\} 1\n`, body)
+	require.Regexp(t, `webhook_partner_parks_total\{[^}]*partner="p"[^}]*\} 1\n`, body)
+	require.Regexp(t, `webhook_deliveries_total\{[^}]*partner="q",result="delivered"[^}]*\} [3-9]\n`, body) // 3, or more with a redelivery
 }

@@ -1,0 +1,98 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keysched/keysched/db/internal/dbtest"
+	"github.com/keysched/keysched/db/outbox"
+)
+
+// Close whose context ends while sink calls hang cancels them and gives
+// their rows (and the rows queued behind them) back: they stay pending,
+// nothing is marked dead, and the next relay publishes them.
+func TestCloseGivesRowsBack(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ob := newOutbox(t, db)
+		const keys, perKey = 3, 3
+		writeEvents(t, ob, keys, perKey, 20)
+		started := make(chan struct{}, keys*perKey)
+		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+			started <- struct{}{}
+			<-ctx.Done()
+			return ctx.Err()
+		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
+		require.NoError(t, err)
+		errc := make(chan error, 1)
+		go func() { errc <- r.Run(context.Background()) }()
+		for range keys {
+			<-started // one call per key hangs; the keys' later rows queue
+		}
+		cctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		require.ErrorIs(t, r.Close(cctx), context.DeadlineExceeded)
+		require.NoError(t, <-errc)
+		st := r.Stats()
+		require.EqualValues(t, keys*perKey, st.Abandoned)
+		require.Zero(t, st.Dead)
+		require.Equal(t, map[outbox.State]int64{outbox.Pending: keys * perKey}, counts(t, ob))
+
+		rec := newRecorder(keys * perKey)
+		b, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
+		require.NoError(t, err)
+		stop := runRelay(t, b)
+		rec.wait(t, 30*time.Second) // Close released the leases: no wait
+		stop()
+		require.Zero(t, rec.check(t, keys, perKey))
+	})
+}
+
+// Close is bounded by its context even when a sink call ignores its own:
+// it returns (within keysched.CloseGrace) an error wrapping ctx's that counts
+// the call still running; the call finishes in the background, its success
+// is marked (the relay kept the lease), and Run returns after it.
+func TestCloseBoundedWhenSinkIgnoresContext(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ob := newOutbox(t, db)
+		writeEvents(t, ob, 1, 1, 1)
+		started, release := make(chan struct{}), make(chan struct{})
+		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+			close(started)
+			<-release // ignores ctx
+			return nil
+		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
+		require.NoError(t, err)
+		errc := make(chan error, 1)
+		go func() { errc <- r.Run(context.Background()) }()
+		<-started
+		cctx, cancel := context.WithCancel(context.Background())
+		cancel() // Close gives up at once: the bound is CloseGrace
+		closed := make(chan error, 1)
+		go func() { closed <- r.Close(cctx) }()
+		var cerr error
+		select {
+		case cerr = <-closed:
+		case <-time.After(30 * time.Second):
+			close(release)
+			<-closed
+			t.Fatal("Close waited for a sink call that ignores its context")
+		}
+		require.ErrorIs(t, cerr, context.Canceled)
+		require.ErrorContains(t, cerr, "1 sink calls still running")
+		select {
+		case err := <-errc:
+			t.Fatalf("Run returned (%v) while its sink call still ran", err)
+		default:
+		}
+		close(release)
+		require.NoError(t, <-errc)
+		st := r.Stats()
+		require.EqualValues(t, 1, st.Published)
+		require.EqualValues(t, 1, st.Marked, "the call that succeeded late is marked sent")
+		require.Empty(t, counts(t, ob), "nothing left pending")
+	})
+}

@@ -1,0 +1,125 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"time"
+
+	"github.com/keysched/keysched"
+)
+
+// onDeadLetter receives rows whose sink calls failed for good, and rows the
+// scheduler's Close gave up on.
+func (r *Relay) onDeadLetter(dl keysched.DeadLetter[string]) {
+	j, _ := dl.Context.Value(jobKey{}).(*job)
+	if j == nil {
+		r.log.Error("outbox relay: dead letter without its row", "err", dl.Err)
+		return
+	}
+	if r.stopping.Load() || errors.Is(dl.Err, keysched.ErrAborted) || j.t.lost.Load() || r.mono() >= j.t.deadline.Load() {
+		j.t.lost.Store(true)
+		r.abandon(j)
+		return
+	}
+	msg := "<nil>"
+	if dl.Err != nil {
+		msg = dl.Err.Error()
+	}
+	if len(msg) > 4096 {
+		msg = msg[:4096]
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.lease/3)
+	defer cancel()
+	var res sql.Result
+	var err error
+	if r.o.dialect == Postgres {
+		res, err = r.o.db.ExecContext(ctx, r.o.q.markDead, j.e.Seq, r.cfg.owner, r.token, dl.Attempts, msg, j.e.Key, j.t.epoch)
+	} else {
+		res, err = r.o.db.ExecContext(ctx, r.o.q.markDead, dl.Attempts, msg, time.Now().UnixMicro(), j.e.Seq, r.cfg.owner, r.token, j.t.epoch)
+	}
+	var n int64
+	if err == nil {
+		n, err = res.RowsAffected()
+	}
+	if err == nil && n == 0 {
+		// The key's lease is no longer ours: another relay holds the key
+		// and decides about the row.
+		if j.t.fence() {
+			r.st.leasesLost.Add(1)
+			r.log.Warn("outbox relay: lease on key lost (taken by another relay) before a failed row was marked dead; the row is left to it", "table", r.o.table, "owner", r.cfg.owner, "token", r.token, "epoch", j.t.epoch, "seq", j.e.Seq)
+		}
+		r.abandon(j)
+		return
+	}
+	if err != nil {
+		// Not marked: the row stays pending and its key starts afresh
+		// (it will be retried), rather than the key moving past it.
+		r.dbError("mark row dead", err)
+		j.t.lost.Store(true)
+		r.abandon(j)
+		return
+	}
+	r.st.dead.Add(1)
+	r.log.Warn("outbox relay: row failed for good, marked dead", "table", r.o.table, "id", j.e.ID, "seq", j.e.Seq, "attempts", dl.Attempts, "err", dl.Err, "park", r.cfg.policy == keysched.Park)
+	if r.cfg.policy == keysched.Park {
+		// The key's later rows in flight give themselves back; the key's
+		// dead row keeps every relay off it until Resume or Skip.
+		j.t.lost.Store(true)
+	}
+	if r.cfg.onDead != nil {
+		r.cfg.onDead(DeadEvent{Event: j.e, Attempts: dl.Attempts, Err: msg, DiedAt: time.Now().UTC()})
+	}
+	r.settle(j)
+}
+
+// Parked returns the keys with a dead row (see Outbox.Parked): under the
+// Park policy, the keys stopped until Resume or Skip.
+func (r *Relay) Parked(ctx context.Context) ([]string, error) {
+	if r.zero() {
+		return nil, ErrZeroRelay
+	}
+	return r.o.Parked(ctx)
+}
+
+// Resume makes the key's oldest dead row pending again (Outbox.Resume) and
+// wakes the relay. Any relay of the outbox then publishes it. After Close it
+// returns ErrClosed and moves nothing (Outbox.Resume needs no relay).
+func (r *Relay) Resume(ctx context.Context, key string) error {
+	if r.zero() {
+		return ErrZeroRelay
+	}
+	if r.closed() {
+		return ErrClosed
+	}
+	if err := r.o.Resume(ctx, key); err != nil {
+		return err
+	}
+	r.signal()
+	return nil
+}
+
+// Skip gives up the key's oldest dead row (Outbox.Skip) and wakes the relay,
+// so that under Park the key goes on with its next row.
+func (r *Relay) Skip(ctx context.Context, key string) error {
+	_, err := r.SkipHead(ctx, key)
+	return err
+}
+
+// SkipHead is Skip that also returns the ID of the row it gave up (see
+// Outbox.SkipHead). After Close, Skip and SkipHead return ErrClosed and move
+// nothing (Outbox.Skip needs no relay).
+func (r *Relay) SkipHead(ctx context.Context, key string) (string, error) {
+	if r.zero() {
+		return "", ErrZeroRelay
+	}
+	if r.closed() {
+		return "", ErrClosed
+	}
+	id, err := r.o.SkipHead(ctx, key)
+	if err != nil {
+		return "", err
+	}
+	r.signal()
+	return id, nil
+}

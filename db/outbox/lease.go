@@ -1,0 +1,349 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/keysched/keysched"
+)
+
+// A tenure is one holding of one key's lease by this relay. Tasks of a tenure
+// that is lost (lease gone, key parked, a row given back) publish nothing;
+// the key is then released and later claimed afresh from its oldest pending
+// row.
+type tenure struct {
+	key      string
+	epoch    int64        // the claim's epoch in the lease row
+	deadline atomic.Int64 // r.mono() nanoseconds at which the lease ends locally
+	lost     atomic.Bool
+	// fenced ends when the database shows the lease taken by another
+	// token (a renewal or a mark found it gone): the sink call in flight
+	// on the key is cancelled.
+	fenced   context.Context
+	cancel   context.CancelFunc
+	after    int64 // highest seq submitted in this tenure (loop goroutine)
+	born     int64 // r.mono() when claimed
+	inflight int   // rows of this tenure not settled (r.mu)
+	fetched  bool  // rows fetched in the current poll (r.mu)
+	// draining: the tenure is older than a lease; it fetches nothing more
+	// and is released once its rows settle, so that the key is claimed
+	// afresh from its oldest pending row (r.mu). That bounds how long a
+	// row committed late with a lower seq than rows already fetched (two
+	// PostgreSQL transactions on one key committing out of insert order)
+	// waits behind the cursor.
+	draining bool
+}
+
+func newTenure(key string, epoch, born, deadline int64) *tenure {
+	t := &tenure{key: key, epoch: epoch, born: born}
+	t.deadline.Store(deadline)
+	t.fenced, t.cancel = context.WithCancel(context.Background())
+	return t
+}
+
+// fence marks the tenure lost because its lease is no longer this relay's in
+// the database, and cancels the key's sink call in flight. It reports
+// whether the tenure was not lost before.
+func (t *tenure) fence() bool {
+	first := !t.lost.Swap(true)
+	t.cancel()
+	return first
+}
+
+// acquire claims up to room keys that have pending rows and no live lease.
+func (r *Relay) acquire(ctx context.Context, room int) {
+	ctx, cancel := r.callCtx(ctx)
+	defer cancel()
+	q := r.o.q.candidates
+	if r.cfg.policy == keysched.Park {
+		q = r.o.q.candidatesPark
+	}
+	// Visit at most this many keys per poll; the cursor moves on, and
+	// wraps around at the last key, so every key gets its turn.
+	walk := 4*room + 64
+	args := []any{r.cursor, walk}
+	if r.o.dialect == SQLite {
+		args = append(args, time.Now().UnixMicro())
+	}
+	// A lease of this relay's token with no tenure (its release failed) is
+	// free to it: it has nothing of the key in flight. A live lease of any
+	// other token is not, whatever its owner name.
+	args = append(args, r.cfg.owner, r.token)
+	rows, err := r.o.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		r.dbError("find keys", err)
+		return
+	}
+	var found []string
+	visited, last := 0, ""
+	for rows.Next() {
+		var k string
+		var free bool
+		if err := rows.Scan(&k, &free); err != nil {
+			rows.Close()
+			r.dbError("find keys", err)
+			return
+		}
+		visited++
+		last = k
+		if free {
+			found = append(found, k)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		r.dbError("find keys", err)
+		return
+	}
+	r.okCalls.Add(1)
+	if r.afterWalk != nil {
+		r.afterWalk(found)
+	}
+	if visited < walk {
+		r.cursor = "" // reached the last key: start over next time
+	} else {
+		r.cursor = last
+	}
+	var cands []string
+	seen := map[string]bool{}
+	r.mu.Lock()
+	// A key claimed without a slot to fill would only be released again.
+	limit := min(r.cfg.maxKeys-len(r.keys), room)
+	for _, k := range found {
+		if !seen[k] && r.keys[k] == nil && len(cands) < limit {
+			seen[k] = true
+			cands = append(cands, k)
+		}
+	}
+	r.mu.Unlock()
+	if len(cands) == 0 {
+		return
+	}
+	sort.Strings(cands) // one lock order for every relay
+	r.leaseMu.Lock()
+	defer r.leaseMu.Unlock()
+	start := r.mono()
+	got := map[string]int64{} // key -> the claim's epoch
+	if r.o.dialect == Postgres {
+		micros := r.cfg.lease.Microseconds()
+		ins, err := r.queryClaims(ctx, r.o.db, r.o.q.acquireInsert, cands, r.cfg.owner, micros, r.token)
+		if err != nil {
+			r.dbError("claim keys", err)
+			return
+		}
+		var rest []string
+		for _, k := range cands {
+			if e, ok := ins[k]; ok {
+				got[k] = e
+			} else {
+				rest = append(rest, k)
+			}
+		}
+		if len(rest) > 0 {
+			taken, err := r.queryClaims(ctx, r.o.db, r.o.q.acquireTakeover, rest, r.cfg.owner, micros, r.token)
+			if err != nil {
+				r.dbError("take over expired keys", err)
+			}
+			for k, e := range taken {
+				got[k] = e
+			}
+		}
+	} else {
+		now := time.Now()
+		exp := now.Add(r.cfg.lease).UnixMicro()
+		for len(cands) > 0 {
+			n := min(len(cands), 150)
+			args := make([]any, 0, 5*n+1)
+			var b strings.Builder
+			for i, k := range cands[:n] {
+				if i > 0 {
+					b.WriteString(", ")
+				}
+				b.WriteString("(?, ?, ?, ?, ?)")
+				args = append(args, k, r.cfg.owner, exp, r.token, i+1)
+			}
+			args = append(args, now.UnixMicro())
+			ks, err := r.queryClaims(ctx, r.o.db, fmt.Sprintf(r.o.q.acquireUpsert, b.String()), args...)
+			if err != nil {
+				r.dbError("claim keys", err)
+				break
+			}
+			for k, e := range ks {
+				got[k] = e
+			}
+			cands = cands[n:]
+		}
+	}
+	r.mu.Lock()
+	for k, e := range got {
+		r.keys[k] = newTenure(k, e, start, start+int64(r.cfg.lease))
+	}
+	r.st.keysHeld.Store(int64(len(r.keys)))
+	r.mu.Unlock()
+}
+
+// renewer renews the relay's leases every third of the lease duration, on
+// its own goroutine so that a slow poll cannot make them lapse.
+func (r *Relay) renewer(ctx context.Context, stop <-chan struct{}) {
+	tick := time.NewTicker(r.cfg.lease / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+			r.renew(ctx)
+		}
+	}
+}
+
+func (r *Relay) renew(ctx context.Context) {
+	ctx, cancel := r.callCtx(ctx)
+	defer cancel()
+	r.leaseMu.Lock()
+	defer r.leaseMu.Unlock()
+	// Only the keys held: a lease row of this token without a tenure (its
+	// release failed, or a claim's answer was lost) is left to expire, so
+	// that other relays can take its key.
+	r.mu.Lock()
+	held := make([]claimed, 0, len(r.keys))
+	for k, t := range r.keys {
+		held = append(held, claimed{k, t.epoch})
+	}
+	r.mu.Unlock()
+	if len(held) == 0 {
+		r.dbOK(groupRenew) // nothing to renew: nothing failing
+		return
+	}
+	sortClaims(held) // one lock order for every relay
+	start := r.mono()
+	var keys map[string]int64
+	var err error
+	if r.o.dialect == Postgres {
+		ks, es := splitClaims(held)
+		keys, err = r.queryClaims(ctx, r.o.db, r.o.q.renew, r.cfg.owner, r.token, r.cfg.lease.Microseconds(), ks, es)
+	} else {
+		exp := time.Now().Add(r.cfg.lease).UnixMicro()
+		keys = map[string]int64{}
+		err = r.sqliteTx(ctx, func(tx *sql.Tx) error {
+			for rest := held; len(rest) > 0; {
+				n := min(len(rest), 400)
+				args := make([]any, 0, 2*n+3)
+				args = append(args, exp, r.cfg.owner, r.token)
+				for _, c := range rest[:n] {
+					args = append(args, c.key, c.epoch)
+				}
+				ks, err := r.queryClaims(ctx, tx, r.o.q.renew+pairList(n)+" RETURNING key, epoch", args...)
+				if err != nil {
+					return err
+				}
+				for k, e := range ks {
+					keys[k] = e
+				}
+				rest = rest[n:]
+			}
+			return nil
+		})
+	}
+	if err != nil {
+		r.dbError(opRenew, err)
+		return
+	}
+	r.okCalls.Add(1)
+	r.dbOK(groupRenew)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k, t := range r.keys {
+		if e, ok := keys[k]; ok && e == t.epoch {
+			t.deadline.Store(start + int64(r.cfg.lease))
+		} else if t.fence() {
+			r.st.leasesLost.Add(1)
+			r.log.Warn("outbox relay: lease on key lost (expired and taken over, or taken by another relay); its sink call in flight is cancelled, its rows in flight are given back", "table", r.o.table, "owner", r.cfg.owner, "token", r.token, "epoch", t.epoch)
+		}
+	}
+}
+
+// A claimed is a claim of a key: the key and the claim's epoch.
+type claimed struct {
+	key   string
+	epoch int64
+}
+
+func sortClaims(cs []claimed) {
+	sort.Slice(cs, func(i, j int) bool { return cs[i].key < cs[j].key })
+}
+
+func splitClaims(cs []claimed) (keys []string, epochs []int64) {
+	keys, epochs = make([]string, len(cs)), make([]int64, len(cs))
+	for i, c := range cs {
+		keys[i], epochs[i] = c.key, c.epoch
+	}
+	return keys, epochs
+}
+
+// queryClaims runs a statement returning (key, epoch) rows.
+func (r *Relay) queryClaims(ctx context.Context, q interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}, query string, args ...any) (map[string]int64, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	keys := map[string]int64{}
+	for rows.Next() {
+		var k string
+		var e int64
+		if err := rows.Scan(&k, &e); err != nil {
+			return nil, err
+		}
+		keys[k] = e
+	}
+	return keys, rows.Err()
+}
+
+// releaseEnded forgets tenures with nothing in flight that are lost or found
+// idle, and deletes their lease rows (those still ours).
+func (r *Relay) releaseEnded(ctx context.Context) {
+	var ended []claimed
+	r.mu.Lock()
+	for k, t := range r.keys {
+		if t.inflight == 0 && (t.lost.Load() || !t.fetched || t.draining) {
+			t.cancel()
+			delete(r.keys, k)
+			ended = append(ended, claimed{k, t.epoch})
+		}
+	}
+	r.st.keysHeld.Store(int64(len(r.keys)))
+	r.mu.Unlock()
+	if len(ended) == 0 {
+		return
+	}
+	ctx, cancel := r.callCtx(ctx)
+	defer cancel()
+	sortClaims(ended) // one lock order for every statement on lease rows
+	var err error
+	if r.o.dialect == Postgres {
+		ks, es := splitClaims(ended)
+		_, err = r.o.db.ExecContext(ctx, r.o.q.release, r.cfg.owner, r.token, ks, es)
+	} else {
+		for len(ended) > 0 && err == nil {
+			n := min(len(ended), 400)
+			args := []any{r.cfg.owner, r.token}
+			for _, c := range ended[:n] {
+				args = append(args, c.key, c.epoch)
+			}
+			_, err = r.o.db.ExecContext(ctx, r.o.q.release+pairList(n), args...)
+			ended = ended[n:]
+		}
+	}
+	if err != nil {
+		// The leases expire by themselves; the keys are only delayed.
+		r.dbError("release leases", err)
+	}
+}

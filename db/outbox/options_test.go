@@ -1,0 +1,94 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"math"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/db/internal/dbtest"
+	"github.com/keysched/keysched/db/outbox"
+)
+
+// WithSchedulerOptions reaches the relay's scheduler: an observer sees every
+// sink call, WithTaskAges makes OldestAge report a blocked row's age. The
+// relay's own dead letter and scheduler failure policy win over the
+// caller's: a row failing for good is still marked dead in the database
+// (the caller's dead-letter function is never called) and its key goes on
+// (a scheduler Park would have stopped it in memory).
+func TestSchedulerOptions(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ob := newOutbox(t, db)
+		const keys, perKey = 3, 3
+		writeEvents(t, ob, keys, perKey, 10)
+		var ended, calls atomic.Int64
+		var userDead atomic.Int64
+		obs := keysched.Observer[string]{AttemptEnded: func(string, keysched.AttemptInfo) { ended.Add(1) }}
+		blocked, release := make(chan struct{}), make(chan struct{})
+		rec := newRecorder(keys*perKey - 1)
+		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+			calls.Add(1)
+			switch {
+			case e.Key == key(0) && string(e.Payload) == "0":
+				return keysched.Permanent(errDown)
+			case e.Key == key(1) && string(e.Payload) == "0":
+				close(blocked)
+				<-release
+			}
+			return rec.sink(ctx, e)
+		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond),
+			outbox.WithSchedulerOptions(keysched.WithObserver(obs), keysched.WithTaskAges()),
+			outbox.WithSchedulerOptions(
+				keysched.WithDeadLetter(func(keysched.DeadLetter[string]) { userDead.Add(1) }),
+				keysched.WithFailurePolicy(keysched.Park)))
+		require.NoError(t, err)
+		stop := runRelay(t, r)
+		<-blocked
+		require.Positive(t, r.Scheduler().OldestAge(), "a row waits in its sink: its age is reported")
+		close(release)
+		rec.wait(t, 30*time.Second)
+		stop()
+		require.Equal(t, map[string][]int{key(0): {1, 2}, key(1): {0, 1, 2}, key(2): {0, 1, 2}}, rec.byKey,
+			"in order; the dead row's key went on")
+		require.Equal(t, calls.Load(), ended.Load(), "the observer saw every sink call")
+		require.Zero(t, userDead.Load(), "the relay's dead letter wins")
+		dead, err := ob.Dead(context.Background(), 10)
+		require.NoError(t, err)
+		require.Len(t, dead, 1)
+		require.Equal(t, key(0), dead[0].Key)
+		require.Contains(t, dead[0].Err, errDown.Error())
+	})
+}
+
+func TestSchedulerOptionsErrors(t *testing.T) {
+	db := dbtest.SQLite(t)
+	ob := newOutbox(t, db)
+	sink := func(context.Context, outbox.Event) error { return nil }
+	_, err := ob.NewRelay(sink, outbox.WithSchedulerOptions(nil))
+	require.ErrorIs(t, err, outbox.ErrInvalidOption)
+	_, err = ob.NewRelay(sink, outbox.WithSchedulerOptions(keysched.WithMaxConcurrency(0)))
+	require.ErrorIs(t, err, outbox.ErrInvalidOption)
+	require.ErrorIs(t, err, keysched.ErrInvalidOption)
+}
+
+// A lease so long that the relay's deadline (monotonic nanoseconds plus the
+// lease) overflowed made every row's lease look ended: the relay gave every
+// row back, published nothing and reported no error. It is now refused, and
+// the longest lease allowed publishes.
+func TestLeaseDurationBounds(t *testing.T) {
+	db := dbtest.SQLite(t)
+	ob := newOutbox(t, db)
+	_, err := ob.NewRelay(func(context.Context, outbox.Event) error { return nil }, outbox.WithLeaseDuration(time.Duration(math.MaxInt64)))
+	require.ErrorIs(t, err, outbox.ErrInvalidOption)
+	writeEvents(t, ob, 2, 3, 10)
+	rec := newRecorder(6)
+	r, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithLeaseDuration(outbox.MaxLeaseDuration))
+	require.NoError(t, err)
+	runRelay(t, r)
+	rec.wait(t, 30*time.Second)
+}

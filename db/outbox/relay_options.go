@@ -1,0 +1,354 @@
+package outbox
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/keysched/keysched"
+)
+
+// Defaults of the relay's options.
+const (
+	DefaultBatchSize     = 1000
+	DefaultKeyBatch      = 100
+	DefaultPollInterval  = 200 * time.Millisecond
+	DefaultLeaseDuration = 30 * time.Second
+	DefaultWorkers       = 64
+	// MaxLeaseDuration bounds WithLeaseDuration: the relay's deadlines are
+	// nanoseconds on its monotonic clock plus the lease, which must not
+	// overflow.
+	MaxLeaseDuration = 24 * time.Hour
+)
+
+// DefaultRetry is the relay's retry policy unless WithRetry says otherwise:
+// 10 attempts, backoff ceilings from 100 ms doubling to 30 s (full jitter).
+var DefaultRetry = keysched.RetryPolicy{MaxAttempts: 10, InitialBackoff: 100 * time.Millisecond, MaxBackoff: 30 * time.Second, Multiplier: 2}
+
+// A RelayOption configures NewRelay. Relay options meet as keysched.Option
+// says: the last of a name wins (WithSchedulerOptions add up); bounds nest,
+// and of two given the outer one applies (WithKeyBatch above WithBatchSize
+// is lowered to it; WithPollInterval above a third of WithLeaseDuration is
+// lowered to that third); a default gives way to a bound given
+// (WithKeyBatch alone above DefaultBatchSize raises the batch size to it;
+// WithPollInterval alone above a third of DefaultLeaseDuration raises the
+// lease to three times it, at most MaxLeaseDuration; without WithWorkers, a
+// keysched.WithMaxConcurrency or keysched.WithPool given with
+// WithSchedulerOptions sizes the pool). A scheduler option's refusal keeps
+// its *keysched.OptionError (errors.As), wrapped with ErrInvalidOption.
+type RelayOption func(*relayConfig) error
+
+type relayConfig struct {
+	retry       keysched.RetryPolicy
+	policy      keysched.FailurePolicy
+	workers     int
+	taskTimeout time.Duration
+	batch       int
+	keyBatch    int
+	maxKeys     int
+	poll        time.Duration
+	lease       time.Duration
+	retention   time.Duration
+	listen      bool
+	logger      *slog.Logger
+	owner       string
+	onDead      func(DeadEvent)
+	takeOver    bool
+	schedOpts   []keysched.Option
+	// given, for how options meet (see NewRelay)
+	workersSet, batchSet, pollSet, leaseSet bool
+	maxOutage                               time.Duration
+}
+
+func badOption(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
+}
+
+// WithRetry sets the retry policy of a failing sink call (default
+// DefaultRetry). A RetryPolicy with MaxAttempts 1 never retries. See
+// keysched.RetryPolicy. A panicking sink is retried like a failing one.
+func WithRetry(p keysched.RetryPolicy) RelayOption {
+	return func(c *relayConfig) error { c.retry = p; return nil }
+}
+
+// WithFailurePolicy says what a key does once one of its rows failed for
+// good and was marked dead: keysched.Continue (the default) goes on with the
+// key's next row; keysched.Park stops the key, in the database, for every
+// relay, until Resume or Skip (the other keys go on).
+//
+// The relay implements Park itself, in the database, rather than with the
+// scheduler's in-memory park: a parked key must stay parked when its relay
+// stops or dies, and must be seen by every relay.
+func WithFailurePolicy(p keysched.FailurePolicy) RelayOption {
+	return func(c *relayConfig) error {
+		if p != keysched.Continue && p != keysched.Park {
+			return badOption("WithFailurePolicy(%d)", int(p))
+		}
+		c.policy = p
+		return nil
+	}
+}
+
+// WithWorkers sets how many sink calls run at once, over all keys (the size
+// of the relay scheduler's pool; default DefaultWorkers). n >= 1.
+func WithWorkers(n int) RelayOption {
+	return func(c *relayConfig) error {
+		if n < 1 {
+			return badOption("WithWorkers(%d)", n)
+		}
+		c.workers, c.workersSet = n, true
+		return nil
+	}
+}
+
+// WithSinkTimeout bounds each sink call (d > 0); a call that overruns is a
+// failed, retried attempt. Default: bounded only by the key's lease.
+func WithSinkTimeout(d time.Duration) RelayOption {
+	return func(c *relayConfig) error {
+		if d <= 0 {
+			return badOption("WithSinkTimeout(%v)", d)
+		}
+		c.taskTimeout = d
+		return nil
+	}
+}
+
+// WithBatchSize bounds the rows the relay holds in flight (fetched and not
+// yet settled: queued, being published, or published and not yet marked), and
+// so the rows it reads per poll (default DefaultBatchSize). n >= 1.
+func WithBatchSize(n int) RelayOption {
+	return func(c *relayConfig) error {
+		if n < 1 {
+			return badOption("WithBatchSize(%d)", n)
+		}
+		c.batch, c.batchSet = n, true
+		return nil
+	}
+}
+
+// WithKeyBatch bounds the rows of one key the relay holds in flight (default
+// DefaultKeyBatch, capped at the batch size; given alone above
+// DefaultBatchSize it raises the batch size to n: see RelayOption). A key whose sink fails or is
+// slow holds at most this many of the batch's slots, so the other keys keep
+// flowing. n >= 1.
+func WithKeyBatch(n int) RelayOption {
+	return func(c *relayConfig) error {
+		if n < 1 {
+			return badOption("WithKeyBatch(%d)", n)
+		}
+		c.keyBatch = n
+		return nil
+	}
+}
+
+// WithMaxKeys bounds how many keys the relay leases at once (default: the
+// batch size). n >= 1.
+func WithMaxKeys(n int) RelayOption {
+	return func(c *relayConfig) error {
+		if n < 1 {
+			return badOption("WithMaxKeys(%d)", n)
+		}
+		c.maxKeys = n
+		return nil
+	}
+}
+
+// WithPollInterval sets how long the relay waits between polls when it
+// found nothing to do (default DefaultPollInterval; capped at a third of
+// WithLeaseDuration; given alone above a third of DefaultLeaseDuration it
+// raises the lease to 3d: see RelayOption). On PostgreSQL a NOTIFY from a committed Write wakes it sooner
+// (see WithListen). A full batch is followed by the next poll at once.
+// d > 0.
+func WithPollInterval(d time.Duration) RelayOption {
+	return func(c *relayConfig) error {
+		if d <= 0 {
+			return badOption("WithPollInterval(%v)", d)
+		}
+		c.poll, c.pollSet = d, true
+		return nil
+	}
+}
+
+// WithLeaseDuration sets how long a relay's claim on a key lasts without
+// renewal (default DefaultLeaseDuration; at least 30 ms, at most
+// MaxLeaseDuration). The relay renews its
+// leases every third of it. When a relay dies, its keys are taken over by
+// another relay after at most this long. Choose it well above your sink's
+// longest call and your database's longest stall.
+func WithLeaseDuration(d time.Duration) RelayOption {
+	return func(c *relayConfig) error {
+		if d < 30*time.Millisecond || d > MaxLeaseDuration {
+			return badOption("WithLeaseDuration(%v): at least 30ms, at most %v", d, MaxLeaseDuration)
+		}
+		c.lease, c.leaseSet = d, true
+		return nil
+	}
+}
+
+// WithRetention keeps sent rows (state Sent, with their send time) for d
+// before the relay deletes them, for audit or replay; d == 0 (the default)
+// deletes a row as soon as it is marked sent. d >= 0.
+func WithRetention(d time.Duration) RelayOption {
+	return func(c *relayConfig) error {
+		if d < 0 {
+			return badOption("WithRetention(%v)", d)
+		}
+		c.retention = d
+		return nil
+	}
+}
+
+// WithListen turns PostgreSQL LISTEN/NOTIFY wake-ups on or off (default on;
+// no effect on SQLite). When on, the relay holds one connection of the
+// *sql.DB for as long as it runs: size the pool for it.
+func WithListen(on bool) RelayOption {
+	return func(c *relayConfig) error { c.listen = on; return nil }
+}
+
+// WithLogger sets where the relay logs database errors, lost leases and dead
+// rows (default slog.Default()). nil is an error.
+func WithLogger(l *slog.Logger) RelayOption {
+	return func(c *relayConfig) error {
+		if l == nil {
+			return badOption("WithLogger(nil)")
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// WithOwner names the relay in the lease table's owner column (default a
+// random UUID), for operators and logs: which service instance holds which
+// key. 1 to 256 bytes.
+//
+// The name is not what makes a lease a relay's: each Relay also gets a
+// fencing token (Token, a random UUID per NewRelay) stored with the name in
+// every lease row it takes, and claims, renewals, marks (sent or dead) and
+// releases all require both (and renewals, marks, releases and fetches the
+// epoch of the claim they belong to: see ClaimFrom). So relays sharing a
+// name are safe: two replicas configured alike, or a restart or rolling
+// deploy while the old process still runs each hold their own keys, and a
+// key is published by one of them at a time, in order. A relay whose lease was taken (after it expired)
+// finds out at its next renewal or mark (0 rows), cancels the key's sink
+// call in flight, gives its rows back unmarked (they stay pending for the
+// new holder, which publishes them again: duplicates, never a loss) and
+// never touches the new holder's lease.
+//
+// The price: a relay restarted under the same name gets no head start. A
+// live lease of another token is never taken, whatever its name, because a
+// process that still holds it may still be publishing; a crashed relay's
+// keys wait until their leases expire (WithLeaseDuration), as they would for
+// a relay of another name. Close releases a relay's leases, so a graceful
+// restart hands the keys over at once. A deployment that runs at most one
+// process per name can have the fast restart after a crash back with
+// WithTakeOverOnStart.
+//
+// A relay of a version before the token, still running under the same name,
+// is not fenced: it takes the leases of its name (it ignores the token) and
+// renews them, and both publish the key. Stop the older relays before
+// starting new ones under their names (relays of different names are safe
+// across versions).
+func WithOwner(name string) RelayOption {
+	return func(c *relayConfig) error {
+		if name == "" || len(name) > 256 {
+			return badOption("WithOwner(%q)", name)
+		}
+		c.owner = name
+		return nil
+	}
+}
+
+// WithTakeOverOnStart makes Run start by releasing the leases held under
+// this relay's WithOwner name by other relays (other tokens), so that the
+// keys of a crashed predecessor of that name are claimed at once instead of
+// when their leases expire. It needs WithOwner (NewRelay fails without it).
+//
+// Use it only where at most one process runs under the name (say, one
+// process per SQLite file, restarted by a supervisor): if the predecessor is
+// in fact still running, it is fenced out (its next renewal or mark finds
+// its leases gone: it cancels its sink calls in flight, marks nothing more
+// and stops publishing those keys), but only then: until its first mark
+// or renewal after Run's start finds a lease gone, it goes on publishing
+// that key's rows it had fetched (a fast sink can send all of them before
+// the first mark returns: 19 of 20 rows in a probe), concurrently with the
+// new relay's calls on the same key. Per-key order is not guaranteed in that
+// window (each relay's stream is in order, their interleaving is not).
+// Without this option, relays sharing a name are as safe as relays with
+// different names (see WithOwner).
+func WithTakeOverOnStart() RelayOption {
+	return func(c *relayConfig) error { c.takeOver = true; return nil }
+}
+
+// WithMaxOutage makes Run give up when the database stays away: once every
+// poll has failed for d (no poll whose database calls all succeeded), Run
+// shuts down as it does when its context ends and returns an error wrapping
+// ErrDatabaseUnavailable with the number of failed calls and the last error.
+// d > 0. By default (without this option) Run never gives up on the
+// database: it retries every poll interval through a restart or a failover,
+// however long, logging one line when the calls start failing, one when they
+// have failed 10, 100, 1000... times in a row, and one when they succeed
+// again (see the package doc's "Database faults").
+//
+// A relay running in a process that a supervisor restarts, or whose health
+// check should fail when it cannot publish, may prefer a bound: a minute or
+// a few, above the database's longest failover.
+func WithMaxOutage(d time.Duration) RelayOption {
+	return func(c *relayConfig) error {
+		if d <= 0 {
+			return badOption("WithMaxOutage(%v)", d)
+		}
+		c.maxOutage = d
+		return nil
+	}
+}
+
+// WithOnDead sets a function called after a row was marked dead, with the
+// row (for alerting). It runs on the worker, while the key waits: keep it
+// short.
+func WithOnDead(fn func(DeadEvent)) RelayOption {
+	return func(c *relayConfig) error {
+		if fn == nil {
+			return badOption("WithOnDead(nil)")
+		}
+		c.onDead = fn
+		return nil
+	}
+}
+
+// WithSchedulerOptions passes options to the relay's keysched scheduler: an
+// observer (keysched.WithObserver, e.g. otelkeysched's Metrics.Observer, for
+// the queue wait and attempt duration histograms), keysched.WithTaskAges
+// (for Scheduler().OldestAge), keysched.WithMaxConcurrency, and so on.
+// Several WithSchedulerOptions add up; a nil keysched.Option is an error.
+//
+// They are applied after the settings that the relay's own options make
+// (WithWorkers, WithRetry, WithSinkTimeout, WithLogger), so the same setting
+// given here overrides those: keysched.WithWorkers(8) here means 8 workers.
+// keysched.WithPool cannot be combined with the relay's WithWorkers: NewRelay
+// fails (without WithWorkers it replaces the default pool) (use it with care: a pool shared with other work delays the sink
+// calls, and so the leases' use).
+//
+// The settings the relay's correctness rests on are applied after these and
+// always win; giving them here has no effect:
+//   - keysched.WithDeadLetter: the relay's dead letter marks the row dead in
+//     the database (and calls WithOnDead); another function would leave it
+//     unmarked, to be published again by the next tenure.
+//   - keysched.WithFailurePolicy: always Continue in the scheduler; the relay
+//     parks keys in the database (see the relay's WithFailurePolicy), where
+//     every relay sees the park and it outlives a restart.
+//   - keysched.WithMaxPending and keysched.WithMaxKeyDepth: the relay's batch
+//     size (WithBatchSize) bounds what it submits, so its poll loop never
+//     waits for room in its own scheduler while holding leases.
+//   - keysched.WithRetryPanics: a panicking sink is retried like a failing
+//     one, as the Sink contract says.
+func WithSchedulerOptions(opts ...keysched.Option) RelayOption {
+	return func(c *relayConfig) error {
+		for i, o := range opts {
+			if o == nil {
+				return badOption("WithSchedulerOptions: option %d is nil", i)
+			}
+		}
+		c.schedOpts = append(c.schedOpts, opts...)
+		return nil
+	}
+}
