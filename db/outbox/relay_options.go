@@ -200,7 +200,9 @@ func WithRetention(d time.Duration) RelayOption {
 
 // WithListen turns PostgreSQL LISTEN/NOTIFY wake-ups on or off (default on;
 // no effect on SQLite). When on, the relay holds one connection of the
-// *sql.DB for as long as it runs: size the pool for it.
+// *sql.DB for as long as it runs: size the pool for it. An Outbox made with
+// WithNotify(false) has no trigger to notify it: its relays poll only and
+// hold no LISTEN connection, whatever WithListen says.
 func WithListen(on bool) RelayOption {
 	return func(c *relayConfig) error { c.listen = on; return nil }
 }

@@ -22,7 +22,8 @@ type RelayStats struct {
 	KeysHeld     int // keys leased now
 	InFlight     int // rows fetched and not yet settled
 	// Listening is true while a PostgreSQL LISTEN for this outbox is
-	// active (false on SQLite, with WithListen(false), and while the
+	// active (false on SQLite, with WithListen(false) or an Outbox made
+	// with WithNotify(false), and while the
 	// listening connection is being re-established).
 	Listening bool
 }
