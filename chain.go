@@ -661,7 +661,7 @@ func (s *Scheduler[K]) takeAborted(n *node[K]) bool {
 				continue
 			}
 			// No user code between taking it and deciding it (see step).
-			s.keepAborted(n)
+			s.keepAborted(n, st == stParked)
 			s.core.notRun.Add(1)
 			if st != stQueued {
 				s.wakeStalled(c, st)

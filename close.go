@@ -149,14 +149,15 @@ type letterLane[K comparable] struct {
 // keepAborted makes the dead letter of n, which the caller has just taken
 // (stFinishing) from its key's chain to abort it, and keeps it on n until its
 // key passes n (laneAborted, then core.passedOn): n is done only once its key
-// has passed it and its letter was delivered. It decides n (ErrAborted); the
-// caller publishes it.
-func (s *Scheduler[K]) keepAborted(n *node[K]) {
+// has passed it and its letter was delivered. It decides n (ErrAborted, or an error matching it); the
+// caller publishes it. parked says n was parked (its outcome says so).
+func (s *Scheduler[K]) keepAborted(n *node[K], parked bool) {
 	c := &n.Completion
-	dl := s.letter(n, ErrAborted)
+	err := abortErr(c, parked)
+	dl := s.letter(n, err)
 	s.core.holdPassage(c)
 	c.extra().aborted = dl // read by laneAborted, once it sees c decided
-	s.core.decide(c, outAborted, ErrAborted)
+	s.core.decide(c, outAborted, err)
 }
 
 // laneAborted is called by whoever passes c on its key (pass), decided and
