@@ -84,3 +84,22 @@ func TestParkResumeSuccessCountsTheParkLetter(t *testing.T) {
 	require.EqualValues(t, 0, st.Failed)
 	require.EqualValues(t, 1, st.DeadLettered)
 }
+
+// A task waiting out a retry backoff when Close gives up had run too: its
+// outcome matches ErrAborted and says it ran.
+func TestRetryingTaskAbortedByCloseSaysItRan(t *testing.T) {
+	s, err := New[string](WithLogger(quiet),
+		WithRetry(RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Hour, MaxBackoff: time.Hour}))
+	require.NoError(t, err)
+	c, err := s.Submit(context.Background(), "k", func(context.Context) error { return errors.New("flaky") })
+	require.NoError(t, err)
+	for s.Stats().Retried == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.ErrorIs(t, s.Close(ended), ErrAborted)
+	<-c.Done()
+	require.ErrorIs(t, c.Err(), ErrAborted)
+	require.Contains(t, c.Err().Error(), "before it ran again")
+}
