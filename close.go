@@ -36,7 +36,9 @@ const maxDeliverers = 64
 // each such task's Completion is done once its dead letter was delivered.
 type CloseError struct {
 	// NotRun counts the accepted tasks this Close completed with
-	// ErrAborted: queued, waiting out a retry backoff or a Snooze, or parked.
+	// ErrAborted (or an error matching it): queued, waiting out a retry
+	// backoff or a Snooze, or parked. Those that waited or were parked had
+	// run before; NotRun counts them as not running again.
 	NotRun int
 	// Running counts the tasks still running when Close returned (a task
 	// that ignores its cancelled context keeps its worker until it returns).
