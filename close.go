@@ -39,7 +39,9 @@ const maxDeliverers = 64
 // each such task's Completion is done once its dead letter was delivered.
 type CloseError struct {
 	// NotRun counts the accepted tasks this Close completed with
-	// ErrAborted: queued, waiting out a retry backoff or a Snooze, or parked.
+	// ErrAborted (or an error matching it): queued, waiting out a retry
+	// backoff or a Snooze, or parked. Those that waited or were parked had
+	// run before; NotRun counts them as not running again.
 	NotRun int
 	// Running counts the tasks still running when Close returned (a task
 	// that ignores its cancelled context keeps its worker until it returns).
@@ -152,14 +154,15 @@ type letterLane[K comparable] struct {
 // keepAborted makes the dead letter of n, which the caller has just taken
 // (stFinishing) from its key's chain to abort it, and keeps it on n until its
 // key passes n (laneAborted, then core.passedOn): n is done only once its key
-// has passed it and its letter was delivered. It decides n (ErrAborted); the
-// caller publishes it.
-func (s *Scheduler[K]) keepAborted(n *node[K]) {
+// has passed it and its letter was delivered. It decides n (ErrAborted, or an error matching it); the
+// caller publishes it. parked says n was parked (its outcome says so).
+func (s *Scheduler[K]) keepAborted(n *node[K], parked bool) {
 	c := &n.Completion
-	dl := s.letter(n, ErrAborted)
+	err := abortErr(c, parked)
+	dl := s.letter(n, err)
 	s.core.holdPassage(c)
 	c.extra().aborted = dl // read by laneAborted, once it sees c decided
-	s.core.decide(c, outAborted, ErrAborted)
+	s.core.decide(c, outAborted, err)
 }
 
 // laneAborted is called by whoever passes c on its key (pass), decided and
@@ -477,7 +480,7 @@ func (s *Scheduler[K]) takeAborted(n *node[K]) bool {
 				continue
 			}
 			// No user code between taking it and deciding it (see step).
-			s.keepAborted(n)
+			s.keepAborted(n, st == stParked)
 			s.core.notRun.Add(1)
 			if st != stQueued {
 				s.wakeStalled(c, st)

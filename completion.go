@@ -188,7 +188,9 @@ func (c *Completion) Done() <-chan struct{} {
 // Err returns nil until the task is done, then its outcome: nil when it
 // succeeded; the error it returned (the last attempt's, with retries); a
 // *PanicError when it panicked; context.Canceled when Cancel withdrew it
-// before it ran; ErrAborted when Close's context ended before it ran.
+// before it ran; ErrAborted when Close's context ended before it ran (an
+// error matching ErrAborted, saying so, when it had run: parked, or waiting
+// to run again).
 func (c *Completion) Err() error {
 	if c == nil {
 		return ErrNilCompletion

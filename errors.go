@@ -19,8 +19,13 @@ var (
 	// ErrFull means the scheduler already holds WithMaxPending accepted,
 	// unfinished tasks. Returned like ErrKeyFull.
 	ErrFull = errors.New("keysched: scheduler at its pending bound")
-	// ErrAborted is the outcome of an accepted task that never ran because
-	// Close's context ended first. Close's own error wraps it too.
+	// ErrAborted is the outcome of an accepted task that Close gave up on
+	// (its context ended first) and that therefore never runs (again).
+	// Close's own error wraps it too. A task that never ran has ErrAborted
+	// itself as its outcome; one that had run and failed (parked, or waiting
+	// out a retry backoff or a Snooze) has an error that says so and matches
+	// ErrAborted with errors.Is ("keysched: parked task aborted by Close
+	// (it ran and failed; it does not run again)").
 	ErrAborted = errors.New("keysched: task aborted by Close before it ran")
 	// ErrNilTask is returned when the task is nil. Nothing is enqueued.
 	ErrNilTask = errors.New("keysched: nil task")
@@ -202,4 +207,30 @@ func invalidKey[K comparable](k K) error {
 		why = fmt.Sprintf("a %T key", k) // not reached: validKey refused k
 	}
 	return fmt.Errorf("%w: %s", ErrInvalidKey, why)
+}
+
+// abortedAfterRun is the outcome of a task Close gave up on after it had
+// run: parked, or waiting to run again. It matches ErrAborted (errors.Is);
+// its text says the task ran, which ErrAborted's does not.
+type abortedAfterRun struct{ msg string }
+
+func (e *abortedAfterRun) Error() string { return e.msg }
+func (e *abortedAfterRun) Unwrap() error { return ErrAborted }
+
+var (
+	errAbortedParked = &abortedAfterRun{"keysched: parked task aborted by Close (it ran and failed; it does not run again)"}
+	errAbortedRerun  = &abortedAfterRun{"keysched: task aborted by Close before it ran again (it ran, and waited out a retry backoff or a Snooze)"}
+)
+
+// abortErr is the outcome of c aborted by Close: ErrAborted if it never
+// ran, else an error that says it ran (parked: it was parked when taken).
+func abortErr(c *Completion, parked bool) error {
+	switch {
+	case parked:
+		return errAbortedParked
+	case c.attempts() > 0:
+		return errAbortedRerun
+	default:
+		return ErrAborted
+	}
 }

@@ -75,8 +75,8 @@ type Observer[K comparable] struct {
 	// run after it has the same N.
 	AttemptEnded func(key K, a AttemptInfo)
 	// DeadLettered is called once per dead letter (see WithDeadLetter),
-	// before it is delivered, with its error (ErrAborted for a task Close
-	// gave up on).
+	// before it is delivered, with its error (ErrAborted, or an error
+	// matching it that says the task ran, for a task Close gave up on).
 	DeadLettered func(key K, at Mono, err error)
 }
 

@@ -198,7 +198,9 @@ func WithTaskTimeout(d time.Duration) Option {
 // A DeadLetter describes a task that failed for good: its attempts ran out,
 // its error was Permanent, it panicked, its running attempt was cancelled, or
 // Close's context ended before it ran (then Attempts may be 0 and Err is
-// ErrAborted).
+// ErrAborted) or before it ran again (parked, or waiting out a backoff or a
+// Snooze: Err matches ErrAborted and says the task ran; Errors holds its
+// attempts' errors).
 type DeadLetter[K comparable] struct {
 	Key      K
 	Task     Task  // the original work, so it can be replayed on purpose
@@ -363,7 +365,7 @@ func (s *Scheduler[K]) Resume(key K) error {
 		}
 		// Its dead letter goes to its key's lane once a runner passes it
 		// (keepAborted), before those of the tasks behind it.
-		s.keepAborted(n)
+		s.keepAborted(n, true) // parked until just now
 		s.core.notRun.Add(1)
 		s.requeue(n)
 		s.core.publish(c)

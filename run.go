@@ -79,9 +79,10 @@ func (s *Scheduler[K]) step(n *node[K], clk *handClock) bool {
 				// it does not run again. Finished before its dead letter is
 				// delivered, as abortNode does.
 				if out == outAborted {
-					dl := s.letter(n, ErrAborted)
+					err := abortErr(c, false)
+					dl := s.letter(n, err)
 					s.holdLetter()
-					s.core.decide(c, outAborted, ErrAborted)
+					s.core.decide(c, outAborted, err)
 					s.core.notRun.Add(1)
 					s.laneLetter(dl) // after the letters of the tasks passed before n
 				} else {
@@ -460,7 +461,7 @@ func (s *Scheduler[K]) sendLetter(dl DeadLetter[K]) {
 			close(done)
 		}()
 		if s.dlq == nil {
-			if dl.Attempts == 0 && errors.Is(dl.Err, ErrAborted) {
+			if dl.Err == ErrAborted { //nolint:errorlint // only the sentinel itself: a task that never ran
 				// Never ran: Close gave up on it. Close's *CloseError counts
 				// these (NotRun), so one line each would only flood the log
 				// of a process shutting down with a backlog.

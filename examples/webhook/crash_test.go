@@ -40,6 +40,10 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(envSkipPostgres) == "1" {
+		// Shows without -v (see service's announceOptOuts for when go test shows it).
+		fmt.Fprintf(os.Stderr, "*** %s=1: the PostgreSQL tests of this package (several instances) are skipped\n", envSkipPostgres)
+	}
 	code := m.Run()
 	if buildDir != "" {
 		_ = os.RemoveAll(buildDir)

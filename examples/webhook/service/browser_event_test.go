@@ -13,14 +13,11 @@ import (
 	"github.com/keysched/keysched/examples/webhook/sim"
 )
 
-// newBrowser starts a headless Chromium for t (skipping t loudly without
-// one, as TestOperatorPageInBrowser does).
+// newBrowser starts a headless Chromium for t; without one it fails t
+// unless KEYSCHED_SKIP_BROWSER=1 (see requireChromium).
 func newBrowser(t *testing.T) (context.Context, func()) {
-	browser := chromiumPath()
-	if browser == "" {
-		t.Skip("SKIPPED: NO CHROMIUM BINARY (/usr/bin/chromium or on PATH): the event pages were NOT tested in a browser. " +
-			"Install it with: apt-get update && apt-get install -y chromium")
-	}
+	t.Helper()
+	browser := requireChromium(t, "the event pages")
 	alloc, cancelAlloc := chromedp.NewExecAllocator(t.Context(),
 		chromedp.ExecPath(browser),
 		chromedp.Headless,

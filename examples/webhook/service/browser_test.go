@@ -2,6 +2,7 @@ package service
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -24,38 +25,41 @@ const (
 	envSkipBrowser = "KEYSCHED_SKIP_BROWSER"
 )
 
-// chromiumPath finds the browser, or returns "".
-func chromiumPath() string {
+// chromiumPath finds the browser, or returns "" and what it tried: the value
+// of KEYSCHED_CHROMIUM when it is set (and only that), else
+// /usr/bin/chromium and chromium and chromium-browser on PATH.
+func chromiumPath() (path, tried string) {
 	if p := os.Getenv(envChromium); p != "" {
 		if _, err := os.Stat(p); err != nil {
-			return ""
+			return "", fmt.Sprintf("%s=%s is set, and: %v", envChromium, p, err)
 		}
-		return p
+		return p, ""
 	}
 	if _, err := os.Stat("/usr/bin/chromium"); err == nil {
-		return "/usr/bin/chromium"
+		return "/usr/bin/chromium", ""
 	}
 	for _, name := range []string{"chromium", "chromium-browser"} {
 		if p, err := exec.LookPath(name); err == nil {
-			return p
+			return p, ""
 		}
 	}
-	return ""
+	return "", fmt.Sprintf("%s is not set; tried /usr/bin/chromium, then chromium and chromium-browser on PATH (%s)",
+		envChromium, os.Getenv("PATH"))
 }
 
 // requireChromium returns the browser's path; it skips t when
-// KEYSCHED_SKIP_BROWSER=1 and fails it, saying how to install one or opt out,
-// when there is none.
-func requireChromium(t *testing.T) string {
+// KEYSCHED_SKIP_BROWSER=1 and fails it, saying what it tried and how to
+// install one or opt out, when there is none. what names what goes untested.
+func requireChromium(t *testing.T, what string) string {
 	t.Helper()
 	if os.Getenv(envSkipBrowser) == "1" {
-		t.Skipf("%s=1: the operator page was not tested in a browser", envSkipBrowser)
+		t.Skipf("%s=1: %s NOT tested in a browser", envSkipBrowser, what)
 	}
-	browser := chromiumPath()
+	browser, tried := chromiumPath()
 	if browser == "" {
-		t.Fatalf("\n*** NO CHROMIUM BINARY (%s, /usr/bin/chromium or on PATH): the operator page cannot be tested in a browser.\n"+
+		t.Fatalf("\n*** NO CHROMIUM BINARY: %s.\n*** %s cannot be tested in a browser.\n"+
 			"*** Install it (Debian, as root): apt-get update && apt-get install -y chromium\n"+
-			"*** Or skip the browser test: %s=1\n", envChromium, envSkipBrowser)
+			"*** Or point %s at a Chromium binary, or skip the browser tests: %s=1\n", tried, what, envChromium, envSkipBrowser)
 	}
 	return browser
 }
@@ -81,7 +85,7 @@ func (s *syncBuffer) String() string {
 // partner, and its Resume button resumes it (the partner's events are then
 // delivered in order, and the action is logged).
 func TestOperatorPageInBrowser(t *testing.T) {
-	browser := requireChromium(t)
+	browser := requireChromium(t, "the operator page")
 	logs := &syncBuffer{}
 	h := newHarness(t, map[string]sim.Behavior{"stuck": {Down: true}, "fine": {}}, func(c *Config) {
 		c.Retry = keysched.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}

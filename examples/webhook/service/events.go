@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sort"
 	"strings"
@@ -441,13 +442,25 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 	for range res.Recovered {
 		s.metrics.replayed(ctx, cands[0].partner, "recovered")
 	}
-	args := []any{"requeued", res.Requeued, "recovered", res.Recovered, "pending", len(res.Pending), "expired", res.Expired}
+	args := []any{idsAttr("requeued", res.Requeued), idsAttr("recovered", res.Recovered),
+		idsAttr("pending", res.Pending), idsAttr("expired", res.Expired)}
 	if id != "" {
 		s.log.Warn("operator replayed an event", append([]any{"event", id, "partner", cands[0].partner}, args...)...)
 	} else {
 		s.log.Warn("operator replayed a partner's events", append([]any{"partner", partner, "from", from.UTC(), "to", to.UTC(), "events", len(cands)}, args...)...)
 	}
 	return res, nil
+}
+
+// logIDs bounds the event IDs a replay's log line lists per outcome.
+const logIDs = 5
+
+// idsAttr logs a replay outcome's event IDs as a group: their count, and
+// the first logIDs of them ("requeued.count=45 requeued.first=[a b c d e]"),
+// so that a replay of 1,000 events is one readable line; the answer to the
+// request (ReplayResult) lists them all.
+func idsAttr(name string, ids []string) slog.Attr {
+	return slog.Group(name, "count", len(ids), "first", ids[:min(len(ids), logIDs)])
 }
 
 // requeue writes one new outbox row per event (and its replay record), all

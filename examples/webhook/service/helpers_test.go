@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -22,6 +23,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	announceOptOuts()
 	// Every service, store, endpoint and browser a test starts is stopped:
 	// nothing may outlive the tests. (ants starts a default pool when it is
 	// imported: those goroutines exist before any test and are ignored.)
@@ -31,6 +33,20 @@ func TestMain(m *testing.M) {
 		// still show as its connectionOpener.
 		goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgconn/ctxwatch.(*ContextWatcher).Watch.func1"),
 		goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgconn/internal/bgreader.(*BGReader).bgRead"))
+}
+
+// announceOptOuts prints one line to stderr per opt-out variable set, so
+// that skipped tests show without -v: go test shows it when run in the
+// package's directory with no package argument, with -v, and when the
+// package fails (with package arguments, as in go test ./..., go test hides
+// the output of a package that passes, this line too).
+func announceOptOuts() {
+	if os.Getenv(envSkipPostgres) == "1" {
+		fmt.Fprintf(os.Stderr, "*** %s=1: the PostgreSQL tests of this package are skipped\n", envSkipPostgres)
+	}
+	if os.Getenv(envSkipBrowser) == "1" {
+		fmt.Fprintf(os.Stderr, "*** %s=1: the browser tests of this package (operator page, event pages) are skipped\n", envSkipBrowser)
+	}
 }
 
 // harness is a running service on a fresh SQLite file, its intake and admin

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -39,8 +40,11 @@ func (o *Call) record(start time.Time, status int, body []byte) {
 
 // Attempt is one recorded delivery attempt of an event.
 type Attempt struct {
-	At       time.Time     `json:"at"`       // when the request was sent (UTC)
-	Duration time.Duration `json:"duration"` // nanoseconds, as time.Duration
+	At time.Time `json:"at"` // when the request was sent (UTC)
+	// Duration is how long the attempt took. Its JSON "duration" is in
+	// nanoseconds (time.Duration's encoding, kept for compatibility); the
+	// JSON also carries "duration_ms", the same in milliseconds (float).
+	Duration time.Duration `json:"duration"`
 	// Outcome is "delivered" (a 2xx) or "failed".
 	Outcome string `json:"outcome"`
 	Status  int    `json:"status,omitempty"` // the HTTP status; absent when none came
@@ -50,6 +54,16 @@ type Attempt struct {
 	// Replay is the ID of the replay (see Service.Replay) this attempt
 	// delivered; absent for the event's own deliveries.
 	Replay string `json:"replay,omitempty"`
+}
+
+// MarshalJSON encodes a as its fields' tags say, plus "duration_ms":
+// Duration in milliseconds (a float, to the nanosecond).
+func (a Attempt) MarshalJSON() ([]byte, error) {
+	type plain Attempt // no MarshalJSON: no recursion
+	return json.Marshal(struct {
+		plain
+		DurationMS float64 `json:"duration_ms"`
+	}{plain(a), float64(a.Duration) / float64(time.Millisecond)})
 }
 
 // attemptRec is one attempt to write.

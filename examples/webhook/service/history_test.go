@@ -144,6 +144,17 @@ func TestAttemptHistoryRecordsEveryAttempt(t *testing.T) {
 	}
 	require.Equal(t, "delivered", got["state"])
 	require.Len(t, got["attempts"], 3)
+	// Each attempt's duration in nanoseconds ("duration") and in
+	// milliseconds ("duration_ms", a float): the same time.
+	for _, a := range got["attempts"].([]any) {
+		at := a.(map[string]any)
+		ns, ok := at["duration"].(float64)
+		require.True(t, ok, "duration: %v", at)
+		ms, ok := at["duration_ms"].(float64)
+		require.True(t, ok, "duration_ms: %v", at)
+		require.Positive(t, ms)
+		require.InDelta(t, ns/1e6, ms, 1e-6)
+	}
 	resp, err = http.Get(h.admin.URL + "/events/no-such-event")
 	require.NoError(t, err)
 	resp.Body.Close()

@@ -80,7 +80,7 @@ type pageData struct {
 
 // trendView is a partner's backlog trend on the page.
 type trendView struct {
-	Spark template.HTML // an inline SVG chart of the last 5 minutes
+	Spark template.HTML // an inline SVG chart of the last 5 minutes' samples and the backlog now
 	Slope string        // its slope, events/s with a sign
 }
 
@@ -94,7 +94,7 @@ func (s *Service) handleOperatorPage(w http.ResponseWriter, r *http.Request) {
 	d := pageData{Now: now.UTC(), Partners: all, Flash: s.flash(r.URL.Query().Get("done")), Trends: map[string]trendView{}}
 	for _, p := range all {
 		v, span := s.trend.slope(p.Partner)
-		tv := trendView{Spark: s.trend.spark(p.Partner), Slope: "-"}
+		tv := trendView{Spark: s.trend.spark(p.Partner, now, p.Backlog), Slope: "-"}
 		if span > 0 {
 			tv.Slope = fmt.Sprintf("%+.2f/s", v)
 		}

@@ -278,3 +278,39 @@ func TestConcurrentReplaysOfOneEventSendItOnce(t *testing.T) {
 		})
 	}
 }
+
+// A partner replay's log line gives each outcome's count and its first
+// logIDs event IDs, not every ID (a replay may hold 1,000 events); the
+// answer lists them all.
+func TestReplayRangeLogsCountsAndFirstIDs(t *testing.T) {
+	logs := &syncBuffer{}
+	ep := newScripted(t, func(int, string) (int, string) { return http.StatusNoContent, "" })
+	h := newHarness(t, map[string]sim.Behavior{}, func(c *Config) {
+		c.Partners = map[string]string{"p": ep.srv.URL}
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	})
+	from := time.Now().Add(-time.Second)
+	const n = logIDs + 2
+	ids := make([]string, n)
+	for i := range ids {
+		_, ids[i] = h.post("p", i)
+	}
+	require.Eventually(t, func() bool { got, _ := ep.received(); return len(got) == n }, waitLong, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return h.event(ids[n-1]).State == StateDelivered }, waitLong, 5*time.Millisecond)
+	res, err := h.svc.ReplayRange(context.Background(), "p", from, time.Now().Add(time.Second))
+	require.NoError(t, err)
+	require.Equal(t, ids, res.Requeued, "the answer lists every ID")
+
+	var line string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "operator replayed a partner's events") {
+			line = l
+		}
+	}
+	require.NotEmpty(t, line, logs.String())
+	require.Contains(t, line, fmt.Sprintf("requeued.count=%d requeued.first=\"[%s]\"", n, strings.Join(ids[:logIDs], " ")))
+	require.Contains(t, line, "recovered.count=0")
+	for _, id := range ids[logIDs:] {
+		require.NotContains(t, line, id, "past the first %d IDs", logIDs)
+	}
+}

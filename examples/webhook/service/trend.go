@@ -75,19 +75,30 @@ func slopeOf(s []trendSample) (float64, time.Duration) {
 	return (n*sxy - sx*sy) / d, s[len(s)-1].at.Sub(t0)
 }
 
-// spark returns an inline SVG polyline of the partner's samples.
-func (t *trend) spark(partner string) template.HTML {
+// spark returns an inline SVG polyline of the partner's samples, ending
+// with live, its backlog now (the page's backlog column), so that the chart
+// and its title agree with the backlog the page shows: the samples alone
+// are up to a sampling interval old. Its title gives the span, the maximum
+// (of the samples and live) and live. An empty chart with fewer than two
+// points.
+func (t *trend) spark(partner string, now time.Time, live int) template.HTML {
 	t.mu.Lock()
 	s := append([]trendSample(nil), t.per[partner]...)
 	t.mu.Unlock()
+	if len(s) == 0 || now.After(s[len(s)-1].at) {
+		s = append(s, trendSample{now, live})
+	} else {
+		s[len(s)-1].backlog = live // the clock did not move: now is the last sample
+	}
 	const w, h = 120, 24
 	if len(s) < 2 {
 		return template.HTML(fmt.Sprintf(`<svg class="spark" width="%d" height="%d"></svg>`, w, h))
 	}
-	hi := 1
+	top := 0
 	for _, v := range s {
-		hi = max(hi, v.backlog)
+		top = max(top, v.backlog)
 	}
+	scale := max(top, 1) // an all-zero chart is a flat line at the bottom
 	span := s[len(s)-1].at.Sub(s[0].at).Seconds()
 	var pts strings.Builder
 	for i, v := range s {
@@ -95,11 +106,11 @@ func (t *trend) spark(partner string) template.HTML {
 		if span > 0 {
 			x = float64(w-2) * v.at.Sub(s[0].at).Seconds() / span
 		}
-		y := float64(h-2) - float64(h-4)*float64(v.backlog)/float64(hi)
+		y := float64(h-2) - float64(h-4)*float64(v.backlog)/float64(scale)
 		fmt.Fprintf(&pts, "%.1f,%.1f ", x+1, y)
 	}
-	return template.HTML(fmt.Sprintf(`<svg class="spark" width="%d" height="%d" viewBox="0 0 %d %d"><polyline fill="none" stroke="#36c" stroke-width="1.5" points="%s"/><title>backlog, last %s: max %d</title></svg>`,
-		w, h, w, h, strings.TrimSpace(pts.String()), time.Duration(span*float64(time.Second)).Round(100*time.Millisecond), hi))
+	return template.HTML(fmt.Sprintf(`<svg class="spark" width="%d" height="%d" viewBox="0 0 %d %d"><polyline fill="none" stroke="#36c" stroke-width="1.5" points="%s"/><title>backlog, last %s: max %d, now %d</title></svg>`,
+		w, h, w, h, strings.TrimSpace(pts.String()), time.Duration(span*float64(time.Second)).Round(100*time.Millisecond), top, live))
 }
 
 // sample records the backlogs now.

@@ -61,3 +61,21 @@ func TestBacklogSlopeShowsGrowth(t *testing.T) {
 	page := get("/")
 	require.Regexp(t, `data-partner="down"[\s\S]*?<svg class="spark"[^>]*><polyline[\s\S]*?<td class="slope">(\+|&#43;)[0-9.]+/s</td>`, page, "a rising chart and a positive slope")
 }
+
+// The chart ends at the backlog the page shows now, and its title's max is
+// the largest point charted: samples taken every 10 s may all predate a
+// rise (the page showed backlog 6 next to "max 1"), and an all-zero chart
+// says max 0 (not its scale's floor of 1).
+func TestSparkTitleAgreesWithTheBacklogShown(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	tr := newTrend([]string{"p", "idle"})
+	tr.add(t0, map[string]int{"p": 0, "idle": 0})
+	tr.add(t0.Add(10*time.Second), map[string]int{"p": 1, "idle": 0})
+	tr.add(t0.Add(20*time.Second), map[string]int{"p": 0, "idle": 0})
+	got := string(tr.spark("p", t0.Add(25*time.Second), 6))
+	require.Contains(t, got, "<title>backlog, last 25s: max 6, now 6</title>")
+	require.Equal(t, 4, len(regexp.MustCompile(`[0-9.]+,[0-9.]+`).FindAllString(got, -1)), "three samples and now: %s", got)
+	require.Contains(t, string(tr.spark("idle", t0.Add(25*time.Second), 0)), "max 0, now 0")
+	// A page rendered at the last sample's time: now replaces it.
+	require.Contains(t, string(tr.spark("p", t0.Add(20*time.Second), 2)), "<title>backlog, last 20s: max 2, now 2</title>")
+}
