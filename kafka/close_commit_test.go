@@ -73,7 +73,9 @@ func closeWithin(c *Consumer, d time.Duration) (error, time.Duration) {
 // frontiers it could not commit, with the broker's error: errors.Is
 // ErrNotCommitted, errors.As *CommitError. Run returns nil.
 func TestCloseReportsUncommittedFrontiers(t *testing.T) {
-	for _, code := range []*kerr.Error{kerr.CoordinatorNotAvailable, kerr.NotCoordinator, kerr.RequestTimedOut, kerr.UnknownServerError,
+	// REQUEST_TIMED_OUT: kfake applies the commit before answering, so
+	// Close finds it on the broker (TestCloseDoesNotReportACommitTheBrokerApplied).
+	for _, code := range []*kerr.Error{kerr.CoordinatorNotAvailable, kerr.NotCoordinator, kerr.UnknownServerError,
 		kerr.RebalanceInProgress, kerr.IllegalGeneration, kerr.OffsetMetadataTooLarge} {
 		t.Run(code.Message, func(t *testing.T) {
 			const N, parts = 40, 2
@@ -113,9 +115,7 @@ func TestCloseReportsUncommittedFrontiers(t *testing.T) {
 				t.Errorf("Run: %v", err)
 			}
 			for p := range int32(parts) {
-				// REQUEST_TIMED_OUT: the broker applied the commit and said it
-				// timed out (kfake does as a broker may): not confirmed.
-				if off := tc.committedOffset(t, group, "t", p); off != -1 && code != kerr.RequestTimedOut {
+				if off := tc.committedOffset(t, group, "t", p); off != -1 {
 					t.Errorf("partition %d: committed %d, yet Close said it could not", p, off)
 				}
 			}
@@ -260,5 +260,52 @@ func TestCloseWhileDeadLettersFail(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "dead-letter produce failing"); n != 1 {
 		t.Errorf("%d 'failing' log lines for one lasting fault, want 1:\n%s", n, logs.String())
+	}
+}
+
+// A commit the broker applied but answered REQUEST_TIMED_OUT (kfake applies
+// the commit, then answers with the fault's error, as a broker whose answer
+// timed out may): Close must not say the frontier was not committed, nor
+// that the next owner starts at an older offset. Input that broke it: every
+// OffsetCommit of the group answered REQUEST_TIMED_OUT, 40 records on 2
+// partitions all handled, Close with a 500 ms context: Close returned a
+// *CommitError "2 frontiers not committed ... committed -1" while the broker
+// held 20 on both partitions.
+func TestCloseDoesNotReportACommitTheBrokerApplied(t *testing.T) {
+	const N, parts = 40, 2
+	tc := newCluster(t, parts, "t")
+	group := groupName(t)
+	tc.produceSpread(t, "t", parts, N)
+	tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: group, Err: kerr.RequestTimedOut, Count: -1})
+	c, err := NewConsumer(func(context.Context, *kgo.Record) error { return nil },
+		WithLogger(quiet), WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDone := make(chan error, 1)
+	go func() { runDone <- c.Run(context.Background()) }()
+	eventually(t, "every record handled", func() bool { return c.Stats().Finished == N })
+	const ctxD = 500 * time.Millisecond
+	err, took := closeWithin(c, ctxD)
+	if bound := ctxD + CloseMargin + time.Second; took > bound {
+		t.Errorf("Close took %v with a %v context (bound %v)", took, ctxD, bound)
+	}
+	if err := <-runDone; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	var ce *CommitError
+	if errors.As(err, &ce) {
+		for _, pc := range ce.Partitions {
+			if off := tc.committedOffset(t, group, pc.Topic, pc.Partition); off != pc.Committed || off == pc.Offset {
+				t.Errorf("Close says %s/%d not committed at %d (committed %d); the broker holds %d", pc.Topic, pc.Partition, pc.Offset, pc.Committed, off)
+			}
+		}
+	} else if err != nil {
+		t.Errorf("Close: %v, want nil (every frontier is on the broker)", err)
+	}
+	for p := range int32(parts) {
+		if off := tc.committedOffset(t, group, "t", p); off != N/parts {
+			t.Errorf("partition %d: the broker holds %d, want %d", p, off, N/parts)
+		}
 	}
 }

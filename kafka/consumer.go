@@ -707,7 +707,12 @@ func (c *Consumer) committer() {
 // happened (errors.Join): records left unfinished (an error wrapping ctx's
 // error that says how many), and frontiers it could not commit (a
 // *CommitError, matched by errors.Is(err, ErrNotCommitted), listing each
-// partition with the broker's error). A commit the broker refuses with a
+// partition with the broker's error). Before reporting them it reads the
+// group's offsets back from the broker (within the time it has to leave the
+// group): a frontier the broker holds after all (a commit applied though
+// its answer said REQUEST_TIMED_OUT) is not reported, and each reported
+// partition's Committed is the offset the broker holds (its last known
+// one when the read fails). A commit the broker refuses with a
 // retriable error (the coordinator moving or loading, a timeout) is sent
 // again, 50 ms doubling to 1 s apart, until it succeeds or the commit's time
 // ends; the final commit gets up to a second past ctx (with a ctx that
@@ -762,6 +767,15 @@ func (c *Consumer) Close(ctx context.Context) error {
 	c.unown(ps)
 	c.commitMu.Unlock()
 	cancel()
+	if len(failed) > 0 {
+		// What the broker refused may be on it all the same (an answer
+		// that timed out): read it back, within leaving's time.
+		rctx, rcancel := pastEnd(ctx, leaveGrace)
+		rctx, rtimeout := context.WithTimeout(rctx, time.Second)
+		failed = c.confirmCommitted(rctx, failed)
+		rtimeout()
+		rcancel()
+	}
 	if len(failed) > 0 {
 		slices.SortFunc(failed, func(a, b UncommittedPartition) int {
 			if a.Topic != b.Topic {
