@@ -78,6 +78,10 @@ type Consumer struct {
 	// group's records would share one attempt's deadline).
 	perRecord bool
 
+	intervalCommitTimeout time.Duration                      // see intervalCommitTimeout
+	intervalCancel        atomic.Pointer[context.CancelFunc] // ends the interval commit in flight
+	revoking              atomic.Int32                       // revokes waiting for or holding commitMu
+
 	failMu  sync.Mutex
 	failing map[schedKey]*group // see Consumer.fail
 
@@ -205,6 +209,7 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		return nil, optionError("WithClientOptions: need kgo.ConsumerGroup and kgo.ConsumeTopics (or kgo.ConsumeRegex)")
 	}
 	c.cl, c.group = cl, group
+	c.intervalCommitTimeout = intervalCommitTimeout(cl)
 	if c.metrics != nil {
 		if err := c.metrics.register(); err != nil {
 			cl.Close()
@@ -239,6 +244,20 @@ func hasTaskTimeout(s *keysched.Scheduler[schedKey]) (bool, error) {
 		return true, nil
 	}
 	return has.Load(), nil
+}
+
+// intervalCommitTimeout bounds an interval commit (franz-go's retries of a
+// refused one included): 30 s, or a quarter of the group's rebalance
+// timeout when that is less (at least 100 ms). franz-go does not rejoin the
+// group while a commit is in flight, so a commit a failing broker keeps
+// refusing would otherwise hold the member's rejoin past the rebalance
+// timeout, and the group would drop it.
+func intervalCommitTimeout(cl *kgo.Client) time.Duration {
+	d := 30 * time.Second
+	if rt, ok := cl.OptValue(kgo.RebalanceTimeout).(time.Duration); ok && rt > 0 {
+		d = min(d, max(rt/4, 100*time.Millisecond))
+	}
+	return d
 }
 
 func isRegex(cl *kgo.Client) bool {
@@ -566,6 +585,13 @@ func (c *Consumer) revoke(ctx context.Context, ps []*partition, commit bool) {
 	}
 	c.waitRunning(ps, c.cfg.revokeTimeout)
 	c.interrupt(ps)
+	// End the interval commit in flight (see committer), so that commitMu
+	// comes at once.
+	c.revoking.Add(1)
+	defer c.revoking.Add(-1)
+	if f := c.intervalCancel.Load(); f != nil {
+		(*f)()
+	}
 	c.commitMu.Lock()
 	if commit {
 		// Bounded by the revoke timeout and by Close giving up: a broker
@@ -688,10 +714,20 @@ func (c *Consumer) committer() {
 			return
 		case <-t.C:
 			// Bounded, so that a broker that does not answer cannot hold
-			// commitMu (and with it revokes) for ever.
+			// commitMu (and with it revokes) for ever, nor a rebalance:
+			// franz-go does not join the group while a commit is in
+			// flight, and a member that has not rejoined within the
+			// rebalance timeout is dropped from the group.
 			// Close ends it (bgCtx): it makes its own final commit.
-			ctx, cancel := context.WithTimeout(c.bgCtx, max(c.cfg.commitInterval, 30*time.Second))
-			c.commit(ctx, c.owned(), "interval")
+			// A revoke ends it too, and none starts while one runs: the
+			// revoke commits itself, and waiting for this commit (and
+			// franz-go's retries of it) would hold the rebalance.
+			ctx, cancel := context.WithTimeout(c.bgCtx, c.intervalCommitTimeout)
+			c.intervalCancel.Store(&cancel)
+			if c.revoking.Load() == 0 {
+				c.commit(ctx, c.owned(), "interval")
+			}
+			c.intervalCancel.Store(nil)
 			cancel()
 		}
 	}
