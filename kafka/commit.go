@@ -202,9 +202,13 @@ func (c *Consumer) commitLocked(ctx context.Context, ps []*partition, reason str
 		list = append(list, pendingCommit{p, off, meta})
 	}
 	failed := c.send(ctx, list, reason, true)
-	if len(failed) == 0 {
+	switch {
+	case len(list) == 0:
+		// Nothing sent: no news about the broker (a recovery logged here
+		// would be false while other partitions' commits are refused).
+	case len(failed) == 0:
 		c.commitLog.ok()
-	} else if ctx.Err() == nil { // else ended by the caller (Close): reported there
+	case ctx.Err() == nil: // else ended by the caller (Close): reported there
 		f := failed[0]
 		c.commitLog.fail(f.Err, "reason", reason, "partitions_failed", len(failed), "topic", f.Topic, "partition", f.Partition, "frontier", f.Offset, "committed", f.Committed)
 	}
