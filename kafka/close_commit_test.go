@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -307,5 +309,56 @@ func TestCloseDoesNotReportACommitTheBrokerApplied(t *testing.T) {
 		if off := tc.committedOffset(t, group, "t", p); off != N/parts {
 			t.Errorf("partition %d: the broker holds %d, want %d", p, off, N/parts)
 		}
+	}
+}
+
+// The dead-letter topic never answering a produce (kfake holds the Produce
+// request) while Close runs: Close returns within its context plus
+// CloseMargin, names the records left unfinished, commits the frontier at
+// the record whose dead letter hangs, and no goroutine of the consumer is
+// left (goleak, TestMain).
+func TestCloseWhileADeadLetterProduceHangs(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	group := groupName(t)
+	tc.produce(t, rec("t", 0, "a", "0"), rec("t", 0, "b", "bad"), rec("t", 0, "c", "2"))
+	release := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	var held atomic.Int32
+	tc.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		tc.KeepControl() // every Produce from now on is a dead letter's
+		held.Add(1)
+		tc.SleepControl(func() { <-release })
+		return nil, nil, false
+	})
+	c, err := NewConsumer(func(_ context.Context, r *kgo.Record) error {
+		if string(r.Value) == "bad" {
+			return keysched.Permanent(errors.New("bad record"))
+		}
+		return nil
+	}, WithLogger(quiet), WithDeadLetterTopic("dlq"), WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDone := make(chan error, 1)
+	go func() { runDone <- c.Run(context.Background()) }()
+	eventually(t, "the dead letter's produce held, the others handled", func() bool {
+		ps, _ := c.partStats("t", 0)
+		return held.Load() >= 1 && c.Stats().Finished == 2 && ps.Frontier == 1
+	})
+	const ctxD = 300 * time.Millisecond
+	err, took := closeWithin(c, ctxD)
+	if bound := ctxD + CloseMargin + time.Second; took > bound {
+		t.Errorf("Close took %v with a %v context (bound %v)", took, ctxD, bound)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "1 records unfinished") || errors.Is(err, ErrNotCommitted) {
+		t.Errorf("Close: %v, want 1 record unfinished, the frontier committed", err)
+	}
+	if err := <-runDone; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	once.Do(func() { close(release) })
+	if off := tc.committedOffset(t, group, "t", 0); off != 1 {
+		t.Errorf("committed %d, want 1 (the record whose dead letter hangs)", off)
 	}
 }
