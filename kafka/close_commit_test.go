@@ -362,3 +362,60 @@ func TestCloseWhileADeadLetterProduceHangs(t *testing.T) {
 		t.Errorf("committed %d, want 1 (the record whose dead letter hangs)", off)
 	}
 }
+
+// A second Close while a first one waits without a deadline (for a handler
+// that runs until released): the second returns within its own context
+// plus CloseMargin, with an error wrapping its context's error, and later
+// calls return the first one's result once it is done. Input that broke
+// it: Close(context.Background()) draining a handler stuck for good, then
+// Close with a 100 ms context: the second call blocked as long as the
+// first (for ever), though Close promises to return within ctx plus
+// CloseMargin.
+func TestCloseWhileAnotherCloseRunsKeepsItsBound(t *testing.T) {
+	tc := newCluster(t, 1, "t")
+	group := groupName(t)
+	tc.produce(t, rec("t", 0, "a", "0"))
+	release := make(chan struct{})
+	var running atomic.Bool
+	c, err := NewConsumer(func(context.Context, *kgo.Record) error {
+		running.Store(true)
+		<-release // ignores its context: the first Close waits for it
+		return nil
+	}, WithLogger(quiet), WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDone := make(chan error, 1)
+	go func() { runDone <- c.Run(context.Background()) }()
+	eventually(t, "the handler running", running.Load)
+	first := make(chan error, 1)
+	go func() { first <- c.Close(context.Background()) }()
+	eventually(t, "the first Close started", func() bool { return c.closing.Load() })
+	const ctxD = 100 * time.Millisecond
+	done := make(chan struct{})
+	var err2 error
+	var took time.Duration
+	go func() { err2, took = closeWithin(c, ctxD); close(done) }()
+	select {
+	case <-done:
+		if bound := ctxD + CloseMargin + time.Second; took > bound {
+			t.Errorf("the second Close took %v with a %v context (bound %v)", took, ctxD, bound)
+		}
+		if !errors.Is(err2, context.DeadlineExceeded) {
+			t.Errorf("the second Close: %v, want DeadlineExceeded", err2)
+		}
+	case <-time.After(ctxD + CloseMargin + 2*time.Second):
+		t.Errorf("the second Close did not return within its context plus CloseMargin")
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Errorf("the first Close: %v", err)
+	}
+	<-done
+	if err := c.Close(context.Background()); err != nil {
+		t.Errorf("a later Close: %v, want the first one's result", err)
+	}
+	if err := <-runDone; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+}

@@ -91,19 +91,20 @@ type Consumer struct {
 	pollCancel atomic.Pointer[context.CancelFunc]
 	revokeWake chan struct{}
 
-	runCtx   context.Context // values for handlers; set by Run
-	running  atomic.Bool
-	runDone  chan struct{}
-	closing  atomic.Bool
-	stop     chan struct{}   // closed when Close starts
-	give     context.Context // ends when Close's context ended
-	giveUp   func()
-	closeMu  sync.Mutex
-	closed   bool
-	closeErr error
-	bg       sync.WaitGroup // the committer
-	bgCtx    context.Context
-	bgCancel context.CancelFunc // ends the committer's commit in flight when Close starts
+	runCtx    context.Context // values for handlers; set by Run
+	running   atomic.Bool
+	runDone   chan struct{}
+	closing   atomic.Bool
+	stop      chan struct{}   // closed when Close starts
+	give      context.Context // ends when Close's context ended
+	giveUp    func()
+	closeMu   sync.Mutex
+	closed    bool
+	closeErr  error          // set before closeDone is closed
+	closeDone chan struct{}  // closed when the first Close returns
+	bg        sync.WaitGroup // the committer
+	bgCtx     context.Context
+	bgCancel  context.CancelFunc // ends the committer's commit in flight when Close starts
 
 	commitLog, fetchLog, dlqLog *faultLog // one log line per state change of each fault class
 
@@ -147,6 +148,7 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		revokeWake: make(chan struct{}, 1),
 		runCtx:     context.Background(),
 		runDone:    make(chan struct{}),
+		closeDone:  make(chan struct{}),
 		stop:       make(chan struct{}),
 		dlqSet:     cfg.dlqTopic != "",
 		commitLog:  newFaultLog(cfg.logger, "offset commit"),
@@ -302,7 +304,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if ctx == nil {
 		return ErrNilContext
 	}
-	c.closeMu.Lock() // Close holds it throughout: Run starts before it or not at all
+	c.closeMu.Lock() // Close sets closed under it: Run starts before it or not at all
 	if c.closed {
 		c.closeMu.Unlock()
 		return ErrClosed
@@ -755,7 +757,9 @@ func (c *Consumer) committer() {
 // never ends, Close waits for it as it waits for the records). Close returns within
 // ctx plus CloseMargin whatever the brokers do (it never works through
 // failed commits past that), Run returns nil, and later calls return the
-// first one's result. When Close returns, the consumer's goroutines have
+// first one's result (a call made while the first one runs returns it too,
+// or, when its own ctx ends first, an error wrapping ctx's error that says
+// another Close is still running). When Close returns, the consumer's goroutines have
 // ended, except handlers that ignore their context. Do not call it from a
 // Handler.
 func (c *Consumer) Close(ctx context.Context) error {
@@ -766,11 +770,25 @@ func (c *Consumer) Close(ctx context.Context) error {
 		return ErrNilContext
 	}
 	c.closeMu.Lock()
-	defer c.closeMu.Unlock()
 	if c.closed {
-		return c.closeErr
+		c.closeMu.Unlock()
+		// Another Close runs (or ran): its result, or ctx's error when ctx
+		// ends first, so that this call keeps its own bound.
+		select {
+		case <-c.closeDone:
+			return c.closeErr
+		case <-ctx.Done():
+			select {
+			case <-c.closeDone:
+				return c.closeErr
+			default:
+			}
+			return fmt.Errorf("kafka: close: another Close is still running: %w", ctx.Err())
+		}
 	}
 	c.closed = true
+	c.closeMu.Unlock() // Run checks closed under it: it starts before this or not at all
+	defer close(c.closeDone)
 	c.closing.Store(true)
 	close(c.stop)
 	c.bgCancel() // an interval commit in flight: the final commit below replaces it

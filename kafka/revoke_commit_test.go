@@ -48,7 +48,8 @@ func TestRevokeThatCannotCommitSaysSoOnce(t *testing.T) {
 // block until their context ends, under a 10 s revoke timeout) while every
 // commit is refused, called twice at once, the second time with a context
 // that has already ended: both calls return within their context plus
-// CloseMargin with the same error, which names the unfinished records and
+// CloseMargin; the one that closes says (and the other the same, or that
+// another Close still runs), naming the unfinished records and
 // the frontiers not committed with the offsets the broker holds, and Run
 // returns nil. (Before TestRebalanceNotHeldByFailingIntervalCommits's
 // fix the revoke never started: the failing interval commits held the
@@ -93,10 +94,17 @@ func TestCloseDuringARevokeThatCannotCommit(t *testing.T) {
 			t.Errorf("Close %d (context %v) took %v (bound %v)", i, d, took[i], bound)
 		}
 	}
-	if errs[0] == nil || errs[0].Error() != errs[1].Error() {
-		t.Errorf("Close: %v and %v, want one error", errs[0], errs[1])
-	}
+	// The call that closes gives the error; the other one the same, or,
+	// when its context ended first, that another Close still runs.
 	err := errs[0]
+	if strings.Contains(err.Error(), "another Close is still running") {
+		err = errs[1]
+	}
+	for _, e := range errs {
+		if e.Error() != err.Error() && (!strings.Contains(e.Error(), "another Close is still running") || !errors.Is(e, context.DeadlineExceeded)) {
+			t.Errorf("Close: %v and %v, want one error, or the other 'another Close is still running'", errs[0], errs[1])
+		}
+	}
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "records unfinished") {
 		t.Errorf("Close: %v, want the unfinished records named", err)
 	}
