@@ -318,6 +318,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	go c.committer()
 	c.closeMu.Unlock()
 	defer close(c.runDone)
+	var backoff time.Duration // after polls that brought only fetch errors
 	for {
 		if c.closing.Load() {
 			return nil
@@ -353,6 +354,21 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		fetches.EachPartition(c.route)
 		c.cl.AllowRebalance()
+		// franz-go hands some refused fetches (UNKNOWN_SERVER_ERROR) to
+		// the poll at once and fetches again when polled: without a pause
+		// the loop would spin, thousands of requests a second.
+		if failed && fetches.NumRecords() == 0 {
+			backoff = min(max(2*backoff, 10*time.Millisecond), 250*time.Millisecond)
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-c.stop:
+			case <-ctx.Done():
+			}
+			t.Stop()
+		} else if !failed {
+			backoff = 0
+		}
 	}
 }
 
