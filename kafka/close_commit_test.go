@@ -419,3 +419,49 @@ func TestCloseWhileAnotherCloseRunsKeepsItsBound(t *testing.T) {
 		t.Errorf("Run: %v", err)
 	}
 }
+
+// Close with a context that has already ended, while the coordinator
+// refuses every OffsetCommit (COORDINATOR_NOT_AVAILABLE) and never answers
+// a LeaveGroup (kfake holds it): Close returns within CloseMargin of its
+// start. Input that broke it: the phases' bounds were each measured from
+// when the phase began once ctx had ended (final commit 1 s, then leaving
+// 1.5 s, then franz-go's close 1 s): Close took 3.5 s, past CloseMargin.
+func TestCloseWithAnEndedContextKeepsTheMarginWhileCommitsFail(t *testing.T) {
+	tc := newCluster(t, 2, "t")
+	group := groupName(t)
+	tc.produceSpread(t, "t", 2, 20)
+	c, err := NewConsumer(func(context.Context, *kgo.Record) error { return nil },
+		WithLogger(quiet), WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDone := make(chan error, 1)
+	go func() { runDone <- c.Run(context.Background()) }()
+	eventually(t, "every record handled", func() bool { return c.Stats().Finished == 20 })
+	release := make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	tc.ControlKey(int16(kmsg.LeaveGroup), func(kmsg.Request) (kmsg.Response, error, bool) {
+		tc.KeepControl()
+		tc.SleepControl(func() { <-release })
+		return nil, nil, false
+	})
+	f := tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: group, Err: kerr.CoordinatorNotAvailable, Count: -1})
+	tc.produceSpread(t, "t", 2, 20)
+	eventually(t, "every record handled, a commit refused", func() bool { return c.Stats().Finished == 40 && f.Hits() > 0 })
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	t0 := time.Now()
+	err = c.Close(ctx)
+	// CloseMargin plus 300 ms for a loaded machine.
+	if took := time.Since(t0); took > CloseMargin+300*time.Millisecond {
+		t.Errorf("Close with an ended context took %v (CloseMargin %v)", took, CloseMargin)
+	}
+	if !errors.Is(err, ErrNotCommitted) {
+		t.Errorf("Close: %v, want ErrNotCommitted", err)
+	}
+	once.Do(func() { close(release) })
+	if err := <-runDone; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+}

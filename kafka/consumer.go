@@ -810,6 +810,13 @@ func (c *Consumer) Close(ctx context.Context) error {
 	c.bgCancel() // an interval commit in flight: the final commit below replaces it
 	stopGiveUp := context.AfterFunc(ctx, c.giveUp)
 	defer stopGiveUp()
+	// The final commit's and leaving's bounds count from when ctx ends
+	// (from now if it has ended), not from when each step starts: with an
+	// ended ctx they would add up past CloseMargin.
+	cctx, cancel := pastEnd(ctx, finalCommitGrace)
+	defer cancel()
+	lctx, lcancel := pastEnd(ctx, leaveGrace)
+	defer lcancel()
 	c.wake()
 	if c.running.Load() {
 		<-c.runDone
@@ -831,7 +838,6 @@ func (c *Consumer) Close(ctx context.Context) error {
 	c.interrupt(ps)
 	// The final commit gets a second of its own past ctx (also when ctx
 	// ended while draining).
-	cctx, cancel := pastEnd(ctx, finalCommitGrace)
 	c.commitMu.Lock()
 	failed := c.finalCommit(cctx, ps)
 	c.unown(ps)
@@ -840,11 +846,9 @@ func (c *Consumer) Close(ctx context.Context) error {
 	if len(failed) > 0 {
 		// What the broker refused may be on it all the same (an answer
 		// that timed out): read it back, within leaving's time.
-		rctx, rcancel := pastEnd(ctx, leaveGrace)
-		rctx, rtimeout := context.WithTimeout(rctx, time.Second)
+		rctx, rtimeout := context.WithTimeout(lctx, time.Second)
 		failed = c.confirmCommitted(rctx, failed)
 		rtimeout()
-		rcancel()
 	}
 	if len(failed) > 0 {
 		slices.SortFunc(failed, func(a, b UncommittedPartition) int {
@@ -859,7 +863,6 @@ func (c *Consumer) Close(ctx context.Context) error {
 	// Leaving the group is bounded too: a LeaveGroup (or a join in flight)
 	// that the broker does not answer is given up, and the group drops
 	// the member at its session timeout.
-	lctx, lcancel := pastEnd(ctx, leaveGrace)
 	c.cl.AllowRebalance()
 	if err := c.cl.LeaveGroupContext(lctx); err != nil {
 		c.log.Warn("kafka: close: leaving the group failed; the group reassigns this member's partitions at its session timeout", "err", err)
