@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -407,4 +408,29 @@ func startFaultMember(t *testing.T, s *streamChecker, opts []Option) *Consumer {
 		}
 	})
 	return c
+}
+
+// A fetch the broker keeps refusing (UNKNOWN_SERVER_ERROR, which franz-go
+// hands to the poll at once, without a backoff) does not make the poll
+// loop spin: it backs off (10 ms doubling to 250 ms) while polls bring
+// only errors. Input that broke it: partition 1 of 2 refusing every Fetch
+// for a second: 4,717 Fetch requests reached the broker, a core busy.
+func TestFetchFaultDoesNotSpinThePollLoop(t *testing.T) {
+	tc := newCluster(t, 2, "t")
+	group := groupName(t)
+	logs := &logBuffer{}
+	c := startConsumer(t, func(context.Context, *kgo.Record) error { return nil }, WithLogger(logs.logger()),
+		WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
+	tc.produce(t, rec("t", 0, "a", "0"), rec("t", 1, "b", "1"))
+	eventually(t, "both records handled", func() bool { return c.Stats().Finished == 2 })
+	f := tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Partitions: []int32{1}, Err: kerr.UnknownServerError, Count: -1})
+	time.Sleep(time.Second)
+	t.Logf("%d refused Fetch requests in one second", f.Hits())
+	if n := f.Hits(); n > 200 {
+		t.Errorf("%d refused Fetch requests in one second, want at most 200 (a backoff)", n)
+	}
+	f.Remove()
+	tc.produce(t, rec("t", 1, "b", "2"), rec("t", 0, "a", "3"))
+	eventually(t, "the records after the fault handled", func() bool { return c.Stats().Finished == 4 })
+	eventually(t, "one recovery line", func() bool { return strings.Contains(logs.String(), "fetch recovered") })
 }

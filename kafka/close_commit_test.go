@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,7 +75,9 @@ func closeWithin(c *Consumer, d time.Duration) (error, time.Duration) {
 // frontiers it could not commit, with the broker's error: errors.Is
 // ErrNotCommitted, errors.As *CommitError. Run returns nil.
 func TestCloseReportsUncommittedFrontiers(t *testing.T) {
-	for _, code := range []*kerr.Error{kerr.CoordinatorNotAvailable, kerr.NotCoordinator, kerr.RequestTimedOut, kerr.UnknownServerError,
+	// REQUEST_TIMED_OUT: kfake applies the commit before answering, so
+	// Close finds it on the broker (TestCloseDoesNotReportACommitTheBrokerApplied).
+	for _, code := range []*kerr.Error{kerr.CoordinatorNotAvailable, kerr.NotCoordinator, kerr.UnknownServerError,
 		kerr.RebalanceInProgress, kerr.IllegalGeneration, kerr.OffsetMetadataTooLarge} {
 		t.Run(code.Message, func(t *testing.T) {
 			const N, parts = 40, 2
@@ -113,9 +117,7 @@ func TestCloseReportsUncommittedFrontiers(t *testing.T) {
 				t.Errorf("Run: %v", err)
 			}
 			for p := range int32(parts) {
-				// REQUEST_TIMED_OUT: the broker applied the commit and said it
-				// timed out (kfake does as a broker may): not confirmed.
-				if off := tc.committedOffset(t, group, "t", p); off != -1 && code != kerr.RequestTimedOut {
+				if off := tc.committedOffset(t, group, "t", p); off != -1 {
 					t.Errorf("partition %d: committed %d, yet Close said it could not", p, off)
 				}
 			}
@@ -260,5 +262,206 @@ func TestCloseWhileDeadLettersFail(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "dead-letter produce failing"); n != 1 {
 		t.Errorf("%d 'failing' log lines for one lasting fault, want 1:\n%s", n, logs.String())
+	}
+}
+
+// A commit the broker applied but answered REQUEST_TIMED_OUT (kfake applies
+// the commit, then answers with the fault's error, as a broker whose answer
+// timed out may): Close must not say the frontier was not committed, nor
+// that the next owner starts at an older offset. Input that broke it: every
+// OffsetCommit of the group answered REQUEST_TIMED_OUT, 40 records on 2
+// partitions all handled, Close with a 500 ms context: Close returned a
+// *CommitError "2 frontiers not committed ... committed -1" while the broker
+// held 20 on both partitions.
+func TestCloseDoesNotReportACommitTheBrokerApplied(t *testing.T) {
+	const N, parts = 40, 2
+	tc := newCluster(t, parts, "t")
+	group := groupName(t)
+	tc.produceSpread(t, "t", parts, N)
+	tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: group, Err: kerr.RequestTimedOut, Count: -1})
+	c, err := NewConsumer(func(context.Context, *kgo.Record) error { return nil },
+		WithLogger(quiet), WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDone := make(chan error, 1)
+	go func() { runDone <- c.Run(context.Background()) }()
+	eventually(t, "every record handled", func() bool { return c.Stats().Finished == N })
+	const ctxD = 500 * time.Millisecond
+	err, took := closeWithin(c, ctxD)
+	if bound := ctxD + CloseMargin + time.Second; took > bound {
+		t.Errorf("Close took %v with a %v context (bound %v)", took, ctxD, bound)
+	}
+	if err := <-runDone; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	var ce *CommitError
+	if errors.As(err, &ce) {
+		for _, pc := range ce.Partitions {
+			if off := tc.committedOffset(t, group, pc.Topic, pc.Partition); off != pc.Committed || off == pc.Offset {
+				t.Errorf("Close says %s/%d not committed at %d (committed %d); the broker holds %d", pc.Topic, pc.Partition, pc.Offset, pc.Committed, off)
+			}
+		}
+	} else if err != nil {
+		t.Errorf("Close: %v, want nil (every frontier is on the broker)", err)
+	}
+	for p := range int32(parts) {
+		if off := tc.committedOffset(t, group, "t", p); off != N/parts {
+			t.Errorf("partition %d: the broker holds %d, want %d", p, off, N/parts)
+		}
+	}
+}
+
+// The dead-letter topic never answering a produce (kfake holds the Produce
+// request) while Close runs: Close returns within its context plus
+// CloseMargin, names the records left unfinished, commits the frontier at
+// the record whose dead letter hangs, and no goroutine of the consumer is
+// left (goleak, TestMain).
+func TestCloseWhileADeadLetterProduceHangs(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	group := groupName(t)
+	tc.produce(t, rec("t", 0, "a", "0"), rec("t", 0, "b", "bad"), rec("t", 0, "c", "2"))
+	release := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	var held atomic.Int32
+	tc.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		tc.KeepControl() // every Produce from now on is a dead letter's
+		held.Add(1)
+		tc.SleepControl(func() { <-release })
+		return nil, nil, false
+	})
+	c, err := NewConsumer(func(_ context.Context, r *kgo.Record) error {
+		if string(r.Value) == "bad" {
+			return keysched.Permanent(errors.New("bad record"))
+		}
+		return nil
+	}, WithLogger(quiet), WithDeadLetterTopic("dlq"), WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDone := make(chan error, 1)
+	go func() { runDone <- c.Run(context.Background()) }()
+	eventually(t, "the dead letter's produce held, the others handled", func() bool {
+		ps, _ := c.partStats("t", 0)
+		return held.Load() >= 1 && c.Stats().Finished == 2 && ps.Frontier == 1
+	})
+	const ctxD = 300 * time.Millisecond
+	err, took := closeWithin(c, ctxD)
+	if bound := ctxD + CloseMargin + time.Second; took > bound {
+		t.Errorf("Close took %v with a %v context (bound %v)", took, ctxD, bound)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "1 records unfinished") || errors.Is(err, ErrNotCommitted) {
+		t.Errorf("Close: %v, want 1 record unfinished, the frontier committed", err)
+	}
+	if err := <-runDone; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	once.Do(func() { close(release) })
+	if off := tc.committedOffset(t, group, "t", 0); off != 1 {
+		t.Errorf("committed %d, want 1 (the record whose dead letter hangs)", off)
+	}
+}
+
+// A second Close while a first one waits without a deadline (for a handler
+// that runs until released): the second returns within its own context
+// plus CloseMargin, with an error wrapping its context's error, and later
+// calls return the first one's result once it is done. Input that broke
+// it: Close(context.Background()) draining a handler stuck for good, then
+// Close with a 100 ms context: the second call blocked as long as the
+// first (for ever), though Close promises to return within ctx plus
+// CloseMargin.
+func TestCloseWhileAnotherCloseRunsKeepsItsBound(t *testing.T) {
+	tc := newCluster(t, 1, "t")
+	group := groupName(t)
+	tc.produce(t, rec("t", 0, "a", "0"))
+	release := make(chan struct{})
+	var running atomic.Bool
+	c, err := NewConsumer(func(context.Context, *kgo.Record) error {
+		running.Store(true)
+		<-release // ignores its context: the first Close waits for it
+		return nil
+	}, WithLogger(quiet), WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDone := make(chan error, 1)
+	go func() { runDone <- c.Run(context.Background()) }()
+	eventually(t, "the handler running", running.Load)
+	first := make(chan error, 1)
+	go func() { first <- c.Close(context.Background()) }()
+	eventually(t, "the first Close started", func() bool { return c.closing.Load() })
+	const ctxD = 100 * time.Millisecond
+	done := make(chan struct{})
+	var err2 error
+	var took time.Duration
+	go func() { err2, took = closeWithin(c, ctxD); close(done) }()
+	select {
+	case <-done:
+		if bound := ctxD + CloseMargin + time.Second; took > bound {
+			t.Errorf("the second Close took %v with a %v context (bound %v)", took, ctxD, bound)
+		}
+		if !errors.Is(err2, context.DeadlineExceeded) {
+			t.Errorf("the second Close: %v, want DeadlineExceeded", err2)
+		}
+	case <-time.After(ctxD + CloseMargin + 2*time.Second):
+		t.Errorf("the second Close did not return within its context plus CloseMargin")
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Errorf("the first Close: %v", err)
+	}
+	<-done
+	if err := c.Close(context.Background()); err != nil {
+		t.Errorf("a later Close: %v, want the first one's result", err)
+	}
+	if err := <-runDone; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+}
+
+// Close with a context that has already ended, while the coordinator
+// refuses every OffsetCommit (COORDINATOR_NOT_AVAILABLE) and never answers
+// a LeaveGroup (kfake holds it): Close returns within CloseMargin of its
+// start. Input that broke it: the phases' bounds were each measured from
+// when the phase began once ctx had ended (final commit 1 s, then leaving
+// 1.5 s, then franz-go's close 1 s): Close took 3.5 s, past CloseMargin.
+func TestCloseWithAnEndedContextKeepsTheMarginWhileCommitsFail(t *testing.T) {
+	tc := newCluster(t, 2, "t")
+	group := groupName(t)
+	tc.produceSpread(t, "t", 2, 20)
+	c, err := NewConsumer(func(context.Context, *kgo.Record) error { return nil },
+		WithLogger(quiet), WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDone := make(chan error, 1)
+	go func() { runDone <- c.Run(context.Background()) }()
+	eventually(t, "every record handled", func() bool { return c.Stats().Finished == 20 })
+	release := make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	tc.ControlKey(int16(kmsg.LeaveGroup), func(kmsg.Request) (kmsg.Response, error, bool) {
+		tc.KeepControl()
+		tc.SleepControl(func() { <-release })
+		return nil, nil, false
+	})
+	f := tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: group, Err: kerr.CoordinatorNotAvailable, Count: -1})
+	tc.produceSpread(t, "t", 2, 20)
+	eventually(t, "every record handled, a commit refused", func() bool { return c.Stats().Finished == 40 && f.Hits() > 0 })
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	t0 := time.Now()
+	err = c.Close(ctx)
+	// CloseMargin plus 300 ms for a loaded machine.
+	if took := time.Since(t0); took > CloseMargin+300*time.Millisecond {
+		t.Errorf("Close with an ended context took %v (CloseMargin %v)", took, CloseMargin)
+	}
+	if !errors.Is(err, ErrNotCommitted) {
+		t.Errorf("Close: %v, want ErrNotCommitted", err)
+	}
+	once.Do(func() { close(release) })
+	if err := <-runDone; err != nil {
+		t.Errorf("Run: %v", err)
 	}
 }

@@ -202,9 +202,13 @@ func (c *Consumer) commitLocked(ctx context.Context, ps []*partition, reason str
 		list = append(list, pendingCommit{p, off, meta})
 	}
 	failed := c.send(ctx, list, reason, true)
-	if len(failed) == 0 {
+	switch {
+	case len(list) == 0:
+		// Nothing sent: no news about the broker (a recovery logged here
+		// would be false while other partitions' commits are refused).
+	case len(failed) == 0:
 		c.commitLog.ok()
-	} else if ctx.Err() == nil { // else ended by the caller (Close): reported there
+	case ctx.Err() == nil: // else ended by the caller (Close): reported there
 		f := failed[0]
 		c.commitLog.fail(f.Err, "reason", reason, "partitions_failed", len(failed), "topic", f.Topic, "partition", f.Partition, "frontier", f.Offset, "committed", f.Committed)
 	}
@@ -349,4 +353,67 @@ func (p *partition) frontierEpoch(off int64) (int64, int32, bool) {
 		return off, p.highestEpoch, true
 	}
 	return off, -1, true
+}
+
+// confirmCommitted reads the group's committed offsets of failed back from
+// the broker and returns those not on it, each with the offset the broker
+// holds as Committed. A commit can be applied though its answer says
+// otherwise (REQUEST_TIMED_OUT, a connection cut after the request was
+// sent): such a frontier is committed, and the next owner starts there.
+// When the read fails, failed is returned unchanged.
+func (c *Consumer) confirmCommitted(ctx context.Context, failed []UncommittedPartition) []UncommittedPartition {
+	if len(failed) == 0 || ctx.Err() != nil {
+		return failed
+	}
+	req := kmsg.NewPtrOffsetFetchRequest()
+	req.Group = c.group
+	idx := map[string]int{}
+	for _, f := range failed {
+		i, ok := idx[f.Topic]
+		if !ok {
+			i = len(req.Topics)
+			idx[f.Topic] = i
+			rt := kmsg.NewOffsetFetchRequestTopic()
+			rt.Topic = f.Topic
+			req.Topics = append(req.Topics, rt)
+		}
+		req.Topics[i].Partitions = append(req.Topics[i].Partitions, f.Partition)
+	}
+	resp, err := req.RequestWith(ctx, c.cl)
+	if err != nil || kerr.ErrorForCode(resp.ErrorCode) != nil {
+		return failed
+	}
+	onBroker := map[tp]int64{}
+	read := func(topic string, pp kmsg.OffsetFetchResponseTopicPartition) {
+		if kerr.ErrorForCode(pp.ErrorCode) == nil {
+			onBroker[tp{topic, pp.Partition}] = pp.Offset
+		}
+	}
+	for _, t := range resp.Topics {
+		for _, pp := range t.Partitions {
+			read(t.Topic, pp)
+		}
+	}
+	for _, g := range resp.Groups {
+		if kerr.ErrorForCode(g.ErrorCode) != nil {
+			continue
+		}
+		for _, t := range g.Topics {
+			for _, pp := range t.Partitions {
+				read(t.Topic, kmsg.OffsetFetchResponseTopicPartition{Partition: pp.Partition, Offset: pp.Offset, ErrorCode: pp.ErrorCode})
+			}
+		}
+	}
+	out := failed[:0]
+	for _, f := range failed {
+		off, ok := onBroker[tp{f.Topic, f.Partition}]
+		if ok && off == f.Offset {
+			continue
+		}
+		if ok {
+			f.Committed = off
+		}
+		out = append(out, f)
+	}
+	return out
 }

@@ -78,6 +78,10 @@ type Consumer struct {
 	// group's records would share one attempt's deadline).
 	perRecord bool
 
+	intervalCommitTimeout time.Duration                      // see intervalCommitTimeout
+	intervalCancel        atomic.Pointer[context.CancelFunc] // ends the interval commit in flight
+	revoking              atomic.Int32                       // revokes waiting for or holding commitMu
+
 	failMu  sync.Mutex
 	failing map[schedKey]*group // see Consumer.fail
 
@@ -87,19 +91,20 @@ type Consumer struct {
 	pollCancel atomic.Pointer[context.CancelFunc]
 	revokeWake chan struct{}
 
-	runCtx   context.Context // values for handlers; set by Run
-	running  atomic.Bool
-	runDone  chan struct{}
-	closing  atomic.Bool
-	stop     chan struct{}   // closed when Close starts
-	give     context.Context // ends when Close's context ended
-	giveUp   func()
-	closeMu  sync.Mutex
-	closed   bool
-	closeErr error
-	bg       sync.WaitGroup // the committer
-	bgCtx    context.Context
-	bgCancel context.CancelFunc // ends the committer's commit in flight when Close starts
+	runCtx    context.Context // values for handlers; set by Run
+	running   atomic.Bool
+	runDone   chan struct{}
+	closing   atomic.Bool
+	stop      chan struct{}   // closed when Close starts
+	give      context.Context // ends when Close's context ended
+	giveUp    func()
+	closeMu   sync.Mutex
+	closed    bool
+	closeErr  error          // set before closeDone is closed
+	closeDone chan struct{}  // closed when the first Close returns
+	bg        sync.WaitGroup // the committer
+	bgCtx     context.Context
+	bgCancel  context.CancelFunc // ends the committer's commit in flight when Close starts
 
 	commitLog, fetchLog, dlqLog *faultLog // one log line per state change of each fault class
 
@@ -143,6 +148,7 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		revokeWake: make(chan struct{}, 1),
 		runCtx:     context.Background(),
 		runDone:    make(chan struct{}),
+		closeDone:  make(chan struct{}),
 		stop:       make(chan struct{}),
 		dlqSet:     cfg.dlqTopic != "",
 		commitLog:  newFaultLog(cfg.logger, "offset commit"),
@@ -205,6 +211,7 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		return nil, optionError("WithClientOptions: need kgo.ConsumerGroup and kgo.ConsumeTopics (or kgo.ConsumeRegex)")
 	}
 	c.cl, c.group = cl, group
+	c.intervalCommitTimeout = intervalCommitTimeout(cl)
 	if c.metrics != nil {
 		if err := c.metrics.register(); err != nil {
 			cl.Close()
@@ -239,6 +246,20 @@ func hasTaskTimeout(s *keysched.Scheduler[schedKey]) (bool, error) {
 		return true, nil
 	}
 	return has.Load(), nil
+}
+
+// intervalCommitTimeout bounds an interval commit (franz-go's retries of a
+// refused one included): 30 s, or a quarter of the group's rebalance
+// timeout when that is less (at least 100 ms). franz-go does not rejoin the
+// group while a commit is in flight, so a commit a failing broker keeps
+// refusing would otherwise hold the member's rejoin past the rebalance
+// timeout, and the group would drop it.
+func intervalCommitTimeout(cl *kgo.Client) time.Duration {
+	d := 30 * time.Second
+	if rt, ok := cl.OptValue(kgo.RebalanceTimeout).(time.Duration); ok && rt > 0 {
+		d = min(d, max(rt/4, 100*time.Millisecond))
+	}
+	return d
 }
 
 func isRegex(cl *kgo.Client) bool {
@@ -283,7 +304,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if ctx == nil {
 		return ErrNilContext
 	}
-	c.closeMu.Lock() // Close holds it throughout: Run starts before it or not at all
+	c.closeMu.Lock() // Close sets closed under it: Run starts before it or not at all
 	if c.closed {
 		c.closeMu.Unlock()
 		return ErrClosed
@@ -297,6 +318,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	go c.committer()
 	c.closeMu.Unlock()
 	defer close(c.runDone)
+	var backoff time.Duration // after polls that brought only fetch errors
 	for {
 		if c.closing.Load() {
 			return nil
@@ -332,6 +354,21 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		fetches.EachPartition(c.route)
 		c.cl.AllowRebalance()
+		// franz-go hands some refused fetches (UNKNOWN_SERVER_ERROR) to
+		// the poll at once and fetches again when polled: without a pause
+		// the loop would spin, thousands of requests a second.
+		if failed && fetches.NumRecords() == 0 {
+			backoff = min(max(2*backoff, 10*time.Millisecond), 250*time.Millisecond)
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-c.stop:
+			case <-ctx.Done():
+			}
+			t.Stop()
+		} else if !failed {
+			backoff = 0
+		}
 	}
 }
 
@@ -566,6 +603,13 @@ func (c *Consumer) revoke(ctx context.Context, ps []*partition, commit bool) {
 	}
 	c.waitRunning(ps, c.cfg.revokeTimeout)
 	c.interrupt(ps)
+	// End the interval commit in flight (see committer), so that commitMu
+	// comes at once.
+	c.revoking.Add(1)
+	defer c.revoking.Add(-1)
+	if f := c.intervalCancel.Load(); f != nil {
+		(*f)()
+	}
 	c.commitMu.Lock()
 	if commit {
 		// Bounded by the revoke timeout and by Close giving up: a broker
@@ -688,10 +732,20 @@ func (c *Consumer) committer() {
 			return
 		case <-t.C:
 			// Bounded, so that a broker that does not answer cannot hold
-			// commitMu (and with it revokes) for ever.
+			// commitMu (and with it revokes) for ever, nor a rebalance:
+			// franz-go does not join the group while a commit is in
+			// flight, and a member that has not rejoined within the
+			// rebalance timeout is dropped from the group.
 			// Close ends it (bgCtx): it makes its own final commit.
-			ctx, cancel := context.WithTimeout(c.bgCtx, max(c.cfg.commitInterval, 30*time.Second))
-			c.commit(ctx, c.owned(), "interval")
+			// A revoke ends it too, and none starts while one runs: the
+			// revoke commits itself, and waiting for this commit (and
+			// franz-go's retries of it) would hold the rebalance.
+			ctx, cancel := context.WithTimeout(c.bgCtx, c.intervalCommitTimeout)
+			c.intervalCancel.Store(&cancel)
+			if c.revoking.Load() == 0 {
+				c.commit(ctx, c.owned(), "interval")
+			}
+			c.intervalCancel.Store(nil)
 			cancel()
 		}
 	}
@@ -707,14 +761,21 @@ func (c *Consumer) committer() {
 // happened (errors.Join): records left unfinished (an error wrapping ctx's
 // error that says how many), and frontiers it could not commit (a
 // *CommitError, matched by errors.Is(err, ErrNotCommitted), listing each
-// partition with the broker's error). A commit the broker refuses with a
+// partition with the broker's error). Before reporting them it reads the
+// group's offsets back from the broker (within the time it has to leave the
+// group): a frontier the broker holds after all (a commit applied though
+// its answer said REQUEST_TIMED_OUT) is not reported, and each reported
+// partition's Committed is the offset the broker holds (its last known
+// one when the read fails). A commit the broker refuses with a
 // retriable error (the coordinator moving or loading, a timeout) is sent
 // again, 50 ms doubling to 1 s apart, until it succeeds or the commit's time
 // ends; the final commit gets up to a second past ctx (with a ctx that
 // never ends, Close waits for it as it waits for the records). Close returns within
 // ctx plus CloseMargin whatever the brokers do (it never works through
 // failed commits past that), Run returns nil, and later calls return the
-// first one's result. When Close returns, the consumer's goroutines have
+// first one's result (a call made while the first one runs returns it too,
+// or, when its own ctx ends first, an error wrapping ctx's error that says
+// another Close is still running). When Close returns, the consumer's goroutines have
 // ended, except handlers that ignore their context. Do not call it from a
 // Handler.
 func (c *Consumer) Close(ctx context.Context) error {
@@ -725,16 +786,37 @@ func (c *Consumer) Close(ctx context.Context) error {
 		return ErrNilContext
 	}
 	c.closeMu.Lock()
-	defer c.closeMu.Unlock()
 	if c.closed {
-		return c.closeErr
+		c.closeMu.Unlock()
+		// Another Close runs (or ran): its result, or ctx's error when ctx
+		// ends first, so that this call keeps its own bound.
+		select {
+		case <-c.closeDone:
+			return c.closeErr
+		case <-ctx.Done():
+			select {
+			case <-c.closeDone:
+				return c.closeErr
+			default:
+			}
+			return fmt.Errorf("kafka: close: another Close is still running: %w", ctx.Err())
+		}
 	}
 	c.closed = true
+	c.closeMu.Unlock() // Run checks closed under it: it starts before this or not at all
+	defer close(c.closeDone)
 	c.closing.Store(true)
 	close(c.stop)
 	c.bgCancel() // an interval commit in flight: the final commit below replaces it
 	stopGiveUp := context.AfterFunc(ctx, c.giveUp)
 	defer stopGiveUp()
+	// The final commit's and leaving's bounds count from when ctx ends
+	// (from now if it has ended), not from when each step starts: with an
+	// ended ctx they would add up past CloseMargin.
+	cctx, cancel := pastEnd(ctx, finalCommitGrace)
+	defer cancel()
+	lctx, lcancel := pastEnd(ctx, leaveGrace)
+	defer lcancel()
 	c.wake()
 	if c.running.Load() {
 		<-c.runDone
@@ -756,12 +838,18 @@ func (c *Consumer) Close(ctx context.Context) error {
 	c.interrupt(ps)
 	// The final commit gets a second of its own past ctx (also when ctx
 	// ended while draining).
-	cctx, cancel := pastEnd(ctx, finalCommitGrace)
 	c.commitMu.Lock()
 	failed := c.finalCommit(cctx, ps)
 	c.unown(ps)
 	c.commitMu.Unlock()
 	cancel()
+	if len(failed) > 0 {
+		// What the broker refused may be on it all the same (an answer
+		// that timed out): read it back, within leaving's time.
+		rctx, rtimeout := context.WithTimeout(lctx, time.Second)
+		failed = c.confirmCommitted(rctx, failed)
+		rtimeout()
+	}
 	if len(failed) > 0 {
 		slices.SortFunc(failed, func(a, b UncommittedPartition) int {
 			if a.Topic != b.Topic {
@@ -775,7 +863,6 @@ func (c *Consumer) Close(ctx context.Context) error {
 	// Leaving the group is bounded too: a LeaveGroup (or a join in flight)
 	// that the broker does not answer is given up, and the group drops
 	// the member at its session timeout.
-	lctx, lcancel := pastEnd(ctx, leaveGrace)
 	c.cl.AllowRebalance()
 	if err := c.cl.LeaveGroupContext(lctx); err != nil {
 		c.log.Warn("kafka: close: leaving the group failed; the group reassigns this member's partitions at its session timeout", "err", err)

@@ -10,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // seqTracker checks, across members, that no record of a key is handled for
@@ -354,5 +357,33 @@ func TestCloseGivesUp(t *testing.T) {
 	b.close(t)
 	if err := a.Run(context.Background()); !errors.Is(err, ErrClosed) {
 		t.Errorf("Run after Close: %v", err)
+	}
+}
+
+// An interval commit that franz-go keeps retrying (every OffsetCommit of
+// the group answered COORDINATOR_NOT_AVAILABLE) must not hold a rebalance:
+// franz-go does not join while a CommitOffsetsSync is in flight. Input that
+// broke it: member a committing every 20 ms into that fault, member b
+// joining: the interval commit, bounded only by 30 s, held a's rejoin past
+// the 10 s rebalance timeout (b got no partition within 8 s; the group
+// then drops a, and its handled records are handled again).
+func TestRebalanceNotHeldByFailingIntervalCommits(t *testing.T) {
+	tc := newCluster(t, 2, "t")
+	group := groupName(t)
+	tc.produceSpread(t, "t", 2, 20)
+	f := tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: group, Err: kerr.CoordinatorNotAvailable, Count: -1})
+	a := runMember(t, func(context.Context, *kgo.Record) error { return nil }, WithLogger(quiet),
+		WithCommitInterval(20*time.Millisecond), WithRevokeTimeout(time.Second), WithClientOptions(tc.clientOptsFor(protoCooperative, group, "t")...))
+	eventually(t, "member a handled everything, its commits failing", func() bool { return a.c.Stats().Finished == 20 && f.Hits() >= 2 })
+	b := runMember(t, func(context.Context, *kgo.Record) error { return nil }, WithLogger(quiet),
+		WithCommitInterval(time.Hour), WithClientOptions(tc.clientOptsFor(protoCooperative, group, "t")...))
+	eventuallyWithin(t, 8*time.Second, "member b owns a partition (the rebalance timeout is 10 s)", func() bool { return len(b.c.Stats().Partitions) == 1 })
+	for _, m := range []*member{b, a} {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		_ = m.c.Close(ctx) // the commits fail for good: Close says so (tested elsewhere)
+		cancel()
+		if err := <-m.done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
 	}
 }
