@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"time"
 )
 
 // Group commit: intake requests hand their event to one committer goroutine,
@@ -13,8 +12,6 @@ import (
 // cost one transaction instead of N: with SQLite's single writer this is
 // what lets intake keep up with a burst.
 
-const maxBatch = 256
-
 type acceptReq struct {
 	env     Envelope
 	payload []byte
@@ -22,19 +19,19 @@ type acceptReq struct {
 }
 
 type committer struct {
-	store *Store
+	*groupCommit[*acceptReq]
 	// settle is called once per request the committer took, with its
 	// transaction's outcome, before the request is answered: the backlog's
 	// bookkeeping happens even when the client has gone away meanwhile.
 	settle func(env Envelope, err error)
-	in     chan *acceptReq
-	stop   chan struct{}
-	done   chan struct{}
 }
 
 func newCommitter(st *Store, settle func(Envelope, error)) *committer {
-	c := &committer{store: st, settle: settle, in: make(chan *acceptReq, maxBatch), stop: make(chan struct{}), done: make(chan struct{})}
-	go c.run()
+	c := &committer{settle: settle}
+	c.groupCommit = newGroupCommit(st.acceptBatch, func(r *acceptReq, err error) {
+		c.settle(r.env, err)
+		r.done <- err
+	})
 	return c
 }
 
@@ -79,50 +76,4 @@ func (c *committer) wait(ctx context.Context, r *acceptReq) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-func (c *committer) run() {
-	defer close(c.done)
-	batch := make([]*acceptReq, 0, maxBatch)
-	for {
-		select {
-		case r := <-c.in:
-			batch = append(batch[:0], r)
-		case <-c.stop:
-			// Answer what is queued: nothing was written for them.
-			for {
-				select {
-				case r := <-c.in:
-					c.settle(r.env, ErrClosed)
-					r.done <- ErrClosed
-				default:
-					return
-				}
-			}
-		}
-	more:
-		for len(batch) < maxBatch {
-			select {
-			case r := <-c.in:
-				batch = append(batch, r)
-			default:
-				break more
-			}
-		}
-		// The requests' own contexts do not bound the transaction: one
-		// client going away must not fail its batch-mates.
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err := c.store.acceptBatch(ctx, batch)
-		cancel()
-		for _, r := range batch {
-			c.settle(r.env, err)
-			r.done <- err
-		}
-		clear(batch)
-	}
-}
-
-func (c *committer) close() {
-	close(c.stop)
-	<-c.done
 }

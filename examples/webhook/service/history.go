@@ -79,17 +79,16 @@ type attemptRec struct {
 // only. It is closed after the relay, so that the attempts in flight at
 // Close are recorded.
 type history struct {
-	store *Store
-	stmt  *sql.Stmt // the insert, prepared once (nil if preparing failed: then unprepared)
-	in    chan *attemptRec
-	stop  chan struct{}
-	done  chan struct{}
+	*groupCommit[*attemptRec]
+	stmt *sql.Stmt // the insert, prepared once (nil if preparing failed: then unprepared)
 }
 
 func newHistory(st *Store) *history {
-	h := &history{store: st, in: make(chan *attemptRec, maxBatch), stop: make(chan struct{}), done: make(chan struct{})}
+	h := &history{}
 	h.stmt, _ = st.db.PrepareContext(context.Background(), st.insertAttempt())
-	go h.run()
+	h.groupCommit = newGroupCommit(func(ctx context.Context, batch []*attemptRec) error {
+		return st.writeAttempts(ctx, h.stmt, batch)
+	}, func(r *attemptRec, err error) { r.done <- err })
 	return h
 }
 
@@ -115,45 +114,8 @@ func (h *history) record(r *attemptRec) error {
 	}
 }
 
-func (h *history) run() {
-	defer close(h.done)
-	batch := make([]*attemptRec, 0, maxBatch)
-	for {
-		select {
-		case r := <-h.in:
-			batch = append(batch[:0], r)
-		case <-h.stop:
-			for {
-				select {
-				case r := <-h.in:
-					r.done <- ErrClosed
-				default:
-					return
-				}
-			}
-		}
-	more:
-		for len(batch) < maxBatch {
-			select {
-			case r := <-h.in:
-				batch = append(batch, r)
-			default:
-				break more
-			}
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err := h.store.writeAttempts(ctx, h.stmt, batch)
-		cancel()
-		for _, r := range batch {
-			r.done <- err
-		}
-		clear(batch)
-	}
-}
-
 func (h *history) close() {
-	close(h.stop)
-	<-h.done
+	h.groupCommit.close()
 	if h.stmt != nil {
 		_ = h.stmt.Close()
 	}
