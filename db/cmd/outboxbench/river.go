@@ -60,6 +60,12 @@ func newRiverSystem(ctx context.Context, env *dbEnv, keys int) (system, error) {
 		if err != nil {
 			return nil, err
 		}
+		// riversqlite's documentation: River runs internal operations in
+		// parallel, which SQLite answers with SQLITE_BUSY; "a good workaround
+		// to avoid errors is to set the maximum pool size to one connection".
+		// Without it a writer got SQLITE_BUSY past the 10 s busy timeout
+		// (2026-12-01, 20,000 events, 2 clients).
+		db.SetMaxOpenConns(1)
 		s := &riverSystem[*sql.Tx]{driver: riversqlite.New(db), keys: keys, drop: closeDB,
 			begin: func(ctx context.Context) (*sql.Tx, func() error, func(), error) {
 				tx, err := db.BeginTx(ctx, nil)
