@@ -1,0 +1,188 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Close stops fetching, waits until the dispatched records are finished or
+// ctx ends, interrupts what is left (those records are not finished: the
+// next owner handles them), commits the frontiers, leaves the group, closes
+// the client and the scheduler.
+//
+// It returns nil when everything dispatched finished and every frontier was
+// committed. Otherwise its error says what it could not do, both when both
+// happened (errors.Join): records left unfinished (an error wrapping ctx's
+// error that says how many), and frontiers it could not commit (a
+// *CommitError, matched by errors.Is(err, ErrNotCommitted), listing each
+// partition with the broker's error). Before reporting them it reads the
+// group's offsets back from the broker (within the time it has to leave the
+// group): a frontier the broker holds after all (a commit applied though
+// its answer said REQUEST_TIMED_OUT) is not reported, and each reported
+// partition's Committed is the offset the broker holds (its last known
+// one when the read fails). A commit the broker refuses with a
+// retriable error (the coordinator moving or loading, a timeout) is sent
+// again, 50 ms doubling to 1 s apart, until it succeeds or the commit's time
+// ends; the final commit gets up to a second past ctx (with a ctx that
+// never ends, Close waits for it as it waits for the records). Close returns within
+// ctx plus CloseMargin whatever the brokers do (it never works through
+// failed commits past that), Run returns nil, and later calls return the
+// first one's result (a call made while the first one runs returns it too,
+// or, when its own ctx ends first, an error wrapping ctx's error that says
+// another Close is still running). When Close returns, the consumer's goroutines have
+// ended, except handlers that ignore their context. Do not call it from a
+// Handler.
+func (c *Consumer) Close(ctx context.Context) error {
+	if c.zero() {
+		return ErrZeroConsumer
+	}
+	if ctx == nil {
+		return ErrNilContext
+	}
+	c.closeMu.Lock()
+	if c.closed {
+		c.closeMu.Unlock()
+		// Another Close runs (or ran): its result, or ctx's error when ctx
+		// ends first, so that this call keeps its own bound.
+		select {
+		case <-c.closeDone:
+			return c.closeErr
+		case <-ctx.Done():
+			select {
+			case <-c.closeDone:
+				return c.closeErr
+			default:
+			}
+			return fmt.Errorf("kafka: close: another Close is still running: %w", ctx.Err())
+		}
+	}
+	c.closed = true
+	c.closeMu.Unlock() // Run checks closed under it: it starts before this or not at all
+	defer close(c.closeDone)
+	c.closing.Store(true)
+	close(c.stop)
+	c.bgCancel() // an interval commit in flight: the final commit below replaces it
+	stopGiveUp := context.AfterFunc(ctx, c.giveUp)
+	defer stopGiveUp()
+	// The final commit's and leaving's bounds count from when ctx ends
+	// (from now if it has ended), not from when each step starts: with an
+	// ended ctx they would add up past CloseMargin.
+	cctx, cancel := pastEnd(ctx, finalCommitGrace)
+	defer cancel()
+	lctx, lcancel := pastEnd(ctx, leaveGrace)
+	defer lcancel()
+	c.wake()
+	if c.running.Load() {
+		<-c.runDone
+	}
+	c.bg.Wait()
+
+	var errs []error
+	if derr := c.sched.Drain(ctx); derr != nil {
+		n := 0
+		for _, p := range c.owned() {
+			n += int(p.inflight.Load())
+		}
+		errs = append(errs, fmt.Errorf("kafka: close: %d records unfinished (the next owner handles them): %w", n, ctx.Err()))
+	}
+	ps := c.owned()
+	for _, p := range ps {
+		p.state.CompareAndSwap(stActive, stRevoking)
+	}
+	c.interrupt(ps)
+	// The final commit gets a second of its own past ctx (also when ctx
+	// ended while draining).
+	c.commitMu.Lock()
+	failed := c.finalCommit(cctx, ps)
+	c.unown(ps)
+	c.commitMu.Unlock()
+	cancel()
+	if len(failed) > 0 {
+		// What the broker refused may be on it all the same (an answer
+		// that timed out): read it back, within leaving's time.
+		rctx, rtimeout := context.WithTimeout(lctx, time.Second)
+		failed = c.confirmCommitted(rctx, failed)
+		rtimeout()
+	}
+	if len(failed) > 0 {
+		slices.SortFunc(failed, func(a, b UncommittedPartition) int {
+			if a.Topic != b.Topic {
+				return strings.Compare(a.Topic, b.Topic)
+			}
+			return int(a.Partition - b.Partition)
+		})
+		errs = append(errs, &CommitError{Partitions: failed})
+	}
+	c.forget(ps)
+	// Leaving the group is bounded too: a LeaveGroup (or a join in flight)
+	// that the broker does not answer is given up, and the group drops
+	// the member at its session timeout.
+	c.cl.AllowRebalance()
+	if err := c.cl.LeaveGroupContext(lctx); err != nil {
+		c.log.Warn("kafka: close: leaving the group failed; the group reassigns this member's partitions at its session timeout", "err", err)
+	}
+	c.cl.CloseAllowingRebalance()
+	lcancel()
+	sctx, scancel := pastEnd(ctx, schedCloseGrace)
+	if serr := c.sched.Close(sctx); serr != nil && len(errs) == 0 {
+		errs = append(errs, fmt.Errorf("kafka: close: handlers still running: %w", serr))
+	}
+	scancel()
+	if c.metrics != nil {
+		c.metrics.stop()
+	}
+	c.closeErr = errors.Join(errs...)
+	return c.closeErr
+}
+
+// finalCommit commits the frontiers of ps, sending those the broker refused
+// with a retriable error again (50 ms doubling to 1 s apart) until ctx ends;
+// it returns those it could not commit (c.commitMu held).
+func (c *Consumer) finalCommit(ctx context.Context, ps []*partition) []UncommittedPartition {
+	backoff := 50 * time.Millisecond
+	for {
+		failed := c.commitLocked(ctx, ps, "close")
+		if len(failed) == 0 || ctx.Err() != nil || !slices.ContainsFunc(failed, func(f UncommittedPartition) bool { return retriableCommit(f.Err) }) {
+			return failed
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return failed
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// pastEnd returns a context that ends d after ctx ends (d from now when ctx
+// has already ended), with ctx's values.
+func pastEnd(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	out, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	var mu sync.Mutex
+	var t *time.Timer
+	done := false
+	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !done {
+			t = time.AfterFunc(d, cancel)
+		}
+	})
+	return out, func() {
+		stop()
+		mu.Lock()
+		done = true
+		if t != nil {
+			t.Stop()
+		}
+		mu.Unlock()
+		cancel()
+	}
+}

@@ -1,0 +1,103 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Run fetches records and dispatches them to the scheduler until ctx ends or
+// Close is called. It returns nil after Close, an error wrapping ctx's error
+// when ctx ended (call Close then: it drains, commits and leaves the group),
+// ErrRunning if Run was called before, ErrClosed if Close has started,
+// ErrZeroConsumer for a Consumer not made by NewConsumer. The
+// handlers' contexts carry ctx's values, not its cancellation.
+//
+// Run never blocks on a key: a record that finds its key (or the scheduler)
+// full is held back, and its partition paused until room appears;
+// heartbeats and rebalances go on meanwhile.
+func (c *Consumer) Run(ctx context.Context) error {
+	if c.zero() {
+		return ErrZeroConsumer
+	}
+	if ctx == nil {
+		return ErrNilContext
+	}
+	c.closeMu.Lock() // Close sets closed under it: Run starts before it or not at all
+	if c.closed {
+		c.closeMu.Unlock()
+		return ErrClosed
+	}
+	if !c.running.CompareAndSwap(false, true) {
+		c.closeMu.Unlock()
+		return ErrRunning
+	}
+	c.runCtx = context.WithoutCancel(ctx)
+	c.bg.Add(1)
+	go c.committer()
+	c.closeMu.Unlock()
+	defer close(c.runDone)
+	var backoff time.Duration // after polls that brought only fetch errors
+	for {
+		if c.closing.Load() {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("kafka: run: %w", err)
+		}
+		c.wakeReq.Store(false)
+		c.dispatchHeld()
+		pctx, cancel := context.WithCancel(ctx)
+		c.pollCancel.Store(&cancel)
+		if c.wakeReq.Load() || c.closing.Load() {
+			cancel()
+		}
+		fetches := c.cl.PollRecords(pctx, c.cfg.maxPoll)
+		c.pollCancel.Store(nil)
+		cancel()
+		if fetches.IsClientClosed() {
+			c.cl.AllowRebalance()
+			return nil
+		}
+		failed, cancelled := false, false
+		fetches.EachError(func(t string, p int32, err error) {
+			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+				cancelled = true
+				return
+			}
+			failed = true
+			c.fetchLog.fail(err, "topic", t, "partition", p)
+		})
+		if !failed && !cancelled {
+			c.fetchLog.ok()
+		}
+		fetches.EachPartition(c.route)
+		c.cl.AllowRebalance()
+		// franz-go hands some refused fetches (UNKNOWN_SERVER_ERROR) to
+		// the poll at once and fetches again when polled: without a pause
+		// the loop would spin, thousands of requests a second.
+		if failed && fetches.NumRecords() == 0 {
+			backoff = min(max(2*backoff, 10*time.Millisecond), 250*time.Millisecond)
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-c.stop:
+			case <-ctx.Done():
+			}
+			t.Stop()
+		} else if !failed {
+			backoff = 0
+		}
+	}
+}
+
+// wake makes the poll loop look at held records and paused partitions.
+func (c *Consumer) wake() {
+	if c.wakeReq.Swap(true) {
+		return // already asked: one wake-up per poll
+	}
+	if f := c.pollCancel.Load(); f != nil {
+		(*f)()
+	}
+}
