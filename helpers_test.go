@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// breakGuard is a hang guard: a deadline far above any normal run.
-func breakGuard(t *testing.T, d time.Duration) context.Context {
+// hangGuard is a hang guard: a deadline far above any normal run.
+func hangGuard(t *testing.T, d time.Duration) context.Context {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)

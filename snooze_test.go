@@ -455,13 +455,13 @@ func TestSnoozeBudgetProperty(t *testing.T) {
 	}
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Written to attack Snooze (adversarial review, 2026-11-30); it held.
 //
 // Cancel at the very instant a snooze's timer fires (same fake time: the
 // order of the two is the runtime's), many times: the task ends once, as
 // cancelled (no dead letter: it was waiting or between runs) or, if its run
 // after the snooze started first, succeeded; the key moves on; Stats settle.
-func TestBreakSnoozeCancelAsTimerFires(t *testing.T) {
+func TestSnoozeCancelledAsTimerFiresEndsOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var dl recorder[int]
 		s := newBubbleSched[int](t, WithDeadLetter(dl.fn), WithWorkers(4))
@@ -510,12 +510,12 @@ func TestBreakSnoozeCancelAsTimerFires(t *testing.T) {
 	})
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Written to attack Snooze (adversarial review, 2026-11-30); it held.
 //
 // Saturating delays: Snooze with math.MaxInt64 and math.MinInt64, with and
 // without a retry policy whose first delay is itself math.MaxInt64 ns. No
 // panic, no wrapped (immediate) run; Cancel and Close still end the wait.
-func TestBreakSnoozeExtremeDelays(t *testing.T) {
+func TestSnoozeExtremeDelaysSaturate(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		opts  []Option
@@ -555,13 +555,13 @@ func TestBreakSnoozeExtremeDelays(t *testing.T) {
 	}
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Written to attack Snooze (adversarial review, 2026-11-30); it held.
 //
 // A parked key's head, resumed, snoozes: it is not parked meanwhile (Resume
 // and Skip say ErrNotParked), its dead letter after it fails again counts
 // only the failed attempts since Resume, and Close giving up while it snoozes
 // aborts it (Attempts 0) and the tasks behind it, letters in key order.
-func TestBreakSnoozeResumedParkedHead(t *testing.T) {
+func TestSnoozeOfResumedParkedHead(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var dl recorder[int]
 		s, err := New[int](WithLogger(quiet), WithDeadLetter(dl.fn), WithFailurePolicy(Park))
@@ -629,11 +629,11 @@ func TestBreakSnoozeResumedParkedHead(t *testing.T) {
 	})
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Written to attack Snooze (adversarial review, 2026-11-30); it held.
 //
 // runtime.Goexit in the run after a snooze is that run's panic: the task is
 // finished (Panicked, one attempt), its key moves on.
-func TestBreakSnoozeThenGoexit(t *testing.T) {
+func TestSnoozeThenGoexitIsAPanic(t *testing.T) {
 	for _, timeout := range []bool{false, true} {
 		synctest.Test(t, func(t *testing.T) {
 			var dl recorder[int]
@@ -671,12 +671,12 @@ func TestBreakSnoozeThenGoexit(t *testing.T) {
 	}
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Written to attack Snooze (adversarial review, 2026-11-30); it held.
 //
 // Close gives up while the heads of many keys snooze: each key's letters
 // come in its order, every Completion is done once, Stats settle after
 // Drain.
-func TestBreakSnoozeCloseManyKeys(t *testing.T) {
+func TestCloseGivingUpOnSnoozingKeysKeepsKeyOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var mu sync.Mutex
 		order := map[int][]int{}
@@ -720,13 +720,14 @@ func TestBreakSnoozeCloseManyKeys(t *testing.T) {
 
 type seqKey struct{}
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Found by attacking the code (adversarial review, 2026-11-30): a key snoozing
+// for ever made Drain's error say only "1 tasks unfinished, 0 keys parked".
 //
 // Drain whose context ends while a key snoozes for ever says so: its error
 // counts the tasks waiting to run again (before, it said "1 tasks
 // unfinished, 0 keys parked", nothing about why). The count follows every
 // way a wait ends: the timer, Cancel, Close's abort.
-func TestBreakSnoozeDrainReportsWaiting(t *testing.T) {
+func TestDrainErrorCountsSnoozingTasks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s, err := New[int](WithLogger(quiet), WithRetry(RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Hour, MaxBackoff: time.Hour}))
 		require.NoError(t, err)
@@ -774,11 +775,11 @@ func TestBreakSnoozeDrainReportsWaiting(t *testing.T) {
 	})
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Written to attack Snooze (adversarial review, 2026-11-30); it held.
 //
 // SubmitBatch's tasks snooze like any: each key keeps its order behind its
 // snoozing head, none spends an attempt.
-func TestBreakSnoozeBatch(t *testing.T) {
+func TestSnoozeInBatchKeepsKeyOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var dl recorder[int]
 		s := newBubbleSched[int](t, WithDeadLetter(dl.fn), WithWorkers(2))
