@@ -696,14 +696,7 @@ func TestCloseDeliversRunnerAbortedLettersBeforeReturning(t *testing.T) {
 		release()
 		_ = abortClose(s)
 	})
-	started := make(chan struct{})
-	if _, err := s.Submit(context.Background(), "k", func(ctx context.Context) error {
-		close(started)
-		<-ctx.Done() // respects its context: Close's abort cancels it
-		return ctx.Err()
-	}); err != nil {
-		t.Fatal(err)
-	}
+	started := submitCancellableHead(t, s, "k")
 	q, err := s.Submit(context.Background(), "k", func(context.Context) error { return nil })
 	if err != nil {
 		t.Fatal(err)
@@ -803,14 +796,7 @@ func TestCloseAbortsTaskWhoseAttemptJustFailed(t *testing.T) {
 		}
 		_ = abortClose(s) // the dead letter is still running: the walk sees stRunning
 		close(releaseDL)
-		if !waitFor(guard, func() bool {
-			select {
-			case <-c.Done():
-				return true
-			default:
-			}
-			return len(s.Parked()) > 0
-		}) {
+		if !waitFor(guard, doneOrParked(s, c)) {
 			t.Fatal("neither done nor parked")
 		}
 		if len(s.Parked()) > 0 {
@@ -892,14 +878,7 @@ func TestDrainWaitsUntilAbortedTaskIsDone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	started := make(chan struct{})
-	if _, err := s.Submit(context.Background(), "k", func(ctx context.Context) error {
-		close(started)
-		<-ctx.Done() // respects its context: Close's abort cancels it
-		return ctx.Err()
-	}); err != nil {
-		t.Fatal(err)
-	}
+	started := submitCancellableHead(t, s, "k")
 	queued, err := s.Submit(context.Background(), "k", func(context.Context) error { return nil })
 	if err != nil {
 		t.Fatal(err)

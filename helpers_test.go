@@ -4,8 +4,10 @@ package keysched
 
 import (
 	"context"
+	"math/rand/v2"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -79,5 +81,77 @@ func requireCloseSettles[K comparable](t *testing.T, s *Scheduler[K], err error,
 		case <-wd.Done():
 			t.Fatalf("completion %d of %d never done (state %d, stats %+v)", i, len(all), c.state.Load(), s.Stats())
 		}
+	}
+}
+
+// submitCancellableHead submits to key a task that runs until its context
+// is cancelled (Close's abort cancels it) and returns its error; the
+// returned channel is closed once it runs.
+func submitCancellableHead(t *testing.T, s *Scheduler[string], key string) <-chan struct{} {
+	t.Helper()
+	started := make(chan struct{})
+	if _, err := s.Submit(context.Background(), key, func(ctx context.Context) error {
+		close(started)
+		<-ctx.Done() // respects its context: Close's abort cancels it
+		return ctx.Err()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return started
+}
+
+// doneOrParked is a condition for waitFor: c is done, or a key of s is
+// parked.
+func doneOrParked[K comparable](s *Scheduler[K], c *Completion) func() bool {
+	return func() bool {
+		return isDone(c) || len(s.Parked()) > 0
+	}
+}
+
+// isDone reports whether c is done, without waiting.
+func isDone(c *Completion) bool {
+	select {
+	case <-c.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+// otherKeyRunsMeanwhile submits n tasks to key (inside a synctest bubble)
+// and checks that all of them are done, without error, once the bubble is
+// idle: no time passes, so nothing another key waits for holds them.
+func otherKeyRunsMeanwhile(t *testing.T, s *Scheduler[string], key string, n int, msg string) {
+	t.Helper()
+	var others []*Completion
+	for range n {
+		c, err := s.Submit(context.Background(), key, func(context.Context) error { return nil })
+		require.NoError(t, err)
+		others = append(others, c)
+	}
+	synctest.Wait()
+	for _, c := range others {
+		require.True(t, isDone(c), msg)
+		require.NoError(t, c.Err())
+	}
+}
+
+// resolveParked resumes or skips (at random) every parked key of s, every
+// pace, until stop is closed.
+func resolveParked[K comparable](s *Scheduler[K], rng *rand.Rand, stop <-chan struct{}, pace time.Duration) {
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		for _, k := range s.Parked() {
+			if rng.IntN(2) == 0 {
+				_ = s.Resume(k)
+			} else {
+				_ = s.Skip(k)
+			}
+		}
+		time.Sleep(pace) // polling pace
 	}
 }

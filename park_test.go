@@ -94,21 +94,7 @@ func TestCloseRacingParkResumeSkipSettles(t *testing.T) {
 			wg.Add(1)
 			go func() { // a resolver racing Close
 				defer wg.Done()
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					for _, k := range s.Parked() {
-						if rng.IntN(2) == 0 {
-							_ = s.Resume(k)
-						} else {
-							_ = s.Skip(k)
-						}
-					}
-					time.Sleep(100 * time.Microsecond) // polling pace
-				}
+				resolveParked(s, rng, stop, 100*time.Microsecond)
 			}()
 			time.Sleep(time.Duration(2+iter%5) * time.Millisecond) // let work pile up (not synchronisation)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)

@@ -50,6 +50,17 @@ func newBubbleSched[K comparable](t *testing.T, opts ...Option) *Scheduler[K] {
 	return s
 }
 
+// newAbortedBubbleSched is newBubbleSched for tests that leave tasks
+// waiting: its cleanup closes with an ended context (Close's abort), so
+// that a failed assertion does not leave the bubble blocked.
+func newAbortedBubbleSched[K comparable](t *testing.T, opts ...Option) *Scheduler[K] {
+	t.Helper()
+	s, err := New[K](append([]Option{WithLogger(quiet)}, opts...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = abortClose(s) })
+	return s
+}
+
 // Retry 1: fails twice then succeeds: three attempts; the key's next task
 // starts after the third; on a one-worker pool another key's 100 tasks all
 // finish during the backoff.
@@ -76,21 +87,7 @@ func TestRetryThenSucceed(t *testing.T) {
 		synctest.Wait() // the first attempt failed; the key waits out a backoff
 		require.EqualValues(t, 1, attempts.Load())
 
-		var others []*Completion
-		for range 100 {
-			c, err := s.Submit(ctx, "b", func(context.Context) error { return nil })
-			require.NoError(t, err)
-			others = append(others, c)
-		}
-		synctest.Wait()
-		for _, c := range others {
-			require.NoError(t, c.Err())
-			select {
-			case <-c.Done():
-			default:
-				t.Fatal("another key's task waited for the backoff")
-			}
-		}
+		otherKeyRunsMeanwhile(t, s, "b", 100, "another key's task waited for the backoff")
 		require.Equal(t, start, time.Now(), "no time passed: the backoff held neither the worker nor the other key")
 		require.Nil(t, c2.Err())
 
@@ -426,14 +423,7 @@ func TestAbortedDeadLetterKeepsItsTask(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		started := make(chan struct{})
-		if _, err := s.Submit(context.Background(), "k", func(ctx context.Context) error {
-			close(started)
-			<-ctx.Done() // respects its context: Close's abort cancels it
-			return ctx.Err()
-		}); err != nil {
-			t.Fatal(err)
-		}
+		started := submitCancellableHead(t, s, "k")
 		for range queued {
 			if _, err := s.Submit(context.Background(), "k", func(context.Context) error { return nil }); err != nil {
 				t.Fatal(err)

@@ -108,16 +108,7 @@ func TestSnoozeKeepsKeyOrder(t *testing.T) {
 		require.NoError(t, err)
 		synctest.Wait()
 		start := time.Now()
-		var others []*Completion
-		for range 50 {
-			c, err := s.Submit(ctx, "b", func(context.Context) error { return nil })
-			require.NoError(t, err)
-			others = append(others, c)
-		}
-		synctest.Wait()
-		for _, c := range others {
-			require.True(t, isDone(c), "another key's task waited for the snooze")
-		}
+		otherKeyRunsMeanwhile(t, s, "b", 50, "another key's task waited for the snooze")
 		require.Equal(t, start, time.Now())
 		require.False(t, isDone(second), "the key's later task ran while its head snoozed")
 		require.NoError(t, first.Wait(ctx))
@@ -127,15 +118,6 @@ func TestSnoozeKeepsKeyOrder(t *testing.T) {
 	})
 }
 
-func isDone(c *Completion) bool {
-	select {
-	case <-c.Done():
-		return true
-	default:
-		return false
-	}
-}
-
 // Cancel withdraws a task waiting out a snooze (its key moves on at once);
 // Close's abort completes one with ErrAborted, dead-lettered with 0
 // attempts; a run cancelled while running that returns Snooze is not snoozed
@@ -143,13 +125,7 @@ func isDone(c *Completion) bool {
 func TestSnoozeCancelAndClose(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var dl recorder[int]
-		s, err := New[int](WithLogger(quiet), WithDeadLetter(dl.fn))
-		require.NoError(t, err)
-		t.Cleanup(func() { // a failed assertion must not leave the bubble blocked
-			gone, cancel := context.WithCancel(context.Background())
-			cancel()
-			_ = s.Close(gone)
-		})
+		s := newAbortedBubbleSched[int](t, WithDeadLetter(dl.fn))
 		ctx := context.Background()
 		snoozer := func(context.Context) error { return Snooze(errBusy, time.Hour) }
 
@@ -729,13 +705,7 @@ type seqKey struct{}
 // way a wait ends: the timer, Cancel, Close's abort.
 func TestDrainErrorCountsSnoozingTasks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s, err := New[int](WithLogger(quiet), WithRetry(RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Hour, MaxBackoff: time.Hour}))
-		require.NoError(t, err)
-		t.Cleanup(func() { // a failed assertion must not leave the bubble blocked
-			gone, cancel := context.WithCancel(context.Background())
-			cancel()
-			_ = s.Close(gone)
-		})
+		s := newAbortedBubbleSched[int](t, WithRetry(RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Hour, MaxBackoff: time.Hour}))
 		ctx := context.Background()
 		forever := func(context.Context) error { return Snooze(errBusy, time.Hour) }
 		drainErr := func() string {

@@ -162,21 +162,7 @@ func stressLoad(t *testing.T, s *Scheduler[int], rec *stressRec, keys, subs, rou
 	go func() { // resolver of parked keys
 		defer helpers.Done()
 		rng := rand.New(rand.NewPCG(99, 7))
-		for {
-			select {
-			case <-done:
-				return
-			default:
-			}
-			for _, k := range s.Parked() {
-				if rng.IntN(2) == 0 {
-					_ = s.Resume(k)
-				} else {
-					_ = s.Skip(k)
-				}
-			}
-			time.Sleep(50 * time.Microsecond) // not synchronisation: a polling pace
-		}
+		resolveParked(s, rng, done, 50*time.Microsecond)
 	}()
 	wg.Wait()
 	// Keep resolving until the scheduler drains (parked keys hold it).

@@ -189,14 +189,7 @@ func TestCancelledRunningTaskIsNotRetriedOrParked(t *testing.T) {
 		}
 		c.Cancel()
 		close(releaseDL)
-		if !waitFor(guard, func() bool {
-			select {
-			case <-c.Done():
-				return true
-			default:
-			}
-			return len(s.Parked()) > 0
-		}) {
+		if !waitFor(guard, doneOrParked(s, c)) {
 			t.Fatal("neither done nor parked")
 		}
 		if len(s.Parked()) > 0 {
