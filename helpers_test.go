@@ -155,3 +155,23 @@ func resolveParked[K comparable](s *Scheduler[K], rng *rand.Rand, stop <-chan st
 		time.Sleep(pace) // polling pace
 	}
 }
+
+// closeAbortsWaitingKey submits to key a task that then waits to run again
+// (it fails into a backoff, or snoozes) and one behind it; once the bubble
+// is idle it closes s with an ended context and checks that Close and both
+// tasks end with ErrAborted. It returns Close's error.
+func closeAbortsWaitingKey(t *testing.T, s *Scheduler[int], key int, task Task) error {
+	t.Helper()
+	ctx := context.Background()
+	waiting, err := s.Submit(ctx, key, task)
+	require.NoError(t, err)
+	behind, err := s.Submit(ctx, key, func(context.Context) error { return nil })
+	require.NoError(t, err)
+	synctest.Wait()
+	err = abortClose(s)
+	require.ErrorIs(t, err, ErrAborted)
+	require.ErrorIs(t, waiting.Wait(ctx), ErrAborted)
+	require.ErrorIs(t, behind.Wait(ctx), ErrAborted)
+	synctest.Wait()
+	return err
+}
