@@ -182,6 +182,12 @@ func benchNoOpRun(b *testing.B, r benchRival, mode string, nw int) {
 	if mode == "backlog" {
 		close(open)
 	}
+	finishTimed(ctx, b, r, cpu, &ran)
+}
+
+// finishTimed waits until r ran every task (the last of the timed work),
+// stops the timer and the CPU meter, and checks that r ran b.N tasks.
+func finishTimed(ctx context.Context, b *testing.B, r benchRival, cpu *cpuMeter, ran *atomic.Int64) {
 	if err := r.finish(ctx); err != nil {
 		b.Fatal(err)
 	}
@@ -371,14 +377,7 @@ func BenchmarkSubmitters(b *testing.B) {
 					}()
 				}
 				wg.Wait()
-				if err := r.finish(ctx); err != nil {
-					b.Fatal(err)
-				}
-				b.StopTimer()
-				cpu.stop()
-				if ran.Load() != int64(b.N) {
-					b.Fatalf("ran %d of %d", ran.Load(), b.N)
-				}
+				finishTimed(ctx, b, r, cpu, &ran)
 			})
 		}
 	}
