@@ -25,11 +25,8 @@ func TestEventLookupAndReplayInBrowser(t *testing.T) {
 		c.Partners = map[string]string{"p": ep.srv.URL}
 		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	})
-	_, e0 := h.post("p", 0)
-	_, e1 := h.post("p", 1)
-	require.Eventually(t, func() bool {
-		return h.event(e0).State == StateDelivered && h.event(e1).State == StateDelivered
-	}, waitLong, 5*time.Millisecond)
+	posted := h.postDelivered("p", 2)
+	e0, e1 := posted[0], posted[1]
 	text := func(sel string) string { t.Helper(); return cssText(t, ctx, sel) }
 	count := func(sel string) int {
 		t.Helper()
