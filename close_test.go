@@ -785,10 +785,7 @@ func TestCloseAbortsTaskWhoseAttemptJustFailed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := s.Submit(context.Background(), "k", func(context.Context) error { return errors.New("fails") })
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := submitFailing(t, s, "k")
 		select {
 		case <-inDL:
 		case <-guard.Done():

@@ -4,6 +4,7 @@ package keysched
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -174,4 +175,14 @@ func closeAbortsWaitingKey(t *testing.T, s *Scheduler[int], key int, task Task) 
 	require.ErrorIs(t, behind.Wait(ctx), ErrAborted)
 	synctest.Wait()
 	return err
+}
+
+// submitFailing submits to key a task whose every attempt fails.
+func submitFailing(t *testing.T, s *Scheduler[string], key string) *Completion {
+	t.Helper()
+	c, err := s.Submit(context.Background(), key, func(context.Context) error { return errors.New("fails") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -305,10 +305,7 @@ func TestResumeRacingAbortWritesNothingUntilItOwnsTheTask(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Submit(context.Background(), "k", func(context.Context) error { return errors.New("fails") })
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := submitFailing(t, s, "k")
 	if !waitFor(guard, func() bool { return len(s.Parked()) == 1 }) {
 		t.Fatal("never parked")
 	}

@@ -618,10 +618,7 @@ func closeWaitsForDeadLetterInFlight(t *testing.T) {
 			close(releaseDL)
 		}
 	}()
-	c, err := s.Submit(context.Background(), "k", func(context.Context) error { return errors.New("fails") })
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := submitFailing(t, s, "k")
 	select {
 	case <-inDL:
 	case <-guard.Done():
@@ -836,10 +833,7 @@ func TestCancelDuringBackoffStopsTimer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Submit(context.Background(), "k", func(context.Context) error { return errors.New("fails") })
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := submitFailing(t, s, "k")
 	if !waitFor(guard, func() bool { return s.Stats().Retried == 1 && c.state.Load() == stWaiting }) {
 		t.Fatal("the task never started its backoff")
 	}
