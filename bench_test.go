@@ -147,41 +147,54 @@ func benchNoOp(b *testing.B, nw int, modes []string, withAnts bool) {
 	for _, mode := range modes {
 		for _, rv := range rivals {
 			b.Run("mode="+mode+"/sched="+rv.name, func(b *testing.B) {
-				ctx := context.Background()
-				r := rv.make(b.N)
-				var ran atomic.Int64
-				open := make(chan struct{})
-				b.ReportAllocs()
-				b.ResetTimer()
-				cpu := startCPU(b)
-				if mode == "backlog" {
-					// Hold every worker: keys benchKeys.. are not used below.
-					for w := range nw {
-						if err := r.gate(ctx, benchKeys+w, open); err != nil {
-							b.Fatal(err)
-						}
-					}
-				} else {
-					close(open)
-				}
-				for i := range b.N {
-					if err := r.submit(ctx, i%benchKeys, &ran); err != nil {
-						b.Fatal(err)
-					}
-				}
-				if mode == "backlog" {
-					close(open)
-				}
-				if err := r.finish(ctx); err != nil {
-					b.Fatal(err)
-				}
-				b.StopTimer()
-				cpu.stop()
-				if ran.Load() != int64(b.N) {
-					b.Fatalf("ran %d of %d", ran.Load(), b.N)
-				}
+				benchNoOpRun(b, rv.make(b.N), mode, nw)
 			})
 		}
+	}
+}
+
+// benchNoOpRun times b.N no-op tasks on benchKeys keys through r: in mode
+// "backlog" all submitted while nw gate tasks hold every worker (keys
+// benchKeys.. are not used otherwise), then released; in mode "stream"
+// submitted while the workers run.
+func benchNoOpRun(b *testing.B, r benchRival, mode string, nw int) {
+	ctx := context.Background()
+	var ran atomic.Int64
+	open := make(chan struct{})
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu := startCPU(b)
+	if mode == "backlog" {
+		// Hold every worker: keys benchKeys.. are not used below.
+		for w := range nw {
+			if err := r.gate(ctx, benchKeys+w, open); err != nil {
+				b.Fatal(err)
+			}
+		}
+	} else {
+		close(open)
+	}
+	for i := range b.N {
+		if err := r.submit(ctx, i%benchKeys, &ran); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if mode == "backlog" {
+		close(open)
+	}
+	finishTimed(ctx, b, r, cpu, &ran)
+}
+
+// finishTimed waits until r ran every task (the last of the timed work),
+// stops the timer and the CPU meter, and checks that r ran b.N tasks.
+func finishTimed(ctx context.Context, b *testing.B, r benchRival, cpu *cpuMeter, ran *atomic.Int64) {
+	if err := r.finish(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	cpu.stop()
+	if ran.Load() != int64(b.N) {
+		b.Fatalf("ran %d of %d", ran.Load(), b.N)
 	}
 }
 
@@ -293,44 +306,13 @@ func BenchmarkObserverCost(b *testing.B) {
 	for _, mode := range []string{"backlog", "stream"} {
 		for _, v := range variants {
 			b.Run("mode="+mode+"/obs="+v.name, func(b *testing.B) {
-				ctx := context.Background()
 				opts := append([]Option{WithWorkers(benchWorkers()), WithMaxPending(b.N + benchKeys),
 					WithMaxKeyDepth(b.N + 1)}, v.opts...)
 				s, err := New[int](opts...)
 				if err != nil {
 					b.Fatal(err)
 				}
-				r := ksRival{s}
-				var ran atomic.Int64
-				open := make(chan struct{})
-				b.ReportAllocs()
-				b.ResetTimer()
-				cpu := startCPU(b)
-				if mode == "backlog" {
-					for w := range benchWorkers() {
-						if err := r.gate(ctx, benchKeys+w, open); err != nil {
-							b.Fatal(err)
-						}
-					}
-				} else {
-					close(open)
-				}
-				for i := range b.N {
-					if err := r.submit(ctx, i%benchKeys, &ran); err != nil {
-						b.Fatal(err)
-					}
-				}
-				if mode == "backlog" {
-					close(open)
-				}
-				if err := r.finish(ctx); err != nil {
-					b.Fatal(err)
-				}
-				b.StopTimer()
-				cpu.stop()
-				if ran.Load() != int64(b.N) {
-					b.Fatalf("ran %d of %d", ran.Load(), b.N)
-				}
+				benchNoOpRun(b, ksRival{s}, mode, benchWorkers())
 			})
 		}
 	}
@@ -395,14 +377,7 @@ func BenchmarkSubmitters(b *testing.B) {
 					}()
 				}
 				wg.Wait()
-				if err := r.finish(ctx); err != nil {
-					b.Fatal(err)
-				}
-				b.StopTimer()
-				cpu.stop()
-				if ran.Load() != int64(b.N) {
-					b.Fatalf("ran %d of %d", ran.Load(), b.N)
-				}
+				finishTimed(ctx, b, r, cpu, &ran)
 			})
 		}
 	}

@@ -239,9 +239,9 @@ func TestBoundsHammer(t *testing.T) {
 	assertAccounting(t, s.Stats())
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Found by attacking the code (adversarial review, 2026-11-30: first written as a failing reproducer).
 //
-// TestRegressionDeadLetterSubmitDeadlocks: WithDeadLetter's doc said the dead-
+// TestDeadLetterSubmitToItsFullKeyDoesNotWait: WithDeadLetter's doc said the dead-
 // letter function "may submit to the scheduler (with a context it has, not
 // the task's)". But it runs while the worker that ran the failed task waits
 // for it, and that task still holds its key (it counts in the key's depth)
@@ -260,8 +260,8 @@ func TestBoundsHammer(t *testing.T) {
 // Status: with context.Background() it failed on every run (deterministic);
 // the API and doc changed since (DeadLetter.Context); the test now submits as
 // the doc prescribes.
-func TestRegressionDeadLetterSubmitDeadlocks(t *testing.T) {
-	guard := breakGuard(t, 10*time.Second)
+func TestDeadLetterSubmitToItsFullKeyDoesNotWait(t *testing.T) {
+	guard := hangGuard(t, 10*time.Second)
 	var s *Scheduler[string]
 	submitted := make(chan error, 1)
 	var first atomic.Bool

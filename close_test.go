@@ -308,7 +308,8 @@ func TestCloseAbortReturnsWhileAKeyedTaskRuns(t *testing.T) {
 	}
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Found by attacking the code (adversarial review, 2026-11-30); first kept as a
+// skipped reproduction until the per-key lanes (below).
 //
 // The dead letters of the tasks Close gives up on are delivered concurrently,
 // but each key's in its order (WithDeadLetter's and Close's promise), also
@@ -330,7 +331,7 @@ func TestCloseAbortReturnsWhileAKeyedTaskRuns(t *testing.T) {
 // that one key's letters are never delivered at once, and, with heads that
 // return nil (no runner delivers), that at most min(workers, maxDeliverers)
 // letters are delivered at once.
-func TestBreakAbortDeadLetterOrderPerKey(t *testing.T) {
+func TestCloseAbortDeadLettersInKeyOrder(t *testing.T) {
 	const keys, depth = 16, 30
 	for _, failHead := range []bool{false, true} {
 		for iter := range 4 {
@@ -423,12 +424,12 @@ func abortOrderRun(t *testing.T, keys, depth int, failHead bool) {
 	}
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Written to attack the code (adversarial review, 2026-11-30); it held.
 //
 // Two schedulers on one small shared pool (nonblocking or not): one gives up
 // in Close with a backlog and running tasks while the other keeps working;
 // the other loses nothing and drains, and the aborted one settles.
-func TestBreakSharedPoolCloseGiveUp(t *testing.T) {
+func TestCloseGivingUpOnSharedPoolSparesTheOtherScheduler(t *testing.T) {
 	for _, nonblocking := range []bool{false, true} {
 		p, err := ants.NewPool(3, ants.WithNonblocking(nonblocking))
 		require.NoError(t, err)
@@ -493,13 +494,13 @@ func TestBreakSharedPoolCloseGiveUp(t *testing.T) {
 	}
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Written to attack the code (adversarial review, 2026-11-30); it held.
 //
 // After a Close that gave up on a task that ignores its context, a second
 // Close and a Drain race: the second Close returns the first's *CloseError
 // at once, Drain waits for the task and the letters behind it, and then
 // Stats are settled.
-func TestBreakSecondCloseRacesDrain(t *testing.T) {
+func TestSecondCloseRacingDrainAfterGiveUp(t *testing.T) {
 	var letters atomic.Int64
 	s, err := New[int](WithLogger(quiet), WithWorkers(2), WithDeadLetter(func(DeadLetter[int]) { letters.Add(1) }))
 	require.NoError(t, err)
@@ -624,9 +625,9 @@ func TestLaterCloseEscalates(t *testing.T) {
 	require.ErrorIs(t, parked.Err(), ErrAborted)
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Found by attacking the code (adversarial review, 2026-11-30: first written as a failing reproducer).
 //
-// TestRegression2CloseReturnsBeforeRunnerAbortIsDelivered: Close's doc promises
+// TestCloseDeliversRunnerAbortedLettersBeforeReturning: Close's doc promises
 // "The dead letters of the tasks Close gives up on are delivered before it
 // returns" and, when it returns with an error, "tasks still running (and the
 // aborted tasks queued behind them) hold their slots in Stats until they
@@ -653,8 +654,8 @@ func TestLaterCloseEscalates(t *testing.T) {
 // for in-flight abort deliveries, or make heldByRunning count only heads
 // whose attempt has actually started (ctxStarted / attempts > 0) and not
 // ended.
-func TestRegression2CloseReturnsBeforeRunnerAbortIsDelivered(t *testing.T) {
-	guard := breakGuard(t, 10*time.Second)
+func TestCloseDeliversRunnerAbortedLettersBeforeReturning(t *testing.T) {
+	guard := hangGuard(t, 10*time.Second)
 	const decoys = 30
 	qEntered := make(chan struct{}) // the runner delivers Q's abort
 	qRelease := make(chan struct{})
@@ -695,14 +696,7 @@ func TestRegression2CloseReturnsBeforeRunnerAbortIsDelivered(t *testing.T) {
 		release()
 		_ = abortClose(s)
 	})
-	started := make(chan struct{})
-	if _, err := s.Submit(context.Background(), "k", func(ctx context.Context) error {
-		close(started)
-		<-ctx.Done() // respects its context: Close's abort cancels it
-		return ctx.Err()
-	}); err != nil {
-		t.Fatal(err)
-	}
+	started := submitCancellableHead(t, s, "k")
 	q, err := s.Submit(context.Background(), "k", func(context.Context) error { return nil })
 	if err != nil {
 		t.Fatal(err)
@@ -760,9 +754,9 @@ func TestRegression2CloseReturnsBeforeRunnerAbortIsDelivered(t *testing.T) {
 	}
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Found by attacking the code (adversarial review, 2026-11-30: first written as a failing reproducer).
 //
-// TestRegressionAbortWhileFailingOutlivesClose: Close with an ended context must
+// TestCloseAbortsTaskWhoseAttemptJustFailed: Close with an ended context must
 // complete "every task that has not started (including retries waiting out a
 // backoff and parked keys) with ErrAborted". A task whose attempt has just
 // returned an error is in failed() (run.go), which looks at core.aborting once,
@@ -777,9 +771,9 @@ func TestRegression2CloseReturnsBeforeRunnerAbortIsDelivered(t *testing.T) {
 //
 // Status: both subtests failed on every run when found (deterministic); fixed
 // since (same re-check; the dead letter is now delivered after parking).
-func TestRegressionAbortWhileFailingOutlivesClose(t *testing.T) {
+func TestCloseAbortsTaskWhoseAttemptJustFailed(t *testing.T) {
 	t.Run("park", func(t *testing.T) {
-		guard := breakGuard(t, 10*time.Second)
+		guard := hangGuard(t, 10*time.Second)
 		inDL, releaseDL := make(chan struct{}), make(chan struct{})
 		var first atomic.Bool
 		s, err := New[string](WithLogger(quiet), WithFailurePolicy(Park), WithDeadLetter(func(DeadLetter[string]) {
@@ -791,10 +785,7 @@ func TestRegressionAbortWhileFailingOutlivesClose(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := s.Submit(context.Background(), "k", func(context.Context) error { return errors.New("fails") })
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := submitFailing(t, s, "k")
 		select {
 		case <-inDL:
 		case <-guard.Done():
@@ -802,14 +793,7 @@ func TestRegressionAbortWhileFailingOutlivesClose(t *testing.T) {
 		}
 		_ = abortClose(s) // the dead letter is still running: the walk sees stRunning
 		close(releaseDL)
-		if !waitFor(guard, func() bool {
-			select {
-			case <-c.Done():
-				return true
-			default:
-			}
-			return len(s.Parked()) > 0
-		}) {
+		if !waitFor(guard, doneOrParked(s, c)) {
 			t.Fatal("neither done nor parked")
 		}
 		if len(s.Parked()) > 0 {
@@ -819,7 +803,7 @@ func TestRegressionAbortWhileFailingOutlivesClose(t *testing.T) {
 		}
 	})
 	t.Run("retry", func(t *testing.T) {
-		guard := breakGuard(t, 10*time.Second)
+		guard := hangGuard(t, 10*time.Second)
 		s, err := New[string](WithLogger(quiet), WithRetry(RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Hour}))
 		if err != nil {
 			t.Fatal(err)
@@ -857,9 +841,9 @@ func TestRegressionAbortWhileFailingOutlivesClose(t *testing.T) {
 	})
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Found by attacking the code (adversarial review, 2026-11-30: first written as a failing reproducer).
 //
-// TestRegressionDrainReturnsBeforeAbortedTaskIsDone: a runner that pops a node in
+// TestDrainWaitsUntilAbortedTaskIsDone: a runner that pops a node in
 // stFinishing (Cancel or Close's abort has claimed it but not yet finished
 // it) treats it as a finished tombstone (run.go step) and advance()s past it,
 // releasing its pending slot. Close's abort calls the dead-letter function
@@ -877,8 +861,8 @@ func TestRegressionAbortWhileFailingOutlivesClose(t *testing.T) {
 //
 // Status: failed on every run when found (deterministic); fixed since
 // (abortNode finishes the task before delivering its dead letter).
-func TestRegressionDrainReturnsBeforeAbortedTaskIsDone(t *testing.T) {
-	guard := breakGuard(t, 10*time.Second)
+func TestDrainWaitsUntilAbortedTaskIsDone(t *testing.T) {
+	guard := hangGuard(t, 10*time.Second)
 	inDL, releaseDL := make(chan struct{}), make(chan struct{})
 	var first atomic.Bool
 	s, err := New[string](WithLogger(quiet), WithWorkers(1), WithDeadLetter(func(dl DeadLetter[string]) {
@@ -891,14 +875,7 @@ func TestRegressionDrainReturnsBeforeAbortedTaskIsDone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	started := make(chan struct{})
-	if _, err := s.Submit(context.Background(), "k", func(ctx context.Context) error {
-		close(started)
-		<-ctx.Done() // respects its context: Close's abort cancels it
-		return ctx.Err()
-	}); err != nil {
-		t.Fatal(err)
-	}
+	started := submitCancellableHead(t, s, "k")
 	queued, err := s.Submit(context.Background(), "k", func(context.Context) error { return nil })
 	if err != nil {
 		t.Fatal(err)

@@ -4,15 +4,18 @@ package keysched
 
 import (
 	"context"
+	"errors"
+	"math/rand/v2"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
 )
 
-// breakGuard is a hang guard: a deadline far above any normal run.
-func breakGuard(t *testing.T, d time.Duration) context.Context {
+// hangGuard is a hang guard: a deadline far above any normal run.
+func hangGuard(t *testing.T, d time.Duration) context.Context {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
@@ -80,4 +83,106 @@ func requireCloseSettles[K comparable](t *testing.T, s *Scheduler[K], err error,
 			t.Fatalf("completion %d of %d never done (state %d, stats %+v)", i, len(all), c.state.Load(), s.Stats())
 		}
 	}
+}
+
+// submitCancellableHead submits to key a task that runs until its context
+// is cancelled (Close's abort cancels it) and returns its error; the
+// returned channel is closed once it runs.
+func submitCancellableHead(t *testing.T, s *Scheduler[string], key string) <-chan struct{} {
+	t.Helper()
+	started := make(chan struct{})
+	if _, err := s.Submit(context.Background(), key, func(ctx context.Context) error {
+		close(started)
+		<-ctx.Done() // respects its context: Close's abort cancels it
+		return ctx.Err()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return started
+}
+
+// doneOrParked is a condition for waitFor: c is done, or a key of s is
+// parked.
+func doneOrParked[K comparable](s *Scheduler[K], c *Completion) func() bool {
+	return func() bool {
+		return isDone(c) || len(s.Parked()) > 0
+	}
+}
+
+// isDone reports whether c is done, without waiting.
+func isDone(c *Completion) bool {
+	select {
+	case <-c.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+// otherKeyRunsMeanwhile submits n tasks to key (inside a synctest bubble)
+// and checks that all of them are done, without error, once the bubble is
+// idle: no time passes, so nothing another key waits for holds them.
+func otherKeyRunsMeanwhile(t *testing.T, s *Scheduler[string], key string, n int, msg string) {
+	t.Helper()
+	var others []*Completion
+	for range n {
+		c, err := s.Submit(context.Background(), key, func(context.Context) error { return nil })
+		require.NoError(t, err)
+		others = append(others, c)
+	}
+	synctest.Wait()
+	for _, c := range others {
+		require.True(t, isDone(c), msg)
+		require.NoError(t, c.Err())
+	}
+}
+
+// resolveParked resumes or skips (at random) every parked key of s, every
+// pace, until stop is closed.
+func resolveParked[K comparable](s *Scheduler[K], rng *rand.Rand, stop <-chan struct{}, pace time.Duration) {
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		for _, k := range s.Parked() {
+			if rng.IntN(2) == 0 {
+				_ = s.Resume(k)
+			} else {
+				_ = s.Skip(k)
+			}
+		}
+		time.Sleep(pace) // polling pace
+	}
+}
+
+// closeAbortsWaitingKey submits to key a task that then waits to run again
+// (it fails into a backoff, or snoozes) and one behind it; once the bubble
+// is idle it closes s with an ended context and checks that Close and both
+// tasks end with ErrAborted. It returns Close's error.
+func closeAbortsWaitingKey(t *testing.T, s *Scheduler[int], key int, task Task) error {
+	t.Helper()
+	ctx := context.Background()
+	waiting, err := s.Submit(ctx, key, task)
+	require.NoError(t, err)
+	behind, err := s.Submit(ctx, key, func(context.Context) error { return nil })
+	require.NoError(t, err)
+	synctest.Wait()
+	err = abortClose(s)
+	require.ErrorIs(t, err, ErrAborted)
+	require.ErrorIs(t, waiting.Wait(ctx), ErrAborted)
+	require.ErrorIs(t, behind.Wait(ctx), ErrAborted)
+	synctest.Wait()
+	return err
+}
+
+// submitFailing submits to key a task whose every attempt fails.
+func submitFailing(t *testing.T, s *Scheduler[string], key string) *Completion {
+	t.Helper()
+	c, err := s.Submit(context.Background(), key, func(context.Context) error { return errors.New("fails") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

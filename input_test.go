@@ -16,9 +16,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// Written to attack the code (adversarial review, 2026-11-30) after a clean and
+// an aborting Close; it held.
+//
 // Every call after Close returns an error (or a zero answer), never panics or
 // hangs, whether Close finished cleanly or gave up.
-func TestBreakUseAfterClose(t *testing.T) {
+func TestEveryCallAfterCloseErrsOrAnswersZero(t *testing.T) {
 	for _, gaveUp := range []bool{false, true} {
 		s, err := New[any](WithLogger(quiet), WithFailurePolicy(Park), WithMaxPending(math.MaxInt), WithMaxKeyDepth(math.MaxInt))
 		require.NoError(t, err)
@@ -71,9 +74,12 @@ func TestBreakUseAfterClose(t *testing.T) {
 	}
 }
 
+// Found by attacking the code (adversarial review, 2026-11-30): Cancel on a
+// zero Completion dereferenced its nil chain header and panicked.
+//
 // A Completion the caller made itself (the zero value) is no task: Cancel
 // must not panic and Wait must not hang.
-func TestBreakZeroCompletion(t *testing.T) {
+func TestZeroCompletionCancelAndWait(t *testing.T) {
 	var c Completion
 	require.NotPanics(t, c.Cancel)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -81,9 +87,12 @@ func TestBreakZeroCompletion(t *testing.T) {
 	require.Error(t, c.Wait(ctx))
 }
 
+// Found by attacking the code (adversarial review, 2026-11-30): Wait with a
+// task's context walked the zero Completion's nil chain header and panicked.
+//
 // The same zero Completion waited on from inside a task (the deadlock check
 // walks its chain: it has none).
-func TestBreakZeroCompletionWaitInTask(t *testing.T) {
+func TestZeroCompletionWaitInsideTask(t *testing.T) {
 	s := newSched[int](t)
 	ctx := watchdog(t)
 	c, err := s.Submit(ctx, 1, func(tctx context.Context) error {

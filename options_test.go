@@ -114,9 +114,9 @@ func TestOptionsMeetByOneRule(t *testing.T) {
 	}
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Found by attacking the code (adversarial review, 2026-11-30: first written as a failing reproducer).
 //
-// TestRegressionWithWorkersAboveInt32: options are "checked when New runs: a bad
+// TestWithWorkersAboveMaxInt32RefusedOrRuns: options are "checked when New runs: a bad
 // value makes New return an error wrapping ErrInvalidOption". WithWorkers(n)
 // accepts any n >= 1, but workers.max is an int32 (pool.go newWorkers:
 // w.max = int32(size)), and ants' capacity is an int32 too. WithWorkers(
@@ -128,8 +128,8 @@ func TestOptionsMeetByOneRule(t *testing.T) {
 //
 // Status: failed on every run when found (deterministic); fixed since
 // (WithWorkers rejects n > math.MaxInt32).
-func TestRegressionWithWorkersAboveInt32(t *testing.T) {
-	guard := breakGuard(t, 5*time.Second)
+func TestWithWorkersAboveMaxInt32RefusedOrRuns(t *testing.T) {
+	guard := hangGuard(t, 5*time.Second)
 	for _, n := range []int{math.MaxInt, 1 << 32} {
 		s, err := New[int](WithLogger(quiet), WithWorkers(n))
 		if err != nil {

@@ -16,13 +16,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Written to attack the code (adversarial review, 2026-11-30); it held.
 //
 // Tasks that end with runtime.Goexit (t.FailNow in a callback does), mixed
 // with retries, Park with Resume, and an aborting Close: every worker comes
 // back, every Completion is done, Stats settles, nothing leaks (TestMain's
 // goleak).
-func TestBreakGoexitMix(t *testing.T) {
+func TestGoexitAmongRetriesAndParksKeepsWorkers(t *testing.T) {
 	for _, park := range []bool{false, true} {
 		var letters atomic.Int64
 		opts := []Option{WithLogger(quiet), WithWorkers(2), WithMaxKeyDepth(4),
@@ -149,9 +149,9 @@ func TestPanicsAndErrorsKeepCapacity(t *testing.T) {
 	assertAccounting(t, st)
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Found by attacking the code (adversarial review, 2026-11-30: first written as a failing reproducer).
 //
-// TestRegressionUnwindInFailureHandling: panics and runtime.Goexit inside a task
+// TestUnwindInFailureHandlingIsContained: panics and runtime.Goexit inside a task
 // are handled (call() recovers panics; runLoop's deferred goexit() finishes a
 // task that called Goexit and hands its runner slot on). But failed()
 // (run.go) runs more user code outside any recover: errors.As on the task's
@@ -181,9 +181,9 @@ func TestPanicsAndErrorsKeepCapacity(t *testing.T) {
 // Status: both subtests failed on every run when found (deterministic); fixed
 // since (IsPermanent runs under call()'s recover; the dead letter runs on a
 // goroutine of its own; goexit() checks attemptEnded).
-func TestRegressionUnwindInFailureHandling(t *testing.T) {
+func TestUnwindInFailureHandlingIsContained(t *testing.T) {
 	t.Run("typedNilError", func(t *testing.T) {
-		guard := breakGuard(t, 5*time.Second)
+		guard := hangGuard(t, 5*time.Second)
 		s := newSched[int](t, WithWorkers(1))
 		c, err := s.Submit(context.Background(), 1, func(context.Context) error {
 			var e *unwrapDerefErr // a typed nil: err != nil
@@ -202,7 +202,7 @@ func TestRegressionUnwindInFailureHandling(t *testing.T) {
 		}
 	})
 	t.Run("deadLetterGoexit", func(t *testing.T) {
-		guard := breakGuard(t, 5*time.Second)
+		guard := hangGuard(t, 5*time.Second)
 		var letters atomic.Int32
 		s, err := New[string](WithLogger(quiet), WithWorkers(1), WithDeadLetter(func(DeadLetter[string]) {
 			letters.Add(1)

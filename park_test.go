@@ -19,13 +19,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Written to attack the code (adversarial review, 2026-11-30); it held.
 //
 // Close gives up while keys park, a dead-letter function resumes or skips
 // the key it reports, another goroutine resumes and skips too, retries wait
 // out backoffs and submitters keep submitting batches: every Completion is
 // done exactly once, after its dead letters, and Stats settles.
-func TestBreakCloseRacesParkResume(t *testing.T) {
+func TestCloseRacingParkResumeSkipSettles(t *testing.T) {
 	for iter := range 12 {
 		t.Run(fmt.Sprint(iter), func(t *testing.T) {
 			const keys = 4
@@ -94,21 +94,7 @@ func TestBreakCloseRacesParkResume(t *testing.T) {
 			wg.Add(1)
 			go func() { // a resolver racing Close
 				defer wg.Done()
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					for _, k := range s.Parked() {
-						if rng.IntN(2) == 0 {
-							_ = s.Resume(k)
-						} else {
-							_ = s.Skip(k)
-						}
-					}
-					time.Sleep(100 * time.Microsecond) // polling pace
-				}
+				resolveParked(s, rng, stop, 100*time.Microsecond)
 			}()
 			time.Sleep(time.Duration(2+iter%5) * time.Millisecond) // let work pile up (not synchronisation)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
@@ -130,9 +116,9 @@ func TestBreakCloseRacesParkResume(t *testing.T) {
 	}
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Found by attacking the code (adversarial review, 2026-11-30: first written as a failing reproducer).
 //
-// TestRegression2ResumeSkipAfterCloseGaveUp: Resume and Skip "return ErrClosed once
+// TestResumeSkipAfterCloseGaveUpReturnErrClosed: Resume and Skip "return ErrClosed once
 // Close has given up on unfinished tasks", and Close, once its context has
 // ended, "completes every task that has not started (including ... parked
 // keys) with ErrAborted, hands those to the dead-letter function". But Resume
@@ -153,10 +139,10 @@ func TestBreakCloseRacesParkResume(t *testing.T) {
 // (put the entry back / leave the node parked for abortNode), or have the
 // abort walk take parked keys first, under parked.mu, before any dead letter
 // is delivered.
-func TestRegression2ResumeSkipAfterCloseGaveUp(t *testing.T) {
+func TestResumeSkipAfterCloseGaveUpReturnErrClosed(t *testing.T) {
 	for _, op := range []string{"Skip", "Resume"} {
 		t.Run(op, func(t *testing.T) {
-			guard := breakGuard(t, 10*time.Second)
+			guard := hangGuard(t, 10*time.Second)
 			const decoys = 20
 			var s *Scheduler[string]
 			var once sync.Once
@@ -221,9 +207,9 @@ func TestRegression2ResumeSkipAfterCloseGaveUp(t *testing.T) {
 	}
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Found by attacking the code (adversarial review, 2026-11-30: first written as a failing reproducer).
 //
-// TestRegressionCancelAfterResumePanics: a parked head that was Resumed is back in
+// TestCancelAfterResumeWithdrawsTask: a parked head that was Resumed is back in
 // state stWaiting, but (without a retry policy) it never had a retry timer.
 // Completion.Cancel takes a waiting task and calls wakeStalled, which calls
 // c.more.fail.timer.Stop() on a nil *time.Timer: Cancel panics with a nil
@@ -239,8 +225,8 @@ func TestRegression2ResumeSkipAfterCloseGaveUp(t *testing.T) {
 // Status: failed on every run when found (deterministic); fixed since (Resume
 // owns the task by CAS before touching it and requeues it as stQueued); kept
 // as a regression test.
-func TestRegressionCancelAfterResumePanics(t *testing.T) {
-	guard := breakGuard(t, 10*time.Second)
+func TestCancelAfterResumeWithdrawsTask(t *testing.T) {
+	guard := hangGuard(t, 10*time.Second)
 	s, err := New[string](WithLogger(quiet), WithWorkers(1), WithFailurePolicy(Park),
 		WithDeadLetter(func(DeadLetter[string]) {}))
 	if err != nil {
@@ -292,9 +278,9 @@ func TestRegressionCancelAfterResumePanics(t *testing.T) {
 	}
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Found by attacking the code (adversarial review, 2026-11-30: first written as a failing reproducer).
 //
-// TestRegressionResumeRacingAbortDataRace: Resume (retry.go) takes the key out of
+// TestResumeRacingAbortWritesNothingUntilItOwnsTheTask: Resume (retry.go) takes the key out of
 // the parked map, then writes x.fail.base, and only then tries to CAS the task
 // from stParked. Close's abort may already own the task (abortNode moved it to
 // stFinishing; it drops the parked entry only after the dead letter), and
@@ -308,8 +294,8 @@ func TestRegressionCancelAfterResumePanics(t *testing.T) {
 // Status: failed on every run when found (race detector + nil from Resume);
 // fixed since (Resume CASes before writing fail.base; notParked reports
 // ErrClosed).
-func TestRegressionResumeRacingAbortDataRace(t *testing.T) {
-	guard := breakGuard(t, 10*time.Second)
+func TestResumeRacingAbortWritesNothingUntilItOwnsTheTask(t *testing.T) {
+	guard := hangGuard(t, 10*time.Second)
 	release := make(chan struct{})
 	s, err := New[string](WithLogger(quiet), WithFailurePolicy(Park), WithDeadLetter(func(dl DeadLetter[string]) {
 		if errors.Is(dl.Err, ErrAborted) {
@@ -319,10 +305,7 @@ func TestRegressionResumeRacingAbortDataRace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Submit(context.Background(), "k", func(context.Context) error { return errors.New("fails") })
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := submitFailing(t, s, "k")
 	if !waitFor(guard, func() bool { return len(s.Parked()) == 1 }) {
 		t.Fatal("never parked")
 	}

@@ -50,6 +50,17 @@ func newBubbleSched[K comparable](t *testing.T, opts ...Option) *Scheduler[K] {
 	return s
 }
 
+// newAbortedBubbleSched is newBubbleSched for tests that leave tasks
+// waiting: its cleanup closes with an ended context (Close's abort), so
+// that a failed assertion does not leave the bubble blocked.
+func newAbortedBubbleSched[K comparable](t *testing.T, opts ...Option) *Scheduler[K] {
+	t.Helper()
+	s, err := New[K](append([]Option{WithLogger(quiet)}, opts...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = abortClose(s) })
+	return s
+}
+
 // Retry 1: fails twice then succeeds: three attempts; the key's next task
 // starts after the third; on a one-worker pool another key's 100 tasks all
 // finish during the backoff.
@@ -76,21 +87,7 @@ func TestRetryThenSucceed(t *testing.T) {
 		synctest.Wait() // the first attempt failed; the key waits out a backoff
 		require.EqualValues(t, 1, attempts.Load())
 
-		var others []*Completion
-		for range 100 {
-			c, err := s.Submit(ctx, "b", func(context.Context) error { return nil })
-			require.NoError(t, err)
-			others = append(others, c)
-		}
-		synctest.Wait()
-		for _, c := range others {
-			require.NoError(t, c.Err())
-			select {
-			case <-c.Done():
-			default:
-				t.Fatal("another key's task waited for the backoff")
-			}
-		}
+		otherKeyRunsMeanwhile(t, s, "b", 100, "another key's task waited for the backoff")
 		require.Equal(t, start, time.Now(), "no time passed: the backoff held neither the worker nor the other key")
 		require.Nil(t, c2.Err())
 
@@ -376,19 +373,8 @@ func TestCancelAndAbortDuringBackoff(t *testing.T) {
 		require.NoError(t, next.Wait(ctx))
 		require.Equal(t, start, time.Now(), "the key moved on without waiting out the backoff")
 
-		waiting, err := s.Submit(ctx, 2, func(context.Context) error { return errFail })
-		require.NoError(t, err)
-		behind, err := s.Submit(ctx, 2, func(context.Context) error { return nil })
-		require.NoError(t, err)
-		synctest.Wait()
-		ended, cancel := context.WithCancel(ctx)
-		cancel()
-		err = s.Close(ended)
-		require.ErrorIs(t, err, ErrAborted)
+		err = closeAbortsWaitingKey(t, s, 2, func(context.Context) error { return errFail })
 		require.ErrorIs(t, err, context.Canceled)
-		require.ErrorIs(t, waiting.Wait(ctx), ErrAborted)
-		require.ErrorIs(t, behind.Wait(ctx), ErrAborted)
-		synctest.Wait()
 		st := s.Stats()
 		require.EqualValues(t, 2, st.Aborted)
 		require.EqualValues(t, 1, st.Cancelled)
@@ -426,14 +412,7 @@ func TestAbortedDeadLetterKeepsItsTask(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		started := make(chan struct{})
-		if _, err := s.Submit(context.Background(), "k", func(ctx context.Context) error {
-			close(started)
-			<-ctx.Done() // respects its context: Close's abort cancels it
-			return ctx.Err()
-		}); err != nil {
-			t.Fatal(err)
-		}
+		started := submitCancellableHead(t, s, "k")
 		for range queued {
 			if _, err := s.Submit(context.Background(), "k", func(context.Context) error { return nil }); err != nil {
 				t.Fatal(err)
@@ -579,9 +558,9 @@ func TestTaskTimeoutDeadlineSaturates(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidOption)
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Found by attacking the code (adversarial review, 2026-11-30: first written as a failing reproducer).
 //
-// TestRegression2DeadLetterOutlivesPendingSlot: under FailurePolicy Park the
+// TestDeadLetterInFlightHoldsPendingSlot: under FailurePolicy Park the
 // key is parked before the dead letter is delivered ("so fn may Resume or
 // Skip it": parkFailed, run.go, now parks first, then delivers). A dead-letter
 // function that Skips (or Resumes) its key and then goes on working (writes
@@ -608,14 +587,14 @@ func TestTaskTimeoutDeadlineSaturates(t *testing.T) {
 // counter of deliveries in flight before releasing the pool), and do not
 // ignore ReleaseContext's error when workers are still busy.
 //
-// Subtest escalation: same root cause, other symptom (see break2Escalation).
-func TestRegression2DeadLetterOutlivesPendingSlot(t *testing.T) {
-	t.Run("closeNil", break2CloseNil)
-	t.Run("escalation", break2Escalation)
+// Subtest escalation: same root cause, other symptom (see escalatedCloseWithDeadLetterInFlight).
+func TestDeadLetterInFlightHoldsPendingSlot(t *testing.T) {
+	t.Run("closeNil", closeWaitsForDeadLetterInFlight)
+	t.Run("escalation", escalatedCloseWithDeadLetterInFlight)
 }
 
-func break2CloseNil(t *testing.T) {
-	guard := breakGuard(t, 10*time.Second)
+func closeWaitsForDeadLetterInFlight(t *testing.T) {
+	guard := hangGuard(t, 10*time.Second)
 	inDL := make(chan struct{})
 	releaseDL := make(chan struct{})
 	var fnReturned atomic.Bool
@@ -639,10 +618,7 @@ func break2CloseNil(t *testing.T) {
 			close(releaseDL)
 		}
 	}()
-	c, err := s.Submit(context.Background(), "k", func(context.Context) error { return errors.New("fails") })
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := submitFailing(t, s, "k")
 	select {
 	case <-inDL:
 	case <-guard.Done():
@@ -668,8 +644,8 @@ func break2CloseNil(t *testing.T) {
 	}
 }
 
-// break2Escalation: same root cause as the closeNil subtest of
-// TestRegression2DeadLetterOutlivesPendingSlot, other symptom. Close's
+// escalatedCloseWithDeadLetterInFlight: same root cause as the closeNil subtest of
+// TestDeadLetterInFlightHoldsPendingSlot, other symptom. Close's
 // doc: "if a later call's ctx ends first, the first Close gives up as if its
 // own had ended (so a Close(context.Background()) waiting on a parked key can
 // be escalated)". When the parked key was skipped by its dead-letter function
@@ -684,8 +660,8 @@ func break2CloseNil(t *testing.T) {
 // Fix (close.go Close / pool.go release): wait for the pool with a context
 // that giveUp also ends, or settle in-flight dead letters before the
 // pending count can reach zero (see the test above).
-func break2Escalation(t *testing.T) {
-	guard := breakGuard(t, 10*time.Second)
+func escalatedCloseWithDeadLetterInFlight(t *testing.T) {
+	guard := hangGuard(t, 10*time.Second)
 	inDL := make(chan struct{})
 	releaseDL := make(chan struct{})
 	var s *Scheduler[string]
@@ -733,9 +709,9 @@ func break2Escalation(t *testing.T) {
 	}
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Found by attacking the code (adversarial review, 2026-11-30: first written as a failing reproducer).
 //
-// TestRegressionCancelWaitingRetryRequeuedTwice: failed() (run.go) arms a retry as
+// TestCancelDuringBackoffHandsTaskBackOnce: failed() (run.go) arms a retry as
 // AfterFunc(1<<62) -> state.Store(stWaiting) -> timer.Reset(delay). A Cancel
 // (or Close's abort) that takes the task in between calls wakeStalled, whose
 // timer.Stop() succeeds on the not-yet-Reset timer, so it requeues the task;
@@ -755,9 +731,9 @@ func break2Escalation(t *testing.T) {
 //
 // Status: failed on every run of this test when found (most within 0.1-1.5s,
 // sometimes as the stall); fixed since by the hand-back token (but see
-// TestRegressionCancelledBackoffKeepsTimer).
-func TestRegressionCancelWaitingRetryRequeuedTwice(t *testing.T) {
-	guard := breakGuard(t, 10*time.Second)
+// TestCancelDuringBackoffStopsTimer).
+func TestCancelDuringBackoffHandsTaskBackOnce(t *testing.T) {
+	guard := hangGuard(t, 10*time.Second)
 	s, err := New[int](WithLogger(quiet), WithWorkers(2),
 		WithRetry(RetryPolicy{MaxAttempts: 2, InitialBackoff: 50 * time.Microsecond}),
 		WithDeadLetter(func(DeadLetter[int]) {}))
@@ -832,9 +808,9 @@ func TestRegressionCancelWaitingRetryRequeuedTwice(t *testing.T) {
 	assertAccounting(t, s.Stats())
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Found by attacking the code (adversarial review, 2026-11-30: first written as a failing reproducer).
 //
-// TestRegressionCancelledBackoffKeepsTimer: a task waiting out a retry backoff is
+// TestCancelDuringBackoffStopsTimer: a task waiting out a retry backoff is
 // handed back by a hand-back token (run.go wait): the backoff's AfterFunc
 // timer is no longer kept anywhere, so Cancel (wakeStalled) and Close's abort
 // cannot stop it. The timer, and through its closure the task's node (its
@@ -850,17 +826,14 @@ func TestRegressionCancelWaitingRetryRequeuedTwice(t *testing.T) {
 //
 // Status: fails 13/13 on the current code (a regression of the hand-back
 // fix); it passes with the timer stopped on hand-back.
-func TestRegressionCancelledBackoffKeepsTimer(t *testing.T) {
-	guard := breakGuard(t, 10*time.Second)
+func TestCancelDuringBackoffStopsTimer(t *testing.T) {
+	guard := hangGuard(t, 10*time.Second)
 	s, err := New[string](WithLogger(quiet), WithRetry(RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Hour}),
 		WithDeadLetter(func(DeadLetter[string]) {}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Submit(context.Background(), "k", func(context.Context) error { return errors.New("fails") })
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := submitFailing(t, s, "k")
 	if !waitFor(guard, func() bool { return s.Stats().Retried == 1 && c.state.Load() == stWaiting }) {
 		t.Fatal("the task never started its backoff")
 	}

@@ -108,16 +108,7 @@ func TestSnoozeKeepsKeyOrder(t *testing.T) {
 		require.NoError(t, err)
 		synctest.Wait()
 		start := time.Now()
-		var others []*Completion
-		for range 50 {
-			c, err := s.Submit(ctx, "b", func(context.Context) error { return nil })
-			require.NoError(t, err)
-			others = append(others, c)
-		}
-		synctest.Wait()
-		for _, c := range others {
-			require.True(t, isDone(c), "another key's task waited for the snooze")
-		}
+		otherKeyRunsMeanwhile(t, s, "b", 50, "another key's task waited for the snooze")
 		require.Equal(t, start, time.Now())
 		require.False(t, isDone(second), "the key's later task ran while its head snoozed")
 		require.NoError(t, first.Wait(ctx))
@@ -127,15 +118,6 @@ func TestSnoozeKeepsKeyOrder(t *testing.T) {
 	})
 }
 
-func isDone(c *Completion) bool {
-	select {
-	case <-c.Done():
-		return true
-	default:
-		return false
-	}
-}
-
 // Cancel withdraws a task waiting out a snooze (its key moves on at once);
 // Close's abort completes one with ErrAborted, dead-lettered with 0
 // attempts; a run cancelled while running that returns Snooze is not snoozed
@@ -143,13 +125,7 @@ func isDone(c *Completion) bool {
 func TestSnoozeCancelAndClose(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var dl recorder[int]
-		s, err := New[int](WithLogger(quiet), WithDeadLetter(dl.fn))
-		require.NoError(t, err)
-		t.Cleanup(func() { // a failed assertion must not leave the bubble blocked
-			gone, cancel := context.WithCancel(context.Background())
-			cancel()
-			_ = s.Close(gone)
-		})
+		s := newAbortedBubbleSched[int](t, WithDeadLetter(dl.fn))
 		ctx := context.Background()
 		snoozer := func(context.Context) error { return Snooze(errBusy, time.Hour) }
 
@@ -178,18 +154,7 @@ func TestSnoozeCancelAndClose(t *testing.T) {
 		require.True(t, IsSnoozed(running.Err()))
 		require.EqualValues(t, 1, runs.Load())
 
-		waiting, err := s.Submit(ctx, 3, snoozer)
-		require.NoError(t, err)
-		behind, err := s.Submit(ctx, 3, func(context.Context) error { return nil })
-		require.NoError(t, err)
-		synctest.Wait()
-		ended, cancel := context.WithCancel(ctx)
-		cancel()
-		err = s.Close(ended)
-		require.ErrorIs(t, err, ErrAborted)
-		require.ErrorIs(t, waiting.Wait(ctx), ErrAborted)
-		require.ErrorIs(t, behind.Wait(ctx), ErrAborted)
-		synctest.Wait()
+		require.ErrorIs(t, closeAbortsWaitingKey(t, s, 3, snoozer), ErrAborted)
 		st := s.Stats()
 		require.EqualValues(t, 2, st.Aborted)
 		require.EqualValues(t, 2, st.Cancelled)
@@ -455,13 +420,13 @@ func TestSnoozeBudgetProperty(t *testing.T) {
 	}
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Written to attack Snooze (adversarial review, 2026-11-30); it held.
 //
 // Cancel at the very instant a snooze's timer fires (same fake time: the
 // order of the two is the runtime's), many times: the task ends once, as
 // cancelled (no dead letter: it was waiting or between runs) or, if its run
 // after the snooze started first, succeeded; the key moves on; Stats settle.
-func TestBreakSnoozeCancelAsTimerFires(t *testing.T) {
+func TestSnoozeCancelledAsTimerFiresEndsOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var dl recorder[int]
 		s := newBubbleSched[int](t, WithDeadLetter(dl.fn), WithWorkers(4))
@@ -510,12 +475,12 @@ func TestBreakSnoozeCancelAsTimerFires(t *testing.T) {
 	})
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Written to attack Snooze (adversarial review, 2026-11-30); it held.
 //
 // Saturating delays: Snooze with math.MaxInt64 and math.MinInt64, with and
 // without a retry policy whose first delay is itself math.MaxInt64 ns. No
 // panic, no wrapped (immediate) run; Cancel and Close still end the wait.
-func TestBreakSnoozeExtremeDelays(t *testing.T) {
+func TestSnoozeExtremeDelaysSaturate(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		opts  []Option
@@ -555,13 +520,13 @@ func TestBreakSnoozeExtremeDelays(t *testing.T) {
 	}
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Written to attack Snooze (adversarial review, 2026-11-30); it held.
 //
 // A parked key's head, resumed, snoozes: it is not parked meanwhile (Resume
 // and Skip say ErrNotParked), its dead letter after it fails again counts
 // only the failed attempts since Resume, and Close giving up while it snoozes
 // aborts it (Attempts 0) and the tasks behind it, letters in key order.
-func TestBreakSnoozeResumedParkedHead(t *testing.T) {
+func TestSnoozeOfResumedParkedHead(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var dl recorder[int]
 		s, err := New[int](WithLogger(quiet), WithDeadLetter(dl.fn), WithFailurePolicy(Park))
@@ -629,11 +594,11 @@ func TestBreakSnoozeResumedParkedHead(t *testing.T) {
 	})
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Written to attack Snooze (adversarial review, 2026-11-30); it held.
 //
 // runtime.Goexit in the run after a snooze is that run's panic: the task is
 // finished (Panicked, one attempt), its key moves on.
-func TestBreakSnoozeThenGoexit(t *testing.T) {
+func TestSnoozeThenGoexitIsAPanic(t *testing.T) {
 	for _, timeout := range []bool{false, true} {
 		synctest.Test(t, func(t *testing.T) {
 			var dl recorder[int]
@@ -671,12 +636,12 @@ func TestBreakSnoozeThenGoexit(t *testing.T) {
 	}
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Written to attack Snooze (adversarial review, 2026-11-30); it held.
 //
 // Close gives up while the heads of many keys snooze: each key's letters
 // come in its order, every Completion is done once, Stats settle after
 // Drain.
-func TestBreakSnoozeCloseManyKeys(t *testing.T) {
+func TestCloseGivingUpOnSnoozingKeysKeepsKeyOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var mu sync.Mutex
 		order := map[int][]int{}
@@ -720,21 +685,16 @@ func TestBreakSnoozeCloseManyKeys(t *testing.T) {
 
 type seqKey struct{}
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Found by attacking the code (adversarial review, 2026-11-30): a key snoozing
+// for ever made Drain's error say only "1 tasks unfinished, 0 keys parked".
 //
 // Drain whose context ends while a key snoozes for ever says so: its error
 // counts the tasks waiting to run again (before, it said "1 tasks
 // unfinished, 0 keys parked", nothing about why). The count follows every
 // way a wait ends: the timer, Cancel, Close's abort.
-func TestBreakSnoozeDrainReportsWaiting(t *testing.T) {
+func TestDrainErrorCountsSnoozingTasks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s, err := New[int](WithLogger(quiet), WithRetry(RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Hour, MaxBackoff: time.Hour}))
-		require.NoError(t, err)
-		t.Cleanup(func() { // a failed assertion must not leave the bubble blocked
-			gone, cancel := context.WithCancel(context.Background())
-			cancel()
-			_ = s.Close(gone)
-		})
+		s := newAbortedBubbleSched[int](t, WithRetry(RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Hour, MaxBackoff: time.Hour}))
 		ctx := context.Background()
 		forever := func(context.Context) error { return Snooze(errBusy, time.Hour) }
 		drainErr := func() string {
@@ -774,11 +734,11 @@ func TestBreakSnoozeDrainReportsWaiting(t *testing.T) {
 	})
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Written to attack Snooze (adversarial review, 2026-11-30); it held.
 //
 // SubmitBatch's tasks snooze like any: each key keeps its order behind its
 // snoozing head, none spends an attempt.
-func TestBreakSnoozeBatch(t *testing.T) {
+func TestSnoozeInBatchKeepsKeyOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var dl recorder[int]
 		s := newBubbleSched[int](t, WithDeadLetter(dl.fn), WithWorkers(2))

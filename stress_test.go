@@ -162,21 +162,7 @@ func stressLoad(t *testing.T, s *Scheduler[int], rec *stressRec, keys, subs, rou
 	go func() { // resolver of parked keys
 		defer helpers.Done()
 		rng := rand.New(rand.NewPCG(99, 7))
-		for {
-			select {
-			case <-done:
-				return
-			default:
-			}
-			for _, k := range s.Parked() {
-				if rng.IntN(2) == 0 {
-					_ = s.Resume(k)
-				} else {
-					_ = s.Skip(k)
-				}
-			}
-			time.Sleep(50 * time.Microsecond) // not synchronisation: a polling pace
-		}
+		resolveParked(s, rng, done, 50*time.Microsecond)
 	}()
 	wg.Wait()
 	// Keep resolving until the scheduler drains (parked keys hold it).
@@ -234,7 +220,16 @@ func (o *obsCheck) observer() Observer[int] {
 	}
 }
 
-func TestBreakStressMixed(t *testing.T) {
+// Submitters, cancels, retries, Park with Resume and Skip, with and
+// without a checking Observer (one that panics too) and a task timeout,
+// while Keys and the ages are read: each key's tasks start in order and
+// never overlap, every Completion is done after Drain and never changes
+// afterwards, and Stats settles.
+//
+// Written to attack the code under load (adversarial review, 2026-11-30, with
+// the change for waits on tasks Cancel or Close's abort has taken, commit
+// e5adb25).
+func TestMixedLoadKeepsOrderAndSettles(t *testing.T) {
 	type variant struct {
 		name string
 		park bool
@@ -321,10 +316,14 @@ func TestBreakStressMixed(t *testing.T) {
 	}
 }
 
+// Written to attack the code under load (adversarial review, 2026-11-30, with
+// the change for waits on tasks Cancel or Close's abort has taken, commit
+// e5adb25).
+//
 // Close gives up while submitters, cancels, retries and parked keys are in
 // flight: every accepted Completion is done eventually, each exactly with one
 // outcome, and once all are done Stats is settled.
-func TestBreakCloseUnderLoad(t *testing.T) {
+func TestCloseGivingUpUnderLoadSettles(t *testing.T) {
 	for _, park := range []bool{false, true} {
 		t.Run(fmt.Sprintf("park=%v", park), func(t *testing.T) {
 			const keys = 6

@@ -116,9 +116,9 @@ func TestCancelCtxKeyFound(t *testing.T) {
 	require.NotNil(t, cancelCtxKey, "falling back to context.WithoutCancel: one more allocation per task")
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Found by attacking the code (adversarial review, 2026-11-30: first written as a failing reproducer).
 //
-// TestRegressionCancelledRunningTaskRunsAgain: Cancel on a running task promises
+// TestCancelledRunningTaskIsNotRetriedOrParked: Cancel on a running task promises
 // "its outcome is what it then returns, and it is not retried". failed()
 // (run.go) looks at ctxCancelReq once, at its start, and later moves the task
 // to stWaiting (retry) or stParked (Park) without looking again. A Cancel that
@@ -135,9 +135,9 @@ func TestCancelCtxKeyFound(t *testing.T) {
 // see wait and parkFailed). Since call() now runs IsPermanent before
 // failed(), the retry subtest's hook lands before the first check; it still
 // pins the outcome.
-func TestRegressionCancelledRunningTaskRunsAgain(t *testing.T) {
+func TestCancelledRunningTaskIsNotRetriedOrParked(t *testing.T) {
 	t.Run("retry", func(t *testing.T) {
-		guard := breakGuard(t, 10*time.Second)
+		guard := hangGuard(t, 10*time.Second)
 		s := newSched[string](t, WithRetry(RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond}))
 		var runs atomic.Int32
 		hook := newHookErr()
@@ -165,7 +165,7 @@ func TestRegressionCancelledRunningTaskRunsAgain(t *testing.T) {
 		}
 	})
 	t.Run("park", func(t *testing.T) {
-		guard := breakGuard(t, 10*time.Second)
+		guard := hangGuard(t, 10*time.Second)
 		inDL, releaseDL := make(chan struct{}), make(chan struct{})
 		var first atomic.Bool
 		s := newSched[string](t, WithFailurePolicy(Park), WithDeadLetter(func(DeadLetter[string]) {
@@ -189,14 +189,7 @@ func TestRegressionCancelledRunningTaskRunsAgain(t *testing.T) {
 		}
 		c.Cancel()
 		close(releaseDL)
-		if !waitFor(guard, func() bool {
-			select {
-			case <-c.Done():
-				return true
-			default:
-			}
-			return len(s.Parked()) > 0
-		}) {
+		if !waitFor(guard, doneOrParked(s, c)) {
 			t.Fatal("neither done nor parked")
 		}
 		if len(s.Parked()) > 0 {
@@ -211,9 +204,9 @@ func TestRegressionCancelledRunningTaskRunsAgain(t *testing.T) {
 	})
 }
 
-// Found by attacking the code (adversarial review: first written as a failing reproducer).
+// Found by attacking the code (adversarial review, 2026-11-30: first written as a failing reproducer).
 //
-// TestRegressionTaskContextRetainsAncestors: "A task may submit to the scheduler it
+// TestTaskContextDoesNotRetainAncestors: "A task may submit to the scheduler it
 // runs on, its own key included", with the context it was given. Submit keeps
 // its ctx (withValues) as the new task's parent, and a task's context holds
 // its *Completion, whose parent is the previous task's context, and so on: a
@@ -232,7 +225,7 @@ func TestRegressionCancelledRunningTaskRunsAgain(t *testing.T) {
 //
 // Status: taskContext failed 3/3 when found and passes since withValues
 // unwraps a task context; derivedContext fails 13/13 on the current code.
-func TestRegressionTaskContextRetainsAncestors(t *testing.T) {
+func TestTaskContextDoesNotRetainAncestors(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		derive func(context.Context, int32) context.Context
@@ -244,7 +237,7 @@ func TestRegressionTaskContextRetainsAncestors(t *testing.T) {
 		// documented on Completion and in the README, not tested here.)
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			guard := breakGuard(t, 10*time.Second)
+			guard := hangGuard(t, 10*time.Second)
 			s := newSched[string](t)
 			const generations = 2000
 			var gen atomic.Int32

@@ -104,6 +104,27 @@ func rejoinWith(key kmsg.Key, code *kerr.Error) func(*faultRun) {
 	}
 }
 
+// slowFor delays the member's requests of key by 300 ms each, the first n
+// of them, while records are produced.
+func slowFor(key kmsg.Key, n int) func(*faultRun) {
+	return func(r *faultRun) {
+		var mu sync.Mutex
+		slowed := 0
+		r.tc.ControlKey(int16(key), func(kmsg.Request) (kmsg.Response, error, bool) {
+			mu.Lock()
+			slowed++
+			more := slowed < n
+			mu.Unlock()
+			if more {
+				r.tc.KeepControl()
+			}
+			r.tc.SleepControl(func() { time.Sleep(300 * time.Millisecond) })
+			return nil, nil, false
+		})
+		r.underLoad(4, func() {})
+	}
+}
+
 // lostAndBack checks that the member lost its partitions and was assigned
 // them again (a new assignment epoch).
 func lostAndBack(r *faultRun) {
@@ -147,22 +168,7 @@ func TestBrokerFaults(t *testing.T) {
 		{name: "fetch/FENCED_LEADER_EPOCH", inject: fetchFault(kerr.FencedLeaderEpoch)},
 		{name: "fetch/OFFSET_OUT_OF_RANGE", inject: fetchFault(kerr.OffsetOutOfRange)},
 		{name: "fetch/UNKNOWN_SERVER_ERROR", inject: fetchFault(kerr.UnknownServerError)},
-		{name: "fetch/slow", inject: func(r *faultRun) {
-			var mu sync.Mutex
-			slowed := 0
-			r.tc.ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
-				mu.Lock()
-				slowed++
-				more := slowed < 4
-				mu.Unlock()
-				if more {
-					r.tc.KeepControl()
-				}
-				r.tc.SleepControl(func() { time.Sleep(300 * time.Millisecond) })
-				return nil, nil, false
-			})
-			r.underLoad(4, func() {})
-		}},
+		{name: "fetch/slow", inject: slowFor(kmsg.Fetch, 4)},
 		{name: "list-offsets/NOT_LEADER_FOR_PARTITION", atStart: true, inject: func(r *faultRun) {
 			r.hitsWhile(2, kfake.Fault{Keys: []kmsg.Key{kmsg.ListOffsets}, Topic: "t", Err: kerr.NotLeaderForPartition})
 		}},
@@ -191,22 +197,7 @@ func TestBrokerFaults(t *testing.T) {
 				return nil, nil, false
 			})
 		}},
-		{name: "heartbeat/slow", inject: func(r *faultRun) {
-			var mu sync.Mutex
-			slowed := 0
-			r.tc.ControlKey(int16(kmsg.Heartbeat), func(kmsg.Request) (kmsg.Response, error, bool) {
-				mu.Lock()
-				slowed++
-				more := slowed < 3
-				mu.Unlock()
-				if more {
-					r.tc.KeepControl()
-				}
-				r.tc.SleepControl(func() { time.Sleep(300 * time.Millisecond) })
-				return nil, nil, false
-			})
-			r.underLoad(4, func() {})
-		}},
+		{name: "heartbeat/slow", inject: slowFor(kmsg.Heartbeat, 3)},
 		{name: "kip848-heartbeat/UNKNOWN_MEMBER_ID", kip848: true, inject: groupFault(kmsg.ConsumerGroupHeartbeat, kerr.UnknownMemberID, 1), check: lostAndBack},
 		{name: "kip848-heartbeat/FENCED_MEMBER_EPOCH", kip848: true, inject: groupFault(kmsg.ConsumerGroupHeartbeat, kerr.FencedMemberEpoch, 1), check: lostAndBack},
 		{name: "kip848-heartbeat/COORDINATOR_NOT_AVAILABLE", kip848: true, inject: groupFault(kmsg.ConsumerGroupHeartbeat, kerr.CoordinatorNotAvailable, 3)},

@@ -69,6 +69,67 @@ func closeWithin(c *Consumer, d time.Duration) (error, time.Duration) {
 	return err, time.Since(t0)
 }
 
+// closeWithinMargin closes c with a context of d, checks that Close
+// returned within d plus CloseMargin (plus a second: a loaded machine) and
+// returns Close's error.
+func closeWithinMargin(t *testing.T, c *Consumer, d time.Duration) error {
+	t.Helper()
+	err, took := closeWithin(c, d)
+	if bound := d + CloseMargin + time.Second; took > bound {
+		t.Errorf("Close took %v with a %v context (bound %v)", took, d, bound)
+	}
+	return err
+}
+
+// runConsumer makes a consumer of topic "t" in group (quiet log, 20 ms
+// commit interval; opts come after those and may replace them) and runs it;
+// Run's result comes on the channel. Unlike startConsumer it leaves Close to
+// the test: Close is what these tests check.
+func (tc *testCluster) runConsumer(t *testing.T, group string, h Handler, opts ...Option) (*Consumer, <-chan error) {
+	t.Helper()
+	base := []Option{WithLogger(quiet), WithCommitInterval(20 * time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...)}
+	c, err := NewConsumer(h, append(base, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDone := make(chan error, 1)
+	go func() { runDone <- c.Run(context.Background()) }()
+	return c, runDone
+}
+
+// runReturnsNil checks that Run, whose result comes on runDone, returned nil.
+func runReturnsNil(t *testing.T, runDone <-chan error) {
+	t.Helper()
+	if err := <-runDone; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+}
+
+// holdRequests makes the broker hold every request of key from now on
+// until release is closed; held, if not nil, is called for each.
+func (tc *testCluster) holdRequests(key kmsg.Key, release <-chan struct{}, held func()) {
+	tc.ControlKey(int16(key), func(kmsg.Request) (kmsg.Response, error, bool) {
+		tc.KeepControl()
+		if held != nil {
+			held()
+		}
+		tc.SleepControl(func() { <-release })
+		return nil, nil, false
+	})
+}
+
+// handleAll handles every record at once.
+func handleAll(context.Context, *kgo.Record) error { return nil }
+
+// failBadForGood fails the records whose value is "bad" for good
+// (keysched.Permanent) and handles the others.
+func failBadForGood(_ context.Context, r *kgo.Record) error {
+	if string(r.Value) == "bad" {
+		return keysched.Permanent(errors.New("bad record"))
+	}
+	return nil
+}
+
 // Offset commits failing for good while Close runs: every record was
 // handled, nothing could be committed. Close returns within its context
 // plus CloseGrace plus the documented final-commit margin, and says which
@@ -85,19 +146,10 @@ func TestCloseReportsUncommittedFrontiers(t *testing.T) {
 			group := groupName(t)
 			tc.produceSpread(t, "t", parts, N)
 			tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: group, Err: code, Count: -1})
-			c, err := NewConsumer(func(context.Context, *kgo.Record) error { return nil },
-				WithLogger(quiet), WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
-			if err != nil {
-				t.Fatal(err)
-			}
-			runDone := make(chan error, 1)
-			go func() { runDone <- c.Run(context.Background()) }()
+			c, runDone := tc.runConsumer(t, group, handleAll)
 			eventually(t, "every record handled", func() bool { return c.Stats().Finished == N })
 			const ctxD = 500 * time.Millisecond
-			err, took := closeWithin(c, ctxD)
-			if bound := ctxD + CloseMargin + time.Second; took > bound { // generous: a loaded machine
-				t.Errorf("Close took %v with a %v context (bound %v)", took, ctxD, bound)
-			}
+			err := closeWithinMargin(t, c, ctxD)
 			if !errors.Is(err, ErrNotCommitted) {
 				t.Fatalf("Close: %v, want ErrNotCommitted", err)
 			}
@@ -113,9 +165,7 @@ func TestCloseReportsUncommittedFrontiers(t *testing.T) {
 					t.Errorf("uncommitted %+v: want topic t, offset %d, committed -1, err %v", pc, N/parts, code)
 				}
 			}
-			if err := <-runDone; err != nil {
-				t.Errorf("Run: %v", err)
-			}
+			runReturnsNil(t, runDone)
 			for p := range int32(parts) {
 				if off := tc.committedOffset(t, group, "t", p); off != -1 {
 					t.Errorf("partition %d: committed %d, yet Close said it could not", p, off)
@@ -138,22 +188,11 @@ func TestCloseWhileCommitsFailForAWhile(t *testing.T) {
 	group := groupName(t)
 	tc.produceSpread(t, "t", parts, N)
 	f := tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: group, Err: kerr.CoordinatorNotAvailable, Count: 8})
-	c, err := NewConsumer(func(context.Context, *kgo.Record) error { return nil },
-		WithLogger(quiet), WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runDone := make(chan error, 1)
-	go func() { runDone <- c.Run(context.Background()) }()
+	c, runDone := tc.runConsumer(t, group, handleAll)
 	eventually(t, "every record handled, commits failing", func() bool { return c.Stats().Finished == N && f.Hits() >= 2 })
 	const ctxD = time.Second
-	err, took := closeWithin(c, ctxD)
-	if bound := ctxD + CloseMargin + time.Second; took > bound {
-		t.Errorf("Close took %v with a %v context (bound %v)", took, ctxD, bound)
-	}
-	if err := <-runDone; err != nil {
-		t.Errorf("Run: %v", err)
-	}
+	err := closeWithinMargin(t, c, ctxD)
+	runReturnsNil(t, runDone)
 	if err == nil {
 		for p := range int32(parts) {
 			if off := tc.committedOffset(t, group, "t", p); off != N/parts {
@@ -188,33 +227,18 @@ func TestCloseBoundedWhenLeavingFails(t *testing.T) {
 			release := make(chan struct{})
 			defer close(release)
 			if slow {
-				tc.ControlKey(int16(kmsg.LeaveGroup), func(kmsg.Request) (kmsg.Response, error, bool) {
-					tc.KeepControl()
-					tc.SleepControl(func() { <-release })
-					return nil, nil, false
-				})
+				tc.holdRequests(kmsg.LeaveGroup, release, nil)
 			} else {
 				tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.LeaveGroup}, Group: group, Err: kerr.CoordinatorNotAvailable, Count: -1})
 			}
-			c, err := NewConsumer(func(context.Context, *kgo.Record) error { return nil },
-				WithLogger(quiet), WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
-			if err != nil {
-				t.Fatal(err)
-			}
-			runDone := make(chan error, 1)
-			go func() { runDone <- c.Run(context.Background()) }()
+			c, runDone := tc.runConsumer(t, group, handleAll)
 			eventually(t, "every record handled", func() bool { return c.Stats().Finished == N })
 			const ctxD = 300 * time.Millisecond
-			err, took := closeWithin(c, ctxD)
-			if bound := ctxD + CloseMargin + time.Second; took > bound {
-				t.Errorf("Close took %v with a %v context (bound %v)", took, ctxD, bound)
-			}
+			err := closeWithinMargin(t, c, ctxD)
 			if err != nil {
 				t.Errorf("Close: %v", err)
 			}
-			if err := <-runDone; err != nil {
-				t.Errorf("Run: %v", err)
-			}
+			runReturnsNil(t, runDone)
 		})
 	}
 }
@@ -230,33 +254,18 @@ func TestCloseWhileDeadLettersFail(t *testing.T) {
 	tc.produce(t, rec("t", 0, "a", "0"), rec("t", 0, "b", "bad"), rec("t", 0, "b", "2"), rec("t", 0, "c", "3"))
 	f := tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "dlq", Err: kerr.NotLeaderForPartition, Count: -1})
 	logs := &logBuffer{}
-	c, err := NewConsumer(func(_ context.Context, r *kgo.Record) error {
-		if string(r.Value) == "bad" {
-			return keysched.Permanent(errors.New("bad record"))
-		}
-		return nil
-	}, WithLogger(logs.logger()), WithDeadLetterTopic("dlq"), WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runDone := make(chan error, 1)
-	go func() { runDone <- c.Run(context.Background()) }()
+	c, runDone := tc.runConsumer(t, group, failBadForGood, WithLogger(logs.logger()), WithDeadLetterTopic("dlq"))
 	eventually(t, "the dead letter failing, the others handled", func() bool {
 		ps, _ := c.partStats("t", 0)
 		return f.Hits() >= 1 && c.Stats().Finished == 2 && ps.Frontier == 1 && ps.InFlight == 2 &&
 			strings.Contains(logs.String(), "dead-letter produce failing")
 	})
 	const ctxD = 300 * time.Millisecond
-	err, took := closeWithin(c, ctxD)
-	if bound := ctxD + CloseMargin + time.Second; took > bound {
-		t.Errorf("Close took %v with a %v context (bound %v)", took, ctxD, bound)
-	}
+	err := closeWithinMargin(t, c, ctxD)
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "2 records unfinished") || errors.Is(err, ErrNotCommitted) {
 		t.Errorf("Close: %v, want 2 records unfinished (the failed one and the next of its key), the frontier committed", err)
 	}
-	if err := <-runDone; err != nil {
-		t.Errorf("Run: %v", err)
-	}
+	runReturnsNil(t, runDone)
 	if off := tc.committedOffset(t, group, "t", 0); off != 1 {
 		t.Errorf("committed %d, want 1 (the record whose dead letter failed)", off)
 	}
@@ -279,22 +288,11 @@ func TestCloseDoesNotReportACommitTheBrokerApplied(t *testing.T) {
 	group := groupName(t)
 	tc.produceSpread(t, "t", parts, N)
 	tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: group, Err: kerr.RequestTimedOut, Count: -1})
-	c, err := NewConsumer(func(context.Context, *kgo.Record) error { return nil },
-		WithLogger(quiet), WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runDone := make(chan error, 1)
-	go func() { runDone <- c.Run(context.Background()) }()
+	c, runDone := tc.runConsumer(t, group, handleAll)
 	eventually(t, "every record handled", func() bool { return c.Stats().Finished == N })
 	const ctxD = 500 * time.Millisecond
-	err, took := closeWithin(c, ctxD)
-	if bound := ctxD + CloseMargin + time.Second; took > bound {
-		t.Errorf("Close took %v with a %v context (bound %v)", took, ctxD, bound)
-	}
-	if err := <-runDone; err != nil {
-		t.Errorf("Run: %v", err)
-	}
+	err := closeWithinMargin(t, c, ctxD)
+	runReturnsNil(t, runDone)
 	var ce *CommitError
 	if errors.As(err, &ce) {
 		for _, pc := range ce.Partitions {
@@ -325,38 +323,19 @@ func TestCloseWhileADeadLetterProduceHangs(t *testing.T) {
 	var once sync.Once
 	t.Cleanup(func() { once.Do(func() { close(release) }) })
 	var held atomic.Int32
-	tc.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		tc.KeepControl() // every Produce from now on is a dead letter's
-		held.Add(1)
-		tc.SleepControl(func() { <-release })
-		return nil, nil, false
-	})
-	c, err := NewConsumer(func(_ context.Context, r *kgo.Record) error {
-		if string(r.Value) == "bad" {
-			return keysched.Permanent(errors.New("bad record"))
-		}
-		return nil
-	}, WithLogger(quiet), WithDeadLetterTopic("dlq"), WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runDone := make(chan error, 1)
-	go func() { runDone <- c.Run(context.Background()) }()
+	// Every Produce from now on is a dead letter's.
+	tc.holdRequests(kmsg.Produce, release, func() { held.Add(1) })
+	c, runDone := tc.runConsumer(t, group, failBadForGood, WithDeadLetterTopic("dlq"))
 	eventually(t, "the dead letter's produce held, the others handled", func() bool {
 		ps, _ := c.partStats("t", 0)
 		return held.Load() >= 1 && c.Stats().Finished == 2 && ps.Frontier == 1
 	})
 	const ctxD = 300 * time.Millisecond
-	err, took := closeWithin(c, ctxD)
-	if bound := ctxD + CloseMargin + time.Second; took > bound {
-		t.Errorf("Close took %v with a %v context (bound %v)", took, ctxD, bound)
-	}
+	err := closeWithinMargin(t, c, ctxD)
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "1 records unfinished") || errors.Is(err, ErrNotCommitted) {
 		t.Errorf("Close: %v, want 1 record unfinished, the frontier committed", err)
 	}
-	if err := <-runDone; err != nil {
-		t.Errorf("Run: %v", err)
-	}
+	runReturnsNil(t, runDone)
 	once.Do(func() { close(release) })
 	if off := tc.committedOffset(t, group, "t", 0); off != 1 {
 		t.Errorf("committed %d, want 1 (the record whose dead letter hangs)", off)
@@ -377,16 +356,11 @@ func TestCloseWhileAnotherCloseRunsKeepsItsBound(t *testing.T) {
 	tc.produce(t, rec("t", 0, "a", "0"))
 	release := make(chan struct{})
 	var running atomic.Bool
-	c, err := NewConsumer(func(context.Context, *kgo.Record) error {
+	c, runDone := tc.runConsumer(t, group, func(context.Context, *kgo.Record) error {
 		running.Store(true)
 		<-release // ignores its context: the first Close waits for it
 		return nil
-	}, WithLogger(quiet), WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runDone := make(chan error, 1)
-	go func() { runDone <- c.Run(context.Background()) }()
+	})
 	eventually(t, "the handler running", running.Load)
 	first := make(chan error, 1)
 	go func() { first <- c.Close(context.Background()) }()
@@ -415,9 +389,7 @@ func TestCloseWhileAnotherCloseRunsKeepsItsBound(t *testing.T) {
 	if err := c.Close(context.Background()); err != nil {
 		t.Errorf("a later Close: %v, want the first one's result", err)
 	}
-	if err := <-runDone; err != nil {
-		t.Errorf("Run: %v", err)
-	}
+	runReturnsNil(t, runDone)
 }
 
 // Close with a context that has already ended, while the coordinator
@@ -430,29 +402,19 @@ func TestCloseWithAnEndedContextKeepsTheMarginWhileCommitsFail(t *testing.T) {
 	tc := newCluster(t, 2, "t")
 	group := groupName(t)
 	tc.produceSpread(t, "t", 2, 20)
-	c, err := NewConsumer(func(context.Context, *kgo.Record) error { return nil },
-		WithLogger(quiet), WithCommitInterval(20*time.Millisecond), WithClientOptions(tc.clientOpts(group, "t")...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runDone := make(chan error, 1)
-	go func() { runDone <- c.Run(context.Background()) }()
+	c, runDone := tc.runConsumer(t, group, handleAll)
 	eventually(t, "every record handled", func() bool { return c.Stats().Finished == 20 })
 	release := make(chan struct{})
 	var once sync.Once
 	defer once.Do(func() { close(release) })
-	tc.ControlKey(int16(kmsg.LeaveGroup), func(kmsg.Request) (kmsg.Response, error, bool) {
-		tc.KeepControl()
-		tc.SleepControl(func() { <-release })
-		return nil, nil, false
-	})
+	tc.holdRequests(kmsg.LeaveGroup, release, nil)
 	f := tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: group, Err: kerr.CoordinatorNotAvailable, Count: -1})
 	tc.produceSpread(t, "t", 2, 20)
 	eventually(t, "every record handled, a commit refused", func() bool { return c.Stats().Finished == 40 && f.Hits() > 0 })
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	t0 := time.Now()
-	err = c.Close(ctx)
+	err := c.Close(ctx)
 	// CloseMargin plus 300 ms for a loaded machine.
 	if took := time.Since(t0); took > CloseMargin+300*time.Millisecond {
 		t.Errorf("Close with an ended context took %v (CloseMargin %v)", took, CloseMargin)
@@ -461,7 +423,5 @@ func TestCloseWithAnEndedContextKeepsTheMarginWhileCommitsFail(t *testing.T) {
 		t.Errorf("Close: %v, want ErrNotCommitted", err)
 	}
 	once.Do(func() { close(release) })
-	if err := <-runDone; err != nil {
-		t.Errorf("Run: %v", err)
-	}
+	runReturnsNil(t, runDone)
 }

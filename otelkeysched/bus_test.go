@@ -8,7 +8,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/bus"
@@ -23,9 +22,7 @@ type orderPlaced struct{ id int }
 // collection.
 func TestBusMetricsExact(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-		defer mp.Shutdown(context.Background())
+		reader, mp := manualMeterProvider(t)
 		ctx := context.Background()
 		b, err := bus.New[string](bus.WithWorkers(4), bus.WithLogger(quiet))
 		require.NoError(t, err)
@@ -133,9 +130,7 @@ func TestBusMetricsExact(t *testing.T) {
 // and the oldest age carry its name too.
 func TestObservedSubscriptionMetrics(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-		defer mp.Shutdown(context.Background())
+		reader, mp := manualMeterProvider(t)
 		ctx := context.Background()
 		b, err := bus.New[string](bus.WithWorkers(4), bus.WithLogger(quiet))
 		require.NoError(t, err)

@@ -108,9 +108,7 @@ var errFail = errors.New("failed")
 // scheduler's series are gone and the histograms record nothing more.
 func TestSchedulerMetricsExact(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-		defer mp.Shutdown(context.Background())
+		reader, mp := manualMeterProvider(t)
 		m, err := otelkeysched.New[string](mp, otelkeysched.WithAttributes(attribute.String("scheduler", "ledger")))
 		require.NoError(t, err)
 		s, err := keysched.New[string](keysched.WithLogger(quiet), keysched.WithWorkers(4),
@@ -241,9 +239,7 @@ func TestSchedulerMetricsExact(t *testing.T) {
 // Two schedulers on one MeterProvider, told apart by their constant
 // attributes; no key ever appears in an attribute.
 func TestTwoSchedulersAndNoKeys(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer mp.Shutdown(context.Background())
+	reader, mp := manualMeterProvider(t)
 	ctx := context.Background()
 	for i, name := range []string{"x", "y"} {
 		m, err := otelkeysched.New[string](mp, otelkeysched.WithAttributes(attribute.String("scheduler", name)))
@@ -271,9 +267,7 @@ func TestTwoSchedulersAndNoKeys(t *testing.T) {
 // and its duration recorded with outcome=snoozed, not as a failed attempt.
 func TestSnoozedRuns(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-		defer mp.Shutdown(context.Background())
+		reader, mp := manualMeterProvider(t)
 		m, err := otelkeysched.New[string](mp, otelkeysched.WithAttributes(attribute.String("scheduler", "z")))
 		require.NoError(t, err)
 		s, err := keysched.New[string](keysched.WithLogger(quiet), keysched.WithObserver(m.Observer()))

@@ -24,9 +24,7 @@ import (
 // far from the mistake); a typed nil *bus.Subscription panicked inside
 // RegisterSubscription. Both are ErrInvalidOption now.
 func TestTypedNilTargetsRefused(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer mp.Shutdown(context.Background())
+	reader, mp := manualMeterProvider(t)
 	var b *bus.Bus[string]
 	_, err := otelkeysched.RegisterBus(mp, b)
 	require.ErrorIs(t, err, keysched.ErrInvalidOption)
@@ -54,9 +52,7 @@ func TestTypedNilTargetsRefused(t *testing.T) {
 // is ErrRegistered, until the first is unregistered. Distinct attributes,
 // or distinct schedulers, are still accepted.
 func TestSameTargetRegisteredTwiceRefused(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer mp.Shutdown(context.Background())
+	reader, mp := manualMeterProvider(t)
 	ctx := context.Background()
 	s, err := keysched.New[string](keysched.WithLogger(quiet))
 	require.NoError(t, err)
@@ -156,9 +152,7 @@ func TestUncomparableMeterNotTracked(t *testing.T) {
 // data race, no panic, no error from a collection; after Unregister the
 // series are gone.
 func TestRegisterRacingCollectAndClose(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer mp.Shutdown(context.Background())
+	reader, mp := manualMeterProvider(t)
 	ctx := context.Background()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

@@ -42,9 +42,7 @@ func TestCloseGivesRowsBack(t *testing.T) {
 		require.Equal(t, map[outbox.State]int64{outbox.Pending: keys * perKey}, counts(t, ob))
 
 		rec := newRecorder(keys * perKey)
-		b, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
-		require.NoError(t, err)
-		stop := runRelay(t, b)
+		_, stop := startRelay(t, ob, rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
 		rec.wait(t, 30*time.Second) // Close released the leases: no wait
 		stop()
 		require.Zero(t, rec.check(t, keys, perKey))

@@ -493,10 +493,8 @@ func TestRelayQueryTimeouts(t *testing.T) {
 				return rec.sink(ctx, e)
 			}
 			logs := newLogLines()
-			r, err := ob.NewRelay(sink, outbox.WithLogger(slog.New(logs)), outbox.WithPollInterval(20*time.Millisecond),
+			r, stop := startRelay(t, ob, sink, outbox.WithLogger(slog.New(logs)), outbox.WithPollInterval(20*time.Millisecond),
 				outbox.WithLeaseDuration(600*time.Millisecond), outbox.WithKeyBatch(5))
-			require.NoError(t, err)
-			stop := runRelay(t, r)
 			waitUntil(t, "deliveries", func() bool { return r.Stats().Published >= 10 })
 			lock, err := admin.BeginTx(ctx, nil)
 			require.NoError(t, err)
@@ -563,9 +561,7 @@ func TestWriteWhenServerGoesAway(t *testing.T) {
 
 	require.NoError(t, idemWrite(ctx, ob, "c", 0))
 	rec := newRecorder(1)
-	r, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
-	require.NoError(t, err)
-	stop := runRelay(t, r)
+	r, stop := startRelay(t, ob, rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
 	rec.wait(t, 30*time.Second)
 	waitPolls(t, r, 3)
 	stop()

@@ -46,13 +46,11 @@ func TestClaimFromGivesGrowingEpochs(t *testing.T) {
 		ob := newOutbox(t, db)
 		var log claimLog
 		rec := newRecorder(0)
-		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+		r, _ := startRelay(t, ob, func(ctx context.Context, e outbox.Event) error {
 			log.record(ctx, e)
 			rec.record(e)
 			return nil
 		}, outbox.WithLogger(quiet), outbox.WithOwner("svc"), outbox.WithPollInterval(2*time.Millisecond))
-		require.NoError(t, err)
-		runRelay(t, r)
 		const keys, rounds = 3, 3
 		for round := range rounds {
 			writeEvents(t, ob, keys, 1, keys)
@@ -92,7 +90,7 @@ func TestOldClaimMarksNothing(t *testing.T) {
 		var log claimLog
 		started, release := make(chan struct{}), make(chan struct{})
 		var once sync.Once
-		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+		r, stop := startRelay(t, ob, func(ctx context.Context, e outbox.Event) error {
 			log.record(ctx, e)
 			once.Do(func() {
 				close(started)
@@ -101,14 +99,12 @@ func TestOldClaimMarksNothing(t *testing.T) {
 			return nil
 		}, outbox.WithLogger(quiet), outbox.WithOwner("svc"), outbox.WithPollInterval(2*time.Millisecond),
 			outbox.WithLeaseDuration(time.Hour))
-		require.NoError(t, err)
-		stop := runRelay(t, r)
 		<-started
 		bump := `UPDATE ` + ob.Table() + `_lease SET epoch = epoch + 1000 WHERE key = ?`
 		if ob.Dialect() == outbox.Postgres {
 			bump = `UPDATE ` + ob.Table() + `_lease SET epoch = epoch + 1000 WHERE key = $1`
 		}
-		_, err = db.ExecContext(ctx, bump, key(0))
+		_, err := db.ExecContext(ctx, bump, key(0))
 		require.NoError(t, err)
 		close(release)
 		require.Eventually(t, func() bool { return len(log.snapshot()) == 2 }, 30*time.Second, time.Millisecond)
@@ -149,13 +145,11 @@ func TestMarkAfterTakeoverTouchesNothing(t *testing.T) {
 	require.NoError(t, err)
 
 	published := make(chan struct{})
-	r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+	r, stop := startRelay(t, ob, func(ctx context.Context, e outbox.Event) error {
 		close(published)
 		return nil
 	}, outbox.WithLogger(quiet), outbox.WithOwner("svc"), outbox.WithPollInterval(2*time.Millisecond),
 		outbox.WithLeaseDuration(time.Hour), outbox.WithListen(false))
-	require.NoError(t, err)
-	stop := runRelay(t, r)
 	<-published
 	waitBlocked := func(what string, cond string, args ...any) {
 		t.Helper()

@@ -194,3 +194,13 @@ func checkStreams(t testing.TB, byKey map[string][]int, keys, perKey int) (dups 
 	}
 	return dups
 }
+
+// startRelay makes a relay of ob publishing to sink and runs it (runRelay:
+// stop, also called at the test's cleanup, closes it and checks that Close
+// and Run returned nil).
+func startRelay(t *testing.T, ob *outbox.Outbox, sink outbox.Sink, opts ...outbox.RelayOption) (r *outbox.Relay, stop func()) {
+	t.Helper()
+	r, err := ob.NewRelay(sink, opts...)
+	require.NoError(t, err)
+	return r, runRelay(t, r)
+}

@@ -312,7 +312,7 @@ func TestRenewalLeavesOrphanLeaseToExpire(t *testing.T) {
 		ob := newOutbox(t, db)
 		writeEvents(t, ob, 1, 1, 1) // k000: held by a, whose sink hangs
 		started, release := make(chan struct{}), make(chan struct{})
-		a, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+		a, stopA := startRelay(t, ob, func(ctx context.Context, e outbox.Event) error {
 			close(started)
 			select {
 			case <-release:
@@ -322,8 +322,6 @@ func TestRenewalLeavesOrphanLeaseToExpire(t *testing.T) {
 			}
 		}, outbox.WithLogger(quiet), outbox.WithOwner("a"), outbox.WithPollInterval(5*time.Millisecond),
 			outbox.WithLeaseDuration(time.Hour), outbox.WithMaxKeys(1))
-		require.NoError(t, err)
-		stopA := runRelay(t, a)
 		<-started
 		// The orphan: a lease of a's on k001, ended a second ago.
 		ins := `INSERT INTO ` + ob.Table() + `_lease (key, owner, expires_at, token) VALUES (?, 'a', ?, ?)`
@@ -332,7 +330,7 @@ func TestRenewalLeavesOrphanLeaseToExpire(t *testing.T) {
 			ins = `INSERT INTO ` + ob.Table() + `_lease (key, owner, expires_at, token) VALUES ($1, 'a', now() - interval '1 second', $2)`
 			args = []any{key(1), a.Token()}
 		}
-		_, err = db.ExecContext(ctx, ins, args...)
+		_, err := db.ExecContext(ctx, ins, args...)
 		require.NoError(t, err)
 		outbox.Renew(a) // as a's renewer does every third of the lease
 		tx, err := db.BeginTx(ctx, nil)
@@ -342,9 +340,7 @@ func TestRenewalLeavesOrphanLeaseToExpire(t *testing.T) {
 		require.NoError(t, tx.Commit())
 
 		rec := newRecorder(1)
-		b, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithOwner("b"), outbox.WithPollInterval(5*time.Millisecond))
-		require.NoError(t, err)
-		stopB := runRelay(t, b)
+		_, stopB := startRelay(t, ob, rec.sink, outbox.WithLogger(quiet), outbox.WithOwner("b"), outbox.WithPollInterval(5*time.Millisecond))
 		rec.wait(t, 10*time.Second) // before the fix: timed out, a's renewed orphan lease kept k001 from b
 		stopB()
 		close(release)

@@ -64,12 +64,10 @@ func TestRelayPollsWithoutNotifyTrigger(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, ob.CreateSchema(ctx))
 	delivered := make(chan string, 10)
-	r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+	r, _ := startRelay(t, ob, func(ctx context.Context, e outbox.Event) error {
 		delivered <- string(e.Payload)
 		return nil
 	}, outbox.WithLogger(quiet), outbox.WithPollInterval(20*time.Millisecond))
-	require.NoError(t, err)
-	runRelay(t, r)
 	for _, p := range []string{"first", "second"} {
 		tx, err := db.BeginTx(ctx, nil)
 		require.NoError(t, err)

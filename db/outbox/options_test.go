@@ -31,7 +31,7 @@ func TestSchedulerOptions(t *testing.T) {
 		obs := keysched.Observer[string]{AttemptEnded: func(string, keysched.AttemptInfo) { ended.Add(1) }}
 		blocked, release := make(chan struct{}), make(chan struct{})
 		rec := newRecorder(keys*perKey - 1)
-		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+		r, stop := startRelay(t, ob, func(ctx context.Context, e outbox.Event) error {
 			calls.Add(1)
 			switch {
 			case e.Key == key(0) && string(e.Payload) == "0":
@@ -46,8 +46,6 @@ func TestSchedulerOptions(t *testing.T) {
 			outbox.WithSchedulerOptions(
 				keysched.WithDeadLetter(func(keysched.DeadLetter[string]) { userDead.Add(1) }),
 				keysched.WithFailurePolicy(keysched.Park)))
-		require.NoError(t, err)
-		stop := runRelay(t, r)
 		<-blocked
 		require.Positive(t, r.Scheduler().OldestAge(), "a row waits in its sink: its age is reported")
 		close(release)
@@ -87,8 +85,6 @@ func TestLeaseDurationBounds(t *testing.T) {
 	require.ErrorIs(t, err, outbox.ErrInvalidOption)
 	writeEvents(t, ob, 2, 3, 10)
 	rec := newRecorder(6)
-	r, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithLeaseDuration(outbox.MaxLeaseDuration))
-	require.NoError(t, err)
-	runRelay(t, r)
+	startRelay(t, ob, rec.sink, outbox.WithLogger(quiet), outbox.WithLeaseDuration(outbox.MaxLeaseDuration))
 	rec.wait(t, 30*time.Second)
 }

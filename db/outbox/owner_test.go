@@ -204,9 +204,7 @@ func TestRestartWithSameOwnerWaitsForLeases(t *testing.T) {
 		ob, opts := crashedWithLiveLeases(t, db, keys, perKey)
 
 		second := newRecorder(keys * perKey)
-		b, err := ob.NewRelay(second.sink, opts...)
-		require.NoError(t, err)
-		stop := runRelay(t, b)
+		b, stop := startRelay(t, ob, second.sink, opts...)
 		waitPolls(t, b, 3)
 		require.Zero(t, b.Stats().Published, "took a live lease of another relay of its name")
 		expireLeases(t, ob)
@@ -229,7 +227,7 @@ func TestFencedRelayCancelsSinkCall(t *testing.T) {
 		started := make(chan struct{}, 1)
 		var calls atomic.Int32
 		ended := make(chan error, 1)
-		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+		r, stop := startRelay(t, ob, func(ctx context.Context, e outbox.Event) error {
 			calls.Add(1)
 			started <- struct{}{}
 			<-ctx.Done() // a long publish, cut short by the fence
@@ -237,8 +235,6 @@ func TestFencedRelayCancelsSinkCall(t *testing.T) {
 			return ctx.Err()
 		}, outbox.WithLogger(quiet), outbox.WithOwner("svc-1"), outbox.WithPollInterval(5*time.Millisecond),
 			outbox.WithLeaseDuration(time.Hour))
-		require.NoError(t, err)
-		stop := runRelay(t, r)
 		<-started
 		require.NoError(t, stealLease(ob, key(0)))
 		outbox.Renew(r)
@@ -270,7 +266,7 @@ func TestFencedRelayDoesNotMark(t *testing.T) {
 				ob := newOutbox(t, db)
 				writeEvents(t, ob, 1, 1, 1)
 				var calls atomic.Int32
-				r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+				r, stop := startRelay(t, ob, func(ctx context.Context, e outbox.Event) error {
 					calls.Add(1)
 					if err := stealLease(ob, e.Key); err != nil { // taken while the call runs
 						t.Error(err)
@@ -278,8 +274,6 @@ func TestFencedRelayDoesNotMark(t *testing.T) {
 					return tc.err
 				}, outbox.WithLogger(quiet), outbox.WithOwner("svc-1"), outbox.WithPollInterval(5*time.Millisecond),
 					outbox.WithLeaseDuration(time.Hour), outbox.WithRetry(keysched.RetryPolicy{MaxAttempts: 1}))
-				require.NoError(t, err)
-				stop := runRelay(t, r)
 				require.Eventually(t, func() bool { return r.Stats().LeasesLost == 1 }, 30*time.Second, time.Millisecond)
 				waitPolls(t, r, 3)
 				stop()
@@ -407,9 +401,7 @@ func TestTakeOverOnStartAfterCrash(t *testing.T) {
 		ob, opts := crashedWithLiveLeases(t, db, keys, perKey)
 
 		second := newRecorder(keys * perKey)
-		b, err := ob.NewRelay(second.sink, append(opts, outbox.WithTakeOverOnStart())...)
-		require.NoError(t, err)
-		stop := runRelay(t, b)
+		_, stop := startRelay(t, ob, second.sink, append(opts, outbox.WithTakeOverOnStart())...)
 		second.wait(t, 30*time.Second)
 		stop()
 		require.Zero(t, second.check(t, keys, perKey))
@@ -432,7 +424,7 @@ func TestTakeOverOnStartFencesLivePredecessor(t *testing.T) {
 		started := make(chan struct{})
 		ended := make(chan error, 1)
 		var oldCalls atomic.Int32
-		a, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+		a, stopA := startRelay(t, ob, func(ctx context.Context, e outbox.Event) error {
 			if oldCalls.Add(1) == 1 {
 				close(started)
 			}
@@ -442,14 +434,10 @@ func TestTakeOverOnStartFencesLivePredecessor(t *testing.T) {
 			}
 			return ctx.Err()
 		}, append(opts, outbox.WithKeyBatch(1), outbox.WithBatchSize(1), outbox.WithMaxKeys(1))...)
-		require.NoError(t, err)
-		stopA := runRelay(t, a)
 		<-started // a holds k000 and publishes its first row
 
 		rec := newRecorder(keys * perKey)
-		b, err := ob.NewRelay(rec.sink, append(opts, outbox.WithTakeOverOnStart())...)
-		require.NoError(t, err)
-		stopB := runRelay(t, b)
+		_, stopB := startRelay(t, ob, rec.sink, append(opts, outbox.WithTakeOverOnStart())...)
 		rec.wait(t, 30*time.Second)
 		outbox.Renew(a)
 		select {

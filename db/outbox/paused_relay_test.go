@@ -171,10 +171,8 @@ func TestPausedRelayProcess(t *testing.T) {
 		claims.Store(e.Key+" "+string(e.Payload), c)
 		return rec.sink(ctx, e)
 	}
-	r, err := ob.NewRelay(sink, outbox.WithLeaseDuration(pausedLease), outbox.WithPollInterval(20*time.Millisecond),
+	r, stop := startRelay(t, ob, sink, outbox.WithLeaseDuration(pausedLease), outbox.WithPollInterval(20*time.Millisecond),
 		outbox.WithOwner("taker"), outbox.WithLogger(quiet))
-	require.NoError(t, err)
-	stop := runRelay(t, r)
 	waitUntil(t, "rows 0-4 of every key", func() bool {
 		rec.mu.Lock()
 		defer rec.mu.Unlock()

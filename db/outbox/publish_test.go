@@ -33,7 +33,7 @@ func TestFailingKeyDoesNotBlockOthers(t *testing.T) {
 		const keys, perKey = 30, 10
 		writeEvents(t, ob, keys, perKey, 100)
 		rec := newRecorder(keys * perKey)
-		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+		r, stop := startRelay(t, ob, func(ctx context.Context, e outbox.Event) error {
 			if e.Key == "stuck" {
 				return errDown
 			}
@@ -41,8 +41,6 @@ func TestFailingKeyDoesNotBlockOthers(t *testing.T) {
 		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond),
 			outbox.WithBatchSize(20), outbox.WithKeyBatch(5),
 			outbox.WithRetry(keysched.RetryPolicy{MaxAttempts: 1000000, InitialBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond}))
-		require.NoError(t, err)
-		stop := runRelay(t, r)
 		rec.wait(t, 60*time.Second)
 		require.LessOrEqual(t, r.Scheduler().KeyDepth("stuck"), 5, "the stuck key holds at most its key batch")
 		stop()
@@ -59,12 +57,10 @@ func TestListenNotifyWakesRelay(t *testing.T) {
 	ctx := context.Background()
 	ob := newOutbox(t, db)
 	delivered := make(chan string, 10)
-	r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+	r, _ := startRelay(t, ob, func(ctx context.Context, e outbox.Event) error {
 		delivered <- string(e.Payload)
 		return nil
 	}, outbox.WithLogger(quiet), outbox.WithPollInterval(time.Hour), outbox.WithLeaseDuration(3*time.Hour))
-	require.NoError(t, err)
-	runRelay(t, r)
 	require.Eventually(t, func() bool { return r.Stats().Listening }, 30*time.Second, time.Millisecond)
 	write := func(p string) {
 		tx, err := db.BeginTx(ctx, nil)
@@ -118,12 +114,10 @@ func TestBusSink(t *testing.T) {
 	})
 	require.NoError(t, err)
 	writeEvents(t, ob, keys, perKey, 50)
-	r, err := ob.NewRelay(outbox.BusSink(b, func(e outbox.Event) (any, error) {
+	_, stop := startRelay(t, ob, outbox.BusSink(b, func(e outbox.Event) (any, error) {
 		j, err := strconv.Atoi(string(e.Payload))
 		return deposit{j}, err
 	}), outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
-	require.NoError(t, err)
-	stop := runRelay(t, r)
 	select {
 	case <-all:
 	case <-time.After(30 * time.Second):
@@ -204,14 +198,12 @@ func TestSinkTimeout(t *testing.T) {
 	ob := newOutbox(t, db)
 	writeEvents(t, ob, 1, 1, 1)
 	dead := make(chan outbox.DeadEvent, 1)
-	r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+	startRelay(t, ob, func(ctx context.Context, e outbox.Event) error {
 		<-ctx.Done() // a hung endpoint
 		return ctx.Err()
 	}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond), outbox.WithSinkTimeout(20*time.Millisecond),
 		outbox.WithRetry(keysched.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond}),
 		outbox.WithOnDead(func(d outbox.DeadEvent) { dead <- d }))
-	require.NoError(t, err)
-	runRelay(t, r)
 	d := <-dead
 	require.Equal(t, 2, d.Attempts)
 	require.Contains(t, d.Err, context.DeadlineExceeded.Error())
@@ -275,9 +267,7 @@ func TestPoolOfOneConnection(t *testing.T) {
 	ob := newOutbox(t, db)
 	const keys, perKey = 5, 5
 	rec := newRecorder(keys * perKey)
-	r, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(5*time.Millisecond))
-	require.NoError(t, err)
-	stop := runRelay(t, r)
+	_, stop := startRelay(t, ob, rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(5*time.Millisecond))
 	writeEvents(t, ob, keys, perKey, 5)
 	rec.wait(t, 30*time.Second)
 	stop()
@@ -294,13 +284,11 @@ func TestSinkPanicCountsAsSinkError(t *testing.T) {
 		ob := newOutbox(t, db)
 		writeEvents(t, ob, 1, 1, 1)
 		died := make(chan struct{})
-		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+		r, stop := startRelay(t, ob, func(ctx context.Context, e outbox.Event) error {
 			panic("sink bug")
 		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond),
 			outbox.WithRetry(keysched.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond}),
 			outbox.WithOnDead(func(outbox.DeadEvent) { close(died) }))
-		require.NoError(t, err)
-		stop := runRelay(t, r)
 		select {
 		case <-died:
 		case <-time.After(30 * time.Second):

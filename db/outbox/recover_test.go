@@ -198,15 +198,13 @@ func TestRecoverResumesParkedKeys(t *testing.T) {
 		broken.Store(true)
 		rec := newRecorder(keys * perKey)
 		died := make(chan outbox.DeadEvent, keys)
-		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+		r, _ := startRelay(t, ob, func(ctx context.Context, e outbox.Event) error {
 			if string(e.Payload) == "2" && broken.Load() {
 				return keysched.Permanent(errors.New("schema mismatch"))
 			}
 			return rec.sink(ctx, e)
 		}, outbox.WithLogger(quiet), outbox.WithFailurePolicy(keysched.Park), outbox.WithPollInterval(5*time.Millisecond),
 			outbox.WithRetry(fastRetry), outbox.WithOnDead(func(d outbox.DeadEvent) { died <- d }))
-		require.NoError(t, err)
-		runRelay(t, r)
 		for range keys {
 			select {
 			case <-died:

@@ -23,9 +23,7 @@ func TestRelayPublishesInOrder(t *testing.T) {
 		const keys, perKey = 20, 30
 		writeEvents(t, ob, keys, perKey, 50)
 		rec := newRecorder(keys * perKey)
-		r, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond), outbox.WithBatchSize(100), outbox.WithKeyBatch(7))
-		require.NoError(t, err)
-		stop := runRelay(t, r)
+		r, stop := startRelay(t, ob, rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond), outbox.WithBatchSize(100), outbox.WithKeyBatch(7))
 		rec.wait(t, 30*time.Second)
 		stop()
 		require.Zero(t, rec.check(t, keys, perKey), "duplicates without a crash")
@@ -56,9 +54,7 @@ func TestRolledBackWritePublishesNothing(t *testing.T) {
 		require.NoError(t, tx.Commit())
 
 		rec := newRecorder(1)
-		r, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
-		require.NoError(t, err)
-		stop := runRelay(t, r)
+		_, stop := startRelay(t, ob, rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
 		rec.wait(t, 30*time.Second)
 		stop()
 		// Had the rolled-back row existed, it would have been published
@@ -90,12 +86,10 @@ func TestCrashBetweenPublishAndMarkGivesDuplicates(t *testing.T) {
 		require.EqualValues(t, keys*perKey, counts(t, ob)[outbox.Pending], "nothing was marked")
 
 		second := newRecorder(keys * perKey)
-		b, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+		_, stop := startRelay(t, ob, func(ctx context.Context, e outbox.Event) error {
 			rec.record(e)
 			return second.sink(ctx, e)
 		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond), outbox.WithLeaseDuration(300*time.Millisecond))
-		require.NoError(t, err)
-		stop := runRelay(t, b)
 		second.wait(t, 30*time.Second) // after a's leases expired
 		stop()
 		require.Equal(t, keys*perKey, rec.check(t, keys, perKey), "each event twice")
@@ -193,11 +187,9 @@ func TestParkDeadRow(t *testing.T) {
 			}
 			return rec.sink(ctx, e)
 		}
-		r, err := ob.NewRelay(sink, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond),
+		r, stop := startRelay(t, ob, sink, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond),
 			outbox.WithRetry(fastRetry), outbox.WithFailurePolicy(keysched.Park),
 			outbox.WithOnDead(func(d outbox.DeadEvent) { dead <- d }))
-		require.NoError(t, err)
-		stop := runRelay(t, r)
 		rec.wait(t, 30*time.Second) // every key but the bad one's events 1..3
 
 		d := <-dead
@@ -257,14 +249,12 @@ func TestContinueDeadRow(t *testing.T) {
 		ob := newOutbox(t, db)
 		writeEvents(t, ob, 1, 3, 10)
 		rec := newRecorder(2)
-		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+		_, stop := startRelay(t, ob, func(ctx context.Context, e outbox.Event) error {
 			if string(e.Payload) == "1" {
 				return keysched.Permanent(errDown)
 			}
 			return rec.sink(ctx, e)
 		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond), outbox.WithRetry(fastRetry))
-		require.NoError(t, err)
-		stop := runRelay(t, r)
 		rec.wait(t, 30*time.Second)
 		stop()
 		require.Equal(t, []int{0, 2}, rec.byKey[key(0)])
@@ -282,9 +272,7 @@ func TestRetention(t *testing.T) {
 		ob := newOutbox(t, db)
 		writeEvents(t, ob, 3, 3, 10)
 		rec := newRecorder(9)
-		r, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond), outbox.WithRetention(time.Hour))
-		require.NoError(t, err)
-		stop := runRelay(t, r)
+		_, stop := startRelay(t, ob, rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond), outbox.WithRetention(time.Hour))
 		rec.wait(t, 30*time.Second)
 		stop()
 		require.Equal(t, map[outbox.State]int64{outbox.Sent: 9}, counts(t, ob))

@@ -105,9 +105,7 @@ func TestSQLiteSecondProcessHoldsWriteLock(t *testing.T) {
 	got := map[string][]int{}
 	rec := newRecorder(keys*perKey + 1)
 	logs := newLogLines()
-	r, err := ob.NewRelay(rec.sink, outbox.WithLogger(slog.New(logs)), outbox.WithPollInterval(10*time.Millisecond))
-	require.NoError(t, err)
-	stop := runRelay(t, r)
+	r, stop := startRelay(t, ob, rec.sink, outbox.WithLogger(slog.New(logs)), outbox.WithPollInterval(10*time.Millisecond))
 	waitUntil(t, "conflicts", func() bool { return r.Stats().DBErrorKinds.Conflict >= 3 })
 	require.Zero(t, r.Stats().Published, "nothing claimed while the other process writes")
 	require.NoError(t, stdin.Close())
@@ -200,9 +198,7 @@ func TestSQLiteReadOnlyStorage(t *testing.T) {
 		return rec.sink(ctx, e)
 	}
 	logs := newLogLines()
-	r, err := ob.NewRelay(sink, outbox.WithLogger(slog.New(logs)), outbox.WithPollInterval(10*time.Millisecond))
-	require.NoError(t, err)
-	stop := runRelay(t, r)
+	r, stop := startRelay(t, ob, sink, outbox.WithLogger(slog.New(logs)), outbox.WithPollInterval(10*time.Millisecond))
 	waitUntil(t, "first events marked", func() bool { return r.Stats().Marked >= keys*10 })
 
 	immutable(t, true, dir)

@@ -83,12 +83,10 @@ func TestHeadersRoundTrip(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, tx.Commit())
 		got := make(chan map[string]string, 1)
-		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+		_, stop := startRelay(t, ob, func(ctx context.Context, e outbox.Event) error {
 			got <- e.Headers
 			return nil
 		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
-		require.NoError(t, err)
-		stop := runRelay(t, r)
 		select {
 		case h := <-got:
 			require.Equal(t, want, h)
@@ -110,9 +108,7 @@ func TestConcurrentWritersOnOpenSQLite(t *testing.T) {
 	ob := newOutbox(t, db)
 	const writers, each = 8, 100
 	rec := newRecorder(writers * each)
-	r, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(time.Millisecond))
-	require.NoError(t, err)
-	stop := runRelay(t, r)
+	_, stop := startRelay(t, ob, rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(time.Millisecond))
 	var wg sync.WaitGroup
 	errs := make(chan error, writers*each)
 	for w := range writers {

@@ -1,7 +1,6 @@
 package service
 
 import (
-	"context"
 	"log/slog"
 	"net/http"
 	"testing"
@@ -13,33 +12,12 @@ import (
 	"github.com/keysched/keysched/examples/webhook/sim"
 )
 
-// newBrowser starts a headless Chromium for t; without one it fails t
-// unless KEYSCHED_SKIP_BROWSER=1 (see requireChromium).
-func newBrowser(t *testing.T) (context.Context, func()) {
-	t.Helper()
-	browser := requireChromium(t, "the event pages")
-	alloc, cancelAlloc := chromedp.NewExecAllocator(t.Context(),
-		chromedp.ExecPath(browser),
-		chromedp.Headless,
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.UserDataDir(t.TempDir()),
-	)
-	ctx, cancel := chromedp.NewContext(alloc)
-	return ctx, func() { cancel(); cancelAlloc() }
-}
-
 // In a real headless Chromium, an operator searches an event by its ID from
 // the operator page, sees its state and attempts, presses Replay: the event
 // arrives again (same Webhook-Id), the replay is logged, and the reloaded
 // page shows the replay and its attempt; the partner's page lists the event.
 func TestEventLookupAndReplayInBrowser(t *testing.T) {
-	ctx, stop := newBrowser(t)
+	ctx, stop := newBrowser(t, "the event pages")
 	defer stop()
 	logs := &syncBuffer{}
 	ep := newScripted(t, func(int, string) (int, string) { return http.StatusOK, `{"received":true}` })
@@ -47,17 +25,9 @@ func TestEventLookupAndReplayInBrowser(t *testing.T) {
 		c.Partners = map[string]string{"p": ep.srv.URL}
 		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	})
-	_, e0 := h.post("p", 0)
-	_, e1 := h.post("p", 1)
-	require.Eventually(t, func() bool {
-		return h.event(e0).State == StateDelivered && h.event(e1).State == StateDelivered
-	}, waitLong, 5*time.Millisecond)
-	text := func(sel string) string {
-		t.Helper()
-		v, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
-		require.NoError(t, err, sel)
-		return v
-	}
+	posted := h.postDelivered("p", 2)
+	e0, e1 := posted[0], posted[1]
+	text := func(sel string) string { t.Helper(); return cssText(t, ctx, sel) }
 	count := func(sel string) int {
 		t.Helper()
 		n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll(`+"`"+sel+"`"+`).length`))

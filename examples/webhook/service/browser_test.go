@@ -2,6 +2,7 @@ package service
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -64,6 +65,36 @@ func requireChromium(t *testing.T, what string) string {
 	return browser
 }
 
+// newBrowser starts a headless Chromium for t (requireChromium: without one
+// it fails t, or skips it with KEYSCHED_SKIP_BROWSER=1; what names what goes
+// untested); stop ends it. The browser starts at the context's first Run.
+func newBrowser(t *testing.T, what string) (ctx context.Context, stop func()) {
+	t.Helper()
+	browser := requireChromium(t, what)
+	alloc, cancelAlloc := chromedp.NewExecAllocator(t.Context(),
+		chromedp.ExecPath(browser),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()),
+	)
+	ctx, cancel := chromedp.NewContext(alloc)
+	return ctx, func() { cancel(); cancelAlloc() }
+}
+
+// cssText is the text of the element sel selects in the browser of ctx.
+func cssText(t *testing.T, ctx context.Context, sel string) string {
+	t.Helper()
+	v, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+	require.NoError(t, err, sel)
+	return v
+}
+
 type syncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
@@ -85,7 +116,8 @@ func (s *syncBuffer) String() string {
 // partner, and its Resume button resumes it (the partner's events are then
 // delivered in order, and the action is logged).
 func TestOperatorPageInBrowser(t *testing.T) {
-	browser := requireChromium(t, "the operator page")
+	ctx, stop := newBrowser(t, "the operator page")
+	defer stop()
 	logs := &syncBuffer{}
 	h := newHarness(t, map[string]sim.Behavior{"stuck": {Down: true}, "fine": {}}, func(c *Config) {
 		c.Retry = keysched.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}
@@ -97,27 +129,7 @@ func TestOperatorPageInBrowser(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return len(h.parked()) == 1 && h.delivered("fine") }, waitLong, 5*time.Millisecond)
 
-	alloc, cancelAlloc := chromedp.NewExecAllocator(t.Context(),
-		chromedp.ExecPath(browser),
-		chromedp.Headless,
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.UserDataDir(t.TempDir()),
-	)
-	defer cancelAlloc()
-	ctx, cancel := chromedp.NewContext(alloc)
-	defer cancel()
-	text := func(sel string) string {
-		t.Helper()
-		v, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
-		require.NoError(t, err, sel)
-		return v
-	}
+	text := func(sel string) string { t.Helper(); return cssText(t, ctx, sel) }
 	// The first Run starts the browser: no timeout on its context.
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(h.admin.URL+"/"),
@@ -151,6 +163,4 @@ func TestOperatorPageInBrowser(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, noParked)
 	require.Equal(t, "active", text(`#partners tr[data-partner="stuck"] td.state`))
-	cancel()
-	cancelAlloc()
 }

@@ -84,37 +84,6 @@ func TestDeliverUnknownPartnerAndBadConfig(t *testing.T) {
 	}
 }
 
-// A hanging destination holds at most its concurrency budget; the attempt
-// beyond it fails at once, and another destination is served meanwhile.
-func TestBulkheadIsolatesHangingDestination(t *testing.T) {
-	rec := sim.NewRecorder()
-	hang := newEndpoint(t, rec, sim.Behavior{Hang: true})
-	ok := newEndpoint(t, rec, sim.Behavior{})
-	d := testDeliverer(t, rec, map[string]string{"h1": hang.URL, "h2": hang.URL, "h3": hang.URL, "ok": ok.URL},
-		func(c *DelivererConfig) { c.Limits.Concurrency = 2; c.Timeout = time.Minute })
-	require.Equal(t, d.Destination("h1"), d.Destination("h3"))
-	require.NotEqual(t, d.Destination("h1"), d.Destination("ok"))
-
-	ctx, cancel := context.WithCancel(t.Context())
-	errs := make(chan error, 2)
-	for _, p := range []string{"h1", "h2"} {
-		go func() { errs <- d.Deliver(ctx, Delivery{Partner: p, ID: p}) }()
-	}
-	// Both hang inside the endpoint.
-	require.Eventually(t, func() bool { _, n := rec.Total(); return n == 2 }, 10*time.Second, time.Millisecond)
-	require.ErrorIs(t, d.Deliver(t.Context(), Delivery{Partner: "h3", ID: "h3"}), ErrBulkheadFull)
-	for i := range 20 {
-		require.NoError(t, d.Deliver(t.Context(), Delivery{Partner: "ok", ID: string(rune('a' + i))}))
-	}
-	cancel()
-	for range 2 {
-		require.ErrorIs(t, <-errs, context.Canceled)
-	}
-	// The budget came back.
-	hang.Set(sim.Behavior{})
-	require.NoError(t, d.Deliver(t.Context(), Delivery{Partner: "h3", ID: "h3"}))
-}
-
 func TestBreakerOpensAndRecovers(t *testing.T) {
 	rec := sim.NewRecorder()
 	ep := newEndpoint(t, rec, sim.Behavior{Down: true})

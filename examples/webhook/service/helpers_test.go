@@ -174,6 +174,25 @@ func (h *harness) post(partner string, seq int) (int, string) {
 	return resp.StatusCode, r.ID
 }
 
+// postDelivered posts events 0..n-1 to partner and waits until each is on
+// record as delivered; it returns their IDs.
+func (h *harness) postDelivered(partner string, n int) []string {
+	h.t.Helper()
+	ids := make([]string, n)
+	for i := range ids {
+		_, ids[i] = h.post(partner, i)
+	}
+	require.Eventually(h.t, func() bool {
+		for _, id := range ids {
+			if h.event(id).State != StateDelivered {
+				return false
+			}
+		}
+		return true
+	}, waitLong, 5*time.Millisecond)
+	return ids
+}
+
 func (h *harness) acceptedIDs(partner string) []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -121,11 +121,8 @@ func TestReplayRangeRecoversParkedAndRequeuesDelivered(t *testing.T) {
 		c.Retry = keysched.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}
 	})
 	from := time.Now().Add(-time.Second)
-	_, e0 := h.post("p", 0)
-	_, e1 := h.post("p", 1)
-	require.Eventually(t, func() bool {
-		return h.event(e0).State == StateDelivered && h.event(e1).State == StateDelivered
-	}, waitLong, 5*time.Millisecond)
+	posted := h.postDelivered("p", 2)
+	e0, e1 := posted[0], posted[1]
 	ep.set(func(int, string) (int, string) { return http.StatusGone, "gone" })
 	_, e2 := h.post("p", 2)
 	require.Eventually(t, func() bool { return len(h.parked()) == 1 }, waitLong, 5*time.Millisecond)
@@ -205,11 +202,8 @@ func TestReplayReportsRowsTheRetentionDeletesMeanwhileAsExpired(t *testing.T) {
 		c.Partners = map[string]string{"p": ep.srv.URL}
 	})
 	from := time.Now().Add(-time.Second)
-	_, e0 := h.post("p", 0)
-	_, e1 := h.post("p", 1)
-	require.Eventually(t, func() bool {
-		return h.event(e0).State == StateDelivered && h.event(e1).State == StateDelivered
-	}, waitLong, 5*time.Millisecond)
+	posted := h.postDelivered("p", 2)
+	e0, e1 := posted[0], posted[1]
 	ctx := context.Background()
 	tbl := h.store.ob.Table()
 	_, err := h.store.db.ExecContext(ctx, fmt.Sprintf(`CREATE TRIGGER retention_meanwhile AFTER INSERT ON %s
