@@ -50,8 +50,9 @@ func TestFastPartitionAtItsBoundIsFetchedOnce(t *testing.T) {
 		t.Errorf("in flight reached %d: want at most %d + %d", maxInFlight, bound, poll)
 	}
 	// Generous: a loaded machine may starve the handlers past roomSlice
-	// now and then, and a pause refetches what the partition had buffered.
-	if got := fc.records.Load(); got > 3*n {
+	// now and then, and a pause refetches what the partition had buffered
+	// (pausing at the bound at once, as before, fetched 7 times each).
+	if got := fc.records.Load(); got > 4*n {
 		t.Errorf("fetched %d records for %d (%.1f times each): the partition was paused and its records fetched again", got, n, float64(got)/n)
 	} else {
 		t.Logf("fetched %d records for %d; in flight at most %d", got, n, maxInFlight)
