@@ -1,5 +1,10 @@
 package kafka
 
+import (
+	"context"
+	"time"
+)
+
 // dispatchHeld retries the held groups of every owned partition, in order
 // per key: a key whose group stays held keeps its later groups held too;
 // other keys go on.
@@ -45,9 +50,9 @@ func (c *Consumer) dispatchHeld() {
 // whole bound does.
 func resumeAt(bound int) int64 { return int64(bound - max(1, bound/8)) }
 
-// adjustPause pauses p at its in-flight bound or with held records, and
-// resumes it once an eighth of the bound is free with nothing held (p.mu
-// held).
+// adjustPause pauses p when it has held records, and resumes it once an
+// eighth of the bound is free with nothing held (p.mu held). A partition at
+// its in-flight bound is paused by awaitRoom, not here.
 func (c *Consumer) adjustPause(p *partition) {
 	if h := len(p.held) > 0; h != p.holding {
 		p.holding = h
@@ -60,16 +65,98 @@ func (c *Consumer) adjustPause(p *partition) {
 	if !p.active() {
 		return
 	}
-	n := p.inflight.Load()
-	max := int64(c.cfg.maxInFlight)
 	switch {
-	case !p.paused.Load() && (n >= max || len(p.held) > 0):
-		p.paused.Store(true)
-		c.heldParts.Add(1)
-		c.cl.PauseFetchPartitions(map[string][]int32{p.topic: {p.id}})
-	case p.paused.Load() && len(p.held) == 0 && n <= resumeAt(c.cfg.maxInFlight):
+	case !p.paused.Load() && len(p.held) > 0:
+		c.pause(p)
+	case p.paused.Load() && len(p.held) == 0 && p.inflight.Load() <= resumeAt(c.cfg.maxInFlight):
 		p.paused.Store(false)
 		c.heldParts.Add(-1)
 		c.cl.ResumeFetchPartitions(map[string][]int32{p.topic: {p.id}})
+	}
+}
+
+// pause stops fetching p (p.mu held, p active and not paused).
+func (c *Consumer) pause(p *partition) {
+	p.paused.Store(true)
+	c.heldParts.Add(1)
+	c.cl.PauseFetchPartitions(map[string][]int32{p.topic: {p.id}})
+}
+
+// Waiting for room: see awaitRoom.
+const (
+	// roomSlice: a partition at its bound that finishes no record for
+	// this long is paused.
+	roomSlice = 10 * time.Millisecond
+	// roomWait: a partition still at its bound after this long is paused.
+	roomWait = 100 * time.Millisecond
+)
+
+// roomState is awaitRoom's, kept between its calls (the poll loop's alone).
+type roomState struct {
+	since time.Time // when a partition was first seen at its bound; zero: none is
+	slice time.Time // when the current slice started
+	last  int64     // the records in flight of the partitions at the bound then
+}
+
+// awaitRoom runs before each poll and returns false when no active,
+// unpaused partition is at its in-flight bound (a poll may bring such a
+// partition up to WithMaxPollRecords more records, past bound + one poll),
+// true when wake was called meanwhile (the loop looks at held records, then
+// calls it again).
+//
+// Pausing a partition at its bound at once, as the poll loop did before,
+// makes franz-go drop its buffered records and fetch them again on resume:
+// with fast handlers that happened on nearly every poll. So the loop first
+// waits, not polling (heartbeats, rebalances and franz-go's fetching go on),
+// for such partitions to finish records and fall below the bound, and
+// pauses those still at it when none of them finished a record for
+// roomSlice, or after roomWait in all: a stuck key's partition is paused
+// within roomSlice of reaching its bound, and the other partitions' records
+// wait at most roomWait. It returns at once when Close starts or ctx ends.
+func (c *Consumer) awaitRoom(ctx context.Context) (woken bool) {
+	bound := int64(c.cfg.maxInFlight)
+	r := &c.room
+	c.awaiting.Store(true) // before looking: a finish that crosses the bound after the look wakes the loop
+	defer c.awaiting.Store(false)
+	for {
+		var full []*partition
+		total := int64(0)
+		for _, p := range c.owned() {
+			if n := p.inflight.Load(); n >= bound && p.active() && !p.paused.Load() {
+				full = append(full, p)
+				total += n
+			}
+		}
+		if len(full) == 0 || c.closing.Load() || ctx.Err() != nil {
+			r.since = time.Time{}
+			return false
+		}
+		now := time.Now()
+		switch {
+		case r.since.IsZero():
+			r.since, r.slice, r.last = now, now, total
+		case now.Sub(r.since) >= roomWait || now.Sub(r.slice) >= roomSlice && total >= r.last:
+			for _, p := range full {
+				p.mu.Lock()
+				if p.active() && !p.paused.Load() && p.inflight.Load() >= bound {
+					c.pause(p)
+				}
+				p.mu.Unlock()
+			}
+			r.since = time.Time{}
+			continue
+		case now.Sub(r.slice) >= roomSlice:
+			r.slice, r.last = now, total // progress: a new slice
+		}
+		t := time.NewTimer(min(r.slice.Add(roomSlice).Sub(now), r.since.Add(roomWait).Sub(now)))
+		select {
+		case <-c.wakeCh:
+			t.Stop()
+			return true
+		case <-t.C:
+		case <-c.stop:
+		case <-ctx.Done():
+		}
+		t.Stop()
 	}
 }

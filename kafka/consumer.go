@@ -86,6 +86,9 @@ type Consumer struct {
 	heldParts  atomic.Int64 // partitions paused by this consumer
 	holding    atomic.Int64 // partitions with held records
 	wakeReq    atomic.Bool
+	wakeCh     chan struct{} // wake's token for awaitRoom (buffered: one)
+	awaiting   atomic.Bool   // awaitRoom waits: a finish that crosses its partition's bound wakes it
+	room       roomState     // awaitRoom's (the poll loop's)
 	pollCancel atomic.Pointer[context.CancelFunc]
 	revokeWake chan struct{}
 
@@ -144,6 +147,7 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		parked:     make(map[schedKey]*item),
 		failing:    make(map[schedKey]*group),
 		revokeWake: make(chan struct{}, 1),
+		wakeCh:     make(chan struct{}, 1),
 		runCtx:     context.Background(),
 		runDone:    make(chan struct{}),
 		closeDone:  make(chan struct{}),

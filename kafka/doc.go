@@ -40,9 +40,13 @@
 //     says so in both cases.
 //   - Backpressure in bounded memory: the poll loop never blocks on a key. A
 //     record that finds its key or the scheduler full is held back, and a
-//     partition with WithMaxInFlight records unfinished (held ones included)
-//     or with held records is paused (fetching stops for it alone) and
-//     resumed once an eighth of the bound is free. Heartbeats and
+//     partition with held records is paused (fetching stops for it alone).
+//     A partition with WithMaxInFlight records unfinished (held ones
+//     included) is not polled: the poll loop waits for it to fall below
+//     the bound, and pauses it when it finishes no record for 10 ms or is
+//     still at the bound after 100 ms (a pause makes franz-go drop the
+//     partition's buffered records and fetch them again later). A paused
+//     partition resumes once an eighth of the bound is free. Heartbeats and
 //     rebalances go on while a key is stuck; memory is bounded by partitions
 //     x WithMaxInFlight plus one poll (WithMaxPollRecords). Records that stay
 //     unfinished long are copied out of their fetch's buffer, so that a

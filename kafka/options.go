@@ -185,10 +185,14 @@ func WithOrdering(o Ordering) Option {
 }
 
 // WithMaxInFlight bounds, per partition, the records fetched and not
-// finished (default DefaultMaxInFlight). A partition at the bound is paused:
-// fetching stops for it alone, and resumes once an eighth of the bound is
-// free (a key whose unfinished records fill more than seven eighths of it,
-// a stuck one, keeps its partition paused). n >= 1.
+// finished (default DefaultMaxInFlight), to n plus one poll
+// (WithMaxPollRecords). A partition at the bound is not polled: the poll
+// loop waits for it to fall below the bound, and pauses it when it
+// finishes no record for 10 ms, or is still at the bound after 100 ms
+// (other partitions' records wait meanwhile). A paused partition's fetching
+// stops for it alone, and resumes once an eighth of the bound is free (a
+// key whose unfinished records fill more than seven eighths of it, a stuck
+// one, keeps its partition paused). n >= 1.
 func WithMaxInFlight(n int) Option {
 	return func(c *config) error {
 		if n < 1 {

@@ -90,7 +90,9 @@ type span struct{ from, to int64 }
 
 func (p *partition) active() bool { return p.state.Load() == stActive }
 
-// add appends a fetched record (p.mu held).
+// add appends a fetched record (p.mu held). route does the same for a
+// poll's records, but compacts before and counts them in flight after
+// (once: the count is shared with the workers that finish records).
 func (p *partition) add(it *item) {
 	p.queue = append(p.queue, it)
 	p.inflight.Add(1)
@@ -258,9 +260,11 @@ func (it *item) finish() {
 	c := p.c
 	c.finished.Add(1)
 	// Wake the poll loop when it has something to do: held records to
-	// retry (room may have appeared anywhere), or this paused partition
-	// drained to its resume point.
-	if c.holding.Load() > 0 || (p.paused.Load() && n <= resumeAt(c.cfg.maxInFlight)) {
+	// retry (room may have appeared anywhere), this paused partition
+	// drained to its resume point, or (awaitRoom) this partition fell
+	// below its bound.
+	if c.holding.Load() > 0 || (p.paused.Load() && n <= resumeAt(c.cfg.maxInFlight)) ||
+		(n == int64(c.cfg.maxInFlight)-1 && c.awaiting.Load()) {
 		c.wake()
 	}
 }

@@ -48,6 +48,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		c.wakeReq.Store(false)
 		c.dispatchHeld()
+		if c.awaitRoom(ctx) {
+			continue
+		}
 		pctx, cancel := context.WithCancel(ctx)
 		c.pollCancel.Store(&cancel)
 		if c.wakeReq.Load() || c.closing.Load() {
@@ -92,12 +95,17 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 }
 
-// wake makes the poll loop look at held records and paused partitions.
+// wake makes the poll loop look at held records, paused partitions and
+// partitions at their bound.
 func (c *Consumer) wake() {
 	if c.wakeReq.Swap(true) {
 		return // already asked: one wake-up per poll
 	}
 	if f := c.pollCancel.Load(); f != nil {
 		(*f)()
+	}
+	select {
+	case c.wakeCh <- struct{}{}: // for awaitRoom
+	default:
 	}
 }

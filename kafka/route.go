@@ -32,6 +32,10 @@ func (c *Consumer) route(fp kgo.FetchTopicPartition) {
 	}
 	p.hwm = fp.HighWatermark
 	p.polls++
+	// Before this poll's records join the queue: compaction copies the
+	// unfinished records out of their fetch's buffer (detach), which
+	// records about to be dispatched do not need.
+	p.compact()
 	groups := p.scratch[:0]
 	consumed := 0
 	if c.metrics != nil {
@@ -49,9 +53,10 @@ func (c *Consumer) route(fp kgo.FetchTopicPartition) {
 		p.seen(r)
 		consumed++
 		it := newItem(p, r)
-		p.add(it)
+		p.queue = append(p.queue, it)
 		groups = c.addTo(p, groups, it, r)
 	}
+	p.inflight.Add(int64(consumed)) // before any of them is dispatched
 	for _, g := range groups {
 		if len(p.held) > 0 || !c.dispatch(g) {
 			p.held = append(p.held, g)

@@ -93,6 +93,13 @@ type Result struct {
 	// is that per event.
 	CPUSeconds    float64 `json:"cpu_seconds"`
 	CPUNsPerEvent float64 `json:"cpu_ns_per_event"`
+	// FetchRequests counts the Fetch requests the consumer's client sent,
+	// FetchedRecords the records in the batches it read from their
+	// answers. Records fetched more than once (a paused partition's
+	// buffered records are dropped and fetched again on resume) make
+	// FetchedRecords exceed Events.
+	FetchRequests  int64 `json:"fetch_requests"`
+	FetchedRecords int64 `json:"fetched_records"`
 }
 
 func main() {
@@ -213,8 +220,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if measured > 0 {
 			fmt.Fprintf(stdout, "one handler's work (%s) takes %v here when alone (mean of %d calls)\n", c.Work, measured.Round(time.Microsecond), work.measureCalls())
 		}
-		fmt.Fprintln(tw, "consumer\tevents/s\tof bound\tof measured bound\tp99 µs\tseconds\tcpu ns/event\torder violations\tduplicates\t")
+		fmt.Fprintln(tw, "consumer\tevents/s\tof bound\tof measured bound\tp99 µs\tseconds\tcpu ns/event\tfetched/event\torder violations\tduplicates\t")
 	}
+	results := map[string]Result{}
 	for i, name := range c.Consumers {
 		cpu0 := cpuTime()
 		r, err := s.consume(name, seeds, topic, fmt.Sprintf("%s-g%d", topic, i), &c, work)
@@ -225,6 +233,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		r.Partitions, r.BoundEventsPerSec = c.Partitions, bound
 		r.MeasuredWorkUs, r.MeasuredBoundEventsPerSec = float64(measured)/1e3, mbound
 		r.CPUNsPerEvent = 1e9 * r.CPUSeconds / float64(r.Events)
+		results[name] = r
 		if c.JSON {
 			b, _ := json.Marshal(r)
 			fmt.Fprintln(stdout, string(b))
@@ -234,12 +243,19 @@ func run(args []string, stdout, stderr io.Writer) error {
 				of = fmt.Sprintf("%.0f%%", 100*r.EventsPerSec/bound)
 				ofm = fmt.Sprintf("%.0f%%", 100*r.EventsPerSec/mbound)
 			}
-			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%.0f\t%.2f\t%.0f\t%d\t%d\t\n", r.Consumer, r.EventsPerSec, of, ofm, r.P99us, r.Seconds,
-				r.CPUNsPerEvent, r.OrderViolations, r.Duplicates)
+			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%.0f\t%.2f\t%.0f\t%.2f\t%d\t%d\t\n", r.Consumer, r.EventsPerSec, of, ofm, r.P99us, r.Seconds,
+				r.CPUNsPerEvent, float64(r.FetchedRecords)/float64(r.Events), r.OrderViolations, r.Duplicates)
 		}
 	}
 	if !c.JSON {
 		tw.Flush()
+		plain, okp := results["plain"]
+		for _, name := range []string{"keysched", "keysched-partition"} {
+			if r, ok := results[name]; ok && okp {
+				fmt.Fprintf(stdout, "%s / plain: %.2f of its events/s, %+.0f ns CPU per event\n", name,
+					r.EventsPerSec/plain.EventsPerSec, r.CPUNsPerEvent-plain.CPUNsPerEvent)
+			}
+		}
 		if bound > 0 {
 			fmt.Fprintf(stdout, "bound: %.0f events/s = events / max(hottest key's events x work, events x work / workers), work %v as given\n", bound, work.dur)
 			fmt.Fprintf(stdout, "measured bound: %.0f events/s, the same with the work as measured here (%v)\n", mbound, measured.Round(time.Microsecond))
@@ -372,6 +388,8 @@ type tally struct {
 	start      atomic.Int64
 	end        atomic.Int64
 	all        chan struct{}
+
+	fetchReqs, fetchedRecs atomic.Int64 // see Result
 }
 
 func newTally(s *stream, work workSpec) *tally {
@@ -395,6 +413,18 @@ func (t *tally) OnFetchRecordUnbuffered(r *kgo.Record, polled bool) {
 	if seq < uint64(len(t.polled)) {
 		t.polled[seq].CompareAndSwap(0, now)
 	}
+}
+
+// OnBrokerWrite is the franz-go hook: a request was written to a broker.
+func (t *tally) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if key == kmsg.Fetch.Int16() && err == nil {
+		t.fetchReqs.Add(1)
+	}
+}
+
+// OnFetchBatchRead is the franz-go hook: a fetched batch was decoded.
+func (t *tally) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m kgo.FetchBatchMetrics) {
+	t.fetchedRecs.Add(int64(m.NumRecords))
 }
 
 func (t *tally) handle(_ context.Context, r *kgo.Record) error {
@@ -436,7 +466,8 @@ func (t *tally) result(name string) Result {
 	slices.Sort(lat)
 	p99 := lat[min(n-1, int(math.Ceil(0.99*float64(n)))-1)]
 	return Result{Consumer: name, Events: n, Seconds: secs, EventsPerSec: float64(n) / secs,
-		P99us: float64(p99) / 1e3, OrderViolations: t.violations.Load(), Duplicates: t.dups.Load()}
+		P99us: float64(p99) / 1e3, OrderViolations: t.violations.Load(), Duplicates: t.dups.Load(),
+		FetchRequests: t.fetchReqs.Load(), FetchedRecords: t.fetchedRecs.Load()}
 }
 
 func (s *stream) consume(name string, seeds []string, topic, group string, c *cli, work workSpec) (Result, error) {

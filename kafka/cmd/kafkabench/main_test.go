@@ -27,20 +27,21 @@ func TestTinyRun(t *testing.T) {
 		}
 		for _, f := range []string{"consumer", "partitions", "events", "seconds", "events_per_sec", "bound_events_per_sec",
 			"p99_us", "order_violations", "duplicates", "measured_work_us", "measured_bound_events_per_sec",
-			"cpu_seconds", "cpu_ns_per_event"} {
+			"cpu_seconds", "cpu_ns_per_event", "fetch_requests", "fetched_records"} {
 			if _, ok := fields[f]; !ok {
 				t.Errorf("line %q lacks %s", sc.Text(), f)
 			}
 		}
-		if len(fields) != 13 {
-			t.Errorf("line %q: %d fields, want 13", sc.Text(), len(fields))
+		if len(fields) != 15 {
+			t.Errorf("line %q: %d fields, want 15", sc.Text(), len(fields))
 		}
 		var r Result
 		_ = json.Unmarshal(sc.Bytes(), &r)
 		// --rounds 2: the 150 events twice, keys prefixed per round. The
 		// work is measured: a 100µs sleep takes at least 100µs.
 		if r.Events != 300 || r.Partitions != 2 || r.OrderViolations != 0 || r.EventsPerSec <= 0 || r.BoundEventsPerSec <= 0 ||
-			r.MeasuredWorkUs < 100 || r.MeasuredBoundEventsPerSec <= 0 || r.MeasuredBoundEventsPerSec > r.BoundEventsPerSec || r.CPUNsPerEvent <= 0 {
+			r.MeasuredWorkUs < 100 || r.MeasuredBoundEventsPerSec <= 0 || r.MeasuredBoundEventsPerSec > r.BoundEventsPerSec || r.CPUNsPerEvent <= 0 ||
+			r.FetchRequests < 1 || r.FetchedRecords < int64(r.Events) {
 			t.Errorf("result %+v", r)
 		}
 		// The bound scales with 1/work: the measured bound is the
