@@ -3,11 +3,12 @@ package keysched
 import (
 	"context"
 	"errors"
-	"fmt"
 	"reflect"
 	"sync"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/keysched/keysched/internal/optcheck"
 )
 
 // A Task is the work for one event. Its context carries the values of the
@@ -234,7 +235,7 @@ func New[K comparable](opts ...Option) (*Scheduler[K], error) {
 	cfg := defaultConfig()
 	for i, o := range opts {
 		if o == nil {
-			return nil, optionError(fmt.Sprintf("opts[%d]", i), nil, "nil Option")
+			return nil, refused(optcheck.NilOption(i, "Option"))
 		}
 		if err := o(&cfg); err != nil {
 			return nil, err

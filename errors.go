@@ -3,6 +3,8 @@ package keysched
 import (
 	"errors"
 	"fmt"
+
+	"github.com/keysched/keysched/internal/optcheck"
 )
 
 // Sentinel errors. Compare with errors.Is: the errors returned by this package
@@ -140,13 +142,25 @@ func IsPermanent(err error) bool {
 // passes options on to New (the bus, the Kafka adapter, the outbox relay)
 // can tell which one was refused, by its name, and say so in its own terms
 // rather than matching the error's text.
+//
+// It is also the error of every module of keysched for an option of its own
+// that it refuses: the bus (wrapped, "bus: ..."), the Kafka adapter, the
+// outbox and its relay, the inbox and otelkeysched. So one
+//
+//	var oe *keysched.OptionError
+//	if errors.As(err, &oe) { ... oe.Option ... }
+//
+// finds the refused option whichever module refused it. Such an error has
+// the module's own sentinel in Sentinel (kafka.ErrInvalidOption,
+// outbox.ErrInvalidOption, inbox.ErrInvalidOption): errors.Is matches both
+// that and ErrInvalidOption.
 type OptionError struct {
 	// Option names the refused option as the caller writes it, without its
 	// arguments: "WithWorkers", "WithRetry", "WithDeadLetter"; for a nil
 	// Option, "opts[i]" with its index in New's arguments.
 	Option string
-	// Value is the refused argument as given (fmt's %v), or "" where the
-	// reason says it (a RetryPolicy's field, say).
+	// Value is the refused argument as given (fmt's %v; a string quoted),
+	// or "" where the reason says it (a RetryPolicy's field, say).
 	Value string
 	// With names the other option when the two cannot both hold
 	// ("WithPool" for WithWorkers given with WithPool); otherwise "".
@@ -156,11 +170,24 @@ type OptionError struct {
 	// Err is the cause when a library below refused the value (the error
 	// of ants.NewPool), or nil.
 	Err error
+	// Sentinel is, for an option of another module of keysched, that
+	// module's ErrInvalidOption (kafka.ErrInvalidOption,
+	// outbox.ErrInvalidOption, inbox.ErrInvalidOption): errors.Is matches
+	// it as well as ErrInvalidOption, and Error begins with its text. nil
+	// for the options of this package, of the bus and of otelkeysched,
+	// whose sentinel is ErrInvalidOption itself.
+	Sentinel error
 }
 
-// Error reads "keysched: invalid option: Option(Value): Reason".
+// Error reads "keysched: invalid option: Option(Value): Reason", with the
+// Sentinel's text in place of "keysched: invalid option" when there is one
+// ("outbox: invalid option: WithBatchSize(0): need at least 1").
 func (e *OptionError) Error() string {
-	msg := "keysched: invalid option: " + e.Option
+	msg := ErrInvalidOption.Error()
+	if e.Sentinel != nil {
+		msg = e.Sentinel.Error()
+	}
+	msg += ": " + e.Option
 	if e.Value != "" {
 		msg += "(" + e.Value + ")"
 	}
@@ -171,8 +198,11 @@ func (e *OptionError) Error() string {
 	return msg
 }
 
-// Is reports whether target is ErrInvalidOption, which every OptionError is.
-func (e *OptionError) Is(target error) bool { return target == ErrInvalidOption }
+// Is reports whether target is ErrInvalidOption, which every OptionError is,
+// or the Sentinel.
+func (e *OptionError) Is(target error) bool {
+	return target == ErrInvalidOption || e.Sentinel != nil && target == e.Sentinel
+}
 
 // Unwrap returns the cause (Err), or nil.
 func (e *OptionError) Unwrap() error { return e.Err }
@@ -180,11 +210,17 @@ func (e *OptionError) Unwrap() error { return e.Err }
 // optionError makes the *OptionError refusing option's argument value (nil:
 // none shown) for the reason format and args say.
 func optionError(option string, value any, format string, args ...any) error {
-	e := &OptionError{Option: option, Reason: fmt.Sprintf(format, args...)}
-	if value != nil {
-		e.Value = fmt.Sprint(value)
+	return refused(optcheck.Refuse(option, value, format, args...))
+}
+
+// refused is the *OptionError of r, a refusal of the shared checks
+// (internal/optcheck), or nil for nil: a check's result can be returned as
+// it is.
+func refused(r *optcheck.Refusal) error {
+	if r == nil {
+		return nil
 	}
-	return e
+	return &OptionError{Option: r.Option, Value: r.Value, With: r.With, Reason: r.Reason}
 }
 
 // invalidKey is the ErrInvalidKey error for a key validKey refused, saying

@@ -2,10 +2,11 @@ package keysched
 
 import (
 	"log/slog"
-	"math"
 	"time"
 
 	"github.com/panjf2000/ants/v2"
+
+	"github.com/keysched/keysched/internal/optcheck"
 )
 
 // Defaults for the bounds New applies when no option sets them.
@@ -32,8 +33,11 @@ const keyBudget = 32
 // makes New return an *OptionError (errors.Is(err, ErrInvalidOption) holds).
 //
 // How options meet. This is the one rule for options that bear on each
-// other; the bus, the Kafka adapter, the outbox relay and the webhook
-// service follow it for theirs, and say so.
+// other; every module of keysched (the bus, the Kafka adapter, the outbox
+// and its relay, the inbox, otelkeysched) and the webhook service follow it
+// for theirs, and say so. Their refusals are *OptionError too (see there),
+// made by the same checks, so that a refused option reads and is handled
+// alike whichever module refused it.
 //
 //   - Options apply in order, and a later option replaces an earlier one of
 //     the same name: WithWorkers(2), WithWorkers(3) means 3 workers. Code
@@ -53,9 +57,13 @@ const keyBudget = 32
 //     unbounded pool), sizes the scheduler's pool to n. A default inner
 //     bound above a given outer one stays, unreachable: WithMaxPending(10)
 //     alone holds at most 10 tasks of any key.
-//   - Options that set the same thing two ways are refused: WithWorkers
-//     with WithPool (both set the pool) makes New fail with an *OptionError
-//     naming both (Option "WithWorkers", With "WithPool").
+//   - Options that set the same thing two ways, or that contradict each
+//     other, are refused: WithWorkers with WithPool (both set the pool)
+//     makes New fail with an *OptionError naming both (Option
+//     "WithWorkers", With "WithPool"). A pair is clamped as nested bounds
+//     only where the outer bound applying first is harmless (it delays
+//     work); where it would make work fail, the pair is refused (the
+//     outbox relay's WithSinkTimeout above half its WithLeaseDuration).
 type Option func(*config) error
 
 type config struct {
@@ -91,8 +99,8 @@ func defaultConfig() config {
 // Option for how options meet).
 func WithWorkers(n int) Option {
 	return func(c *config) error {
-		if n < 1 || n > math.MaxInt32 {
-			return optionError("WithWorkers", n, "need 1 to %d workers (ants sizes pools with an int32)", math.MaxInt32)
+		if r := optcheck.Workers("WithWorkers", n); r != nil {
+			return refused(r)
 		}
 		c.workers = n
 		return nil
@@ -109,11 +117,8 @@ func WithWorkers(n int) Option {
 // Close does not wait for such a worker either.
 func WithPool(p *ants.Pool) Option {
 	return func(c *config) error {
-		if p == nil {
-			return optionError("WithPool", "nil", "need a pool")
-		}
-		if p.IsClosed() {
-			return optionError("WithPool", nil, "the pool is already released")
+		if r := optcheck.Pool("WithPool", p); r != nil {
+			return refused(r)
 		}
 		c.pool = p
 		return nil
@@ -128,8 +133,8 @@ func WithPool(p *ants.Pool) Option {
 // pending bound to n (see Option for how options meet).
 func WithMaxKeyDepth(n int) Option {
 	return func(c *config) error {
-		if n < 1 {
-			return optionError("WithMaxKeyDepth", n, "need at least 1")
+		if r := optcheck.AtLeast("WithMaxKeyDepth", n, 1); r != nil {
+			return refused(r)
 		}
 		c.maxKeyDepth, c.depthSet = n, true
 		return nil
@@ -142,8 +147,8 @@ func WithMaxKeyDepth(n int) Option {
 // reached (see Option for how options meet).
 func WithMaxPending(n int) Option {
 	return func(c *config) error {
-		if n < 1 {
-			return optionError("WithMaxPending", n, "need at least 1")
+		if r := optcheck.AtLeast("WithMaxPending", n, 1); r != nil {
+			return refused(r)
 		}
 		c.maxPending, c.pendingSet = n, true
 		return nil
@@ -159,8 +164,8 @@ func WithMaxPending(n int) Option {
 // (see Option for how options meet).
 func WithMaxConcurrency(n int) Option {
 	return func(c *config) error {
-		if n < 1 {
-			return optionError("WithMaxConcurrency", n, "need at least 1")
+		if r := optcheck.AtLeast("WithMaxConcurrency", n, 1); r != nil {
+			return refused(r)
 		}
 		c.maxConcurrency = n
 		return nil
@@ -173,8 +178,8 @@ func WithMaxConcurrency(n int) Option {
 // slog.New(slog.DiscardHandler) to silence it.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
-		if l == nil {
-			return optionError("WithLogger", "nil", "use slog.New(slog.DiscardHandler) to discard")
+		if r := optcheck.Logger("WithLogger", l); r != nil {
+			return refused(r)
 		}
 		c.logger = l
 		return nil
@@ -186,14 +191,13 @@ func WithLogger(l *slog.Logger) Option {
 // given, and WithWorkers with WithPool is refused.
 func (c *config) resolve() error {
 	if c.pool != nil && c.workers != 0 {
-		return &OptionError{Option: "WithWorkers", With: "WithPool",
-			Reason: "given with WithPool: both set the pool, whose size is the caller's"}
+		return refused(optcheck.WorkersWithPool("WithWorkers", "WithPool"))
 	}
 	if c.depthSet && !c.pendingSet && c.maxKeyDepth > c.maxPending {
 		c.maxPending = c.maxKeyDepth
 	}
 	if c.pool == nil && c.workers == 0 && c.maxConcurrency > DefaultWorkers {
-		c.workers = min(c.maxConcurrency, math.MaxInt32)
+		c.workers = min(c.maxConcurrency, optcheck.MaxWorkers)
 	}
 	return nil
 }

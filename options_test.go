@@ -6,6 +6,7 @@ package keysched
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
 	"testing"
@@ -148,4 +149,28 @@ func TestWithWorkersAboveMaxInt32RefusedOrRuns(t *testing.T) {
 			t.Fatalf("WithWorkers(%d): New accepted it, but a submitted task never ran: %v", n, err)
 		}
 	}
+}
+
+// A module's refusal is an *OptionError with the module's sentinel in
+// Sentinel: errors.Is matches that sentinel and ErrInvalidOption (and the
+// cause), not another module's, and its text begins with the sentinel's;
+// one errors.As finds it however the module wraps it.
+func TestOptionErrorOfAModuleMatchesItsSentinel(t *testing.T) {
+	module := errors.New("mod: invalid option")
+	other := errors.New("other: invalid option")
+	cause := errors.New("cause")
+	var err error = &OptionError{Option: "WithX", Value: "0", Reason: "need at least 1", Sentinel: module, Err: cause}
+	require.ErrorIs(t, err, module)
+	require.ErrorIs(t, err, ErrInvalidOption)
+	require.ErrorIs(t, err, cause)
+	require.NotErrorIs(t, err, other)
+	require.Equal(t, "mod: invalid option: WithX(0): need at least 1: cause", err.Error())
+	var oe *OptionError
+	require.ErrorAs(t, fmt.Errorf("mod: NewThing: %w", err), &oe)
+	require.Equal(t, "WithX", oe.Option)
+
+	err = &OptionError{Option: "WithX", Reason: "r"}
+	require.NotErrorIs(t, err, module, "no Sentinel: the core's own")
+	require.ErrorIs(t, err, ErrInvalidOption)
+	require.Equal(t, "keysched: invalid option: WithX: r", err.Error())
 }

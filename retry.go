@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/keysched/keysched/internal/durations"
+	"github.com/keysched/keysched/internal/optcheck"
 )
 
 // RetryPolicy makes delivery at-least-once: a failed attempt is retried, with
@@ -187,8 +188,8 @@ func WithRetryPanics() Option {
 // its key until it returns. d > 0.
 func WithTaskTimeout(d time.Duration) Option {
 	return func(c *config) error {
-		if d <= 0 {
-			return optionError("WithTaskTimeout", d, "need > 0")
+		if r := optcheck.Positive("WithTaskTimeout", d); r != nil {
+			return refused(r)
 		}
 		c.taskTimeout = d
 		return nil
@@ -248,8 +249,8 @@ type DeadLetter[K comparable] struct {
 // K must be the scheduler's key type, or New fails.
 func WithDeadLetter[K comparable](fn func(DeadLetter[K])) Option {
 	return func(c *config) error {
-		if fn == nil {
-			return optionError("WithDeadLetter", "nil", "need a function")
+		if r := optcheck.NotNil("WithDeadLetter", fn == nil, "a function"); r != nil {
+			return refused(r)
 		}
 		c.deadLetter = fn
 		return nil
@@ -285,8 +286,8 @@ func (p FailurePolicy) String() string {
 // (default Continue).
 func WithFailurePolicy(p FailurePolicy) Option {
 	return func(c *config) error {
-		if p != Continue && p != Park {
-			return optionError("WithFailurePolicy", int(p), "unknown policy")
+		if r := optcheck.OneOf("WithFailurePolicy", p, "policy", Continue, Park); r != nil {
+			return refused(r)
 		}
 		c.failure = p
 		return nil

@@ -14,6 +14,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/internal/optcheck"
+	"github.com/keysched/keysched/internal/opterror"
 	"github.com/panjf2000/ants/v2"
 )
 
@@ -116,9 +118,11 @@ func (e *PublishError) Unwrap() []error {
 }
 
 // An Option configures New. A bad option makes New return an error wrapping a
-// *keysched.OptionError (errors.Is(err, keysched.ErrInvalidOption) holds).
-// Options meet as keysched.Option says: the last of a name wins, and
-// WithWorkers with WithPool is refused.
+// *keysched.OptionError that names it (errors.Is(err,
+// keysched.ErrInvalidOption) holds), checked as the scheduler's option of
+// the same name is. Options meet by keysched.Option's rule (the one rule of
+// every keysched module; see its "How options meet"): the last of a name
+// wins, and WithWorkers with WithPool is refused (both set the pool).
 type Option func(*config) error
 
 type config struct {
@@ -129,12 +133,12 @@ type config struct {
 
 // WithWorkers sets the size of the bus's own ants pool (default
 // DefaultWorkers), shared by every subscriber: at most n handlers run at
-// once over the whole bus. Close releases that pool. n >= 1; not with
-// WithPool.
+// once over the whole bus. Close releases that pool. n from 1 to
+// math.MaxInt32 (ants sizes pools with an int32); not with WithPool.
 func WithWorkers(n int) Option {
 	return func(c *config) error {
-		if n < 1 {
-			return optionError("WithWorkers", n, "need at least 1 worker")
+		if r := optcheck.Workers("WithWorkers", n); r != nil {
+			return refused(r)
 		}
 		c.workers = n
 		return nil
@@ -147,11 +151,8 @@ func WithWorkers(n int) Option {
 // worker (see keysched.WithPool). Not with WithWorkers.
 func WithPool(p *ants.Pool) Option {
 	return func(c *config) error {
-		if p == nil {
-			return optionError("WithPool", "nil", "need a pool")
-		}
-		if p.IsClosed() {
-			return optionError("WithPool", nil, "the pool is already released")
+		if r := optcheck.Pool("WithPool", p); r != nil {
+			return refused(r)
 		}
 		c.pool = p
 		return nil
@@ -164,23 +165,21 @@ func WithPool(p *ants.Pool) Option {
 // slog.New(slog.DiscardHandler) to silence it.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
-		if l == nil {
-			return optionError("WithLogger", "nil", "use slog.New(slog.DiscardHandler) to discard")
+		if r := optcheck.Logger("WithLogger", l); r != nil {
+			return refused(r)
 		}
 		c.logger = l
 		return nil
 	}
 }
 
-// optionError refuses the bus option named option, given value (nil: none
-// shown), for the reason format and args say: a *keysched.OptionError, as
-// the core's refusals are (see keysched.Option for how options meet).
-func optionError(option string, value any, format string, args ...any) error {
-	e := &keysched.OptionError{Option: option, Reason: fmt.Sprintf(format, args...)}
-	if value != nil {
-		e.Value = fmt.Sprint(value)
+// refused is the error of a refused bus option: r's *keysched.OptionError,
+// as the core's refusals are, wrapped "bus: ..."; nil for a nil r.
+func refused(r *optcheck.Refusal) error {
+	if r == nil {
+		return nil
 	}
-	return fmt.Errorf("bus: %w", e)
+	return fmt.Errorf("bus: %w", opterror.New(nil, r))
 }
 
 // argError refuses an argument that is not an option (a subscriber's name,
@@ -230,15 +229,14 @@ func New[K comparable](opts ...Option) (*Bus[K], error) {
 	cfg := config{logger: slog.Default()}
 	for i, o := range opts {
 		if o == nil {
-			return nil, optionError(fmt.Sprintf("opts[%d]", i), nil, "nil Option")
+			return nil, refused(optcheck.NilOption(i, "Option"))
 		}
 		if err := o(&cfg); err != nil {
 			return nil, err
 		}
 	}
 	if cfg.pool != nil && cfg.workers != 0 {
-		return nil, fmt.Errorf("bus: %w", &keysched.OptionError{Option: "WithWorkers", With: "WithPool",
-			Reason: "given with WithPool: both set the pool, whose size is the caller's"})
+		return nil, refused(optcheck.WorkersWithPool("WithWorkers", "WithPool"))
 	}
 	b := &Bus[K]{
 		logger:    cfg.logger,

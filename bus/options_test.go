@@ -3,9 +3,11 @@ package bus
 import (
 	"context"
 	"errors"
+	"math"
 	"testing"
 
 	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/internal/opttest"
 	"github.com/panjf2000/ants/v2"
 	"github.com/stretchr/testify/require"
 )
@@ -89,5 +91,29 @@ func TestSubOptionsMeetByOneRule(t *testing.T) {
 			}
 			require.False(t, errors.Is(err, other), "%v", err)
 		})
+	}
+}
+
+// New refuses its options with the scheduler's checks: each refusal is a
+// *keysched.OptionError naming the option, wrapped "bus: ...", and a pool
+// size past ants' int32 is refused as keysched.WithWorkers refuses it.
+func TestNewRefusesEachBadOptionByName(t *testing.T) {
+	released, err := ants.NewPool(1)
+	require.NoError(t, err)
+	released.Release()
+	for _, tc := range []struct {
+		opts   []Option
+		option string
+	}{
+		{[]Option{WithWorkers(0)}, "WithWorkers"},
+		{[]Option{WithWorkers(math.MaxInt32 + 1)}, "WithWorkers"},
+		{[]Option{WithPool(nil)}, "WithPool"},
+		{[]Option{WithPool(released)}, "WithPool"},
+		{[]Option{WithLogger(nil)}, "WithLogger"},
+		{[]Option{WithWorkers(1), nil}, "opts[1]"},
+	} {
+		b, err := New[string](tc.opts...)
+		require.Nil(t, b, tc.option)
+		require.Empty(t, opttest.Problem(err, opttest.Want{Option: tc.option, Prefix: "bus: keysched: invalid option: "}))
 	}
 }

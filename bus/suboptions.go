@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/internal/optcheck"
 )
 
 // This file holds the subscriber options (SubOption) and the overflow
@@ -42,8 +43,9 @@ func (p OverflowPolicy) String() string {
 
 // A SubOption configures Subscribe. A bad option makes Subscribe return an
 // error wrapping a *keysched.OptionError that names it (errors.Is(err,
-// keysched.ErrInvalidOption) holds). SubOptions meet as keysched.Option
-// says: the last of a name wins; MaxKeyDepth above MaxPending is never
+// keysched.ErrInvalidOption) holds). SubOptions meet by keysched.Option's
+// rule, the one rule of every keysched module (see its "How options
+// meet"): the last of a name wins; MaxKeyDepth above MaxPending is never
 // reached (MaxPending applies first); MaxKeyDepth alone above
 // keysched.DefaultMaxPending raises the pending bound to it; MaxConcurrency
 // above the bus's workers has no effect (the bus's pool is shared by its
@@ -114,8 +116,8 @@ func MaxPending(n int) SubOption {
 // Block). See OverflowPolicy.
 func OnFull(p OverflowPolicy) SubOption {
 	return func(c *subConfig) error {
-		if p != Block && p != Reject && p != DropNewest {
-			return optionError("OnFull", int(p), "unknown policy")
+		if r := optcheck.OneOf("OnFull", p, "policy", Block, Reject, DropNewest); r != nil {
+			return refused(r)
 		}
 		c.overflow = p
 		return nil
@@ -173,8 +175,8 @@ func Timeout(d time.Duration) SubOption {
 // n >= 1.
 func EjectAfter(n int) SubOption {
 	return func(c *subConfig) error {
-		if n < 1 {
-			return optionError("EjectAfter", n, "need at least 1")
+		if r := optcheck.AtLeast("EjectAfter", n, 1); r != nil {
+			return refused(r)
 		}
 		c.ejectAfter = n
 		return nil
@@ -195,8 +197,8 @@ func EjectAfter(n int) SubOption {
 // must be the bus's key type, or Subscribe fails.
 func DeadLetters[K comparable](fn func(DeadLetter[K])) SubOption {
 	return func(c *subConfig) error {
-		if fn == nil {
-			return optionError("DeadLetters", "nil", "need a function")
+		if r := optcheck.NotNil("DeadLetters", fn == nil, "a function"); r != nil {
+			return refused(r)
 		}
 		c.deadLetter = fn
 		return nil

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/internal/optcheck"
 )
 
 // This file holds Subscribe: a handler and its options become a subscriber,
@@ -76,15 +77,14 @@ func Subscribe[K comparable, E any](b *Bus[K], name string, h Handler[K, E], opt
 	cfg := subConfig{maxKeyDepth: keysched.DefaultMaxKeyDepth}
 	for i, o := range opts {
 		if o == nil {
-			return nil, fmt.Errorf("Subscribe(%q): %w", name, optionError(fmt.Sprintf("opts[%d]", i), nil, "nil SubOption"))
+			return nil, fmt.Errorf("Subscribe(%q): %w", name, refused(optcheck.NilOption(i, "SubOption")))
 		}
 		if err := o(&cfg); err != nil {
 			return nil, fmt.Errorf("Subscribe(%q): %w", name, err)
 		}
 	}
 	if cfg.ejectAfter > 0 && cfg.timeout == 0 {
-		return nil, fmt.Errorf("Subscribe(%q): %w", name, &keysched.OptionError{Option: "EjectAfter", With: "Timeout",
-			Reason: "needs Timeout: it counts timed-out attempts"})
+		return nil, fmt.Errorf("Subscribe(%q): %w", name, refused(optcheck.Conflict("EjectAfter", "Timeout", "needs Timeout: it counts timed-out attempts")))
 	}
 	s := &sub[K]{
 		bus:   b,
@@ -99,8 +99,8 @@ func Subscribe[K comparable, E any](b *Bus[K], name string, h Handler[K, E], opt
 	if cfg.deadLetter != nil {
 		fn, ok := cfg.deadLetter.(func(DeadLetter[K]))
 		if !ok {
-			return nil, fmt.Errorf("Subscribe(%q): %w", name, optionError("DeadLetters", nil, "the function takes %s, the bus's keys are %s",
-				reflect.TypeOf(cfg.deadLetter).In(0), reflect.TypeFor[K]()))
+			return nil, fmt.Errorf("Subscribe(%q): %w", name, refused(optcheck.Refuse("DeadLetters", nil, "the function takes %s, the bus's keys are %s",
+				reflect.TypeOf(cfg.deadLetter).In(0), reflect.TypeFor[K]())))
 		}
 		s.dl = fn
 	}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/internal/optcheck"
+	"github.com/keysched/keysched/internal/opterror"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -66,8 +68,10 @@ func (o Ordering) String() string {
 // Sentinel errors; compare with errors.Is.
 var (
 	// ErrInvalidOption is wrapped by every error NewConsumer returns for
-	// a bad option (a scheduler option's error wraps
-	// keysched.ErrInvalidOption too).
+	// a bad option. The refusal of an Option of this package is a
+	// *keysched.OptionError with this Sentinel (it matches
+	// keysched.ErrInvalidOption too); a scheduler option's refusal wraps
+	// the scheduler's.
 	ErrInvalidOption = errors.New("kafka: invalid option")
 	// ErrNilHandler is returned by NewConsumer for a nil Handler.
 	ErrNilHandler = errors.New("kafka: nil handler")
@@ -87,10 +91,17 @@ var (
 )
 
 // An Option configures NewConsumer. A bad value makes NewConsumer fail with
-// an error wrapping ErrInvalidOption; a scheduler option's refusal
-// (WithSchedulerOptions) also keeps its *keysched.OptionError, which
-// errors.As retrieves. Options meet as keysched.Option says: the last of a
-// name wins (WithClientOptions and WithSchedulerOptions add up instead);
+// a *keysched.OptionError that names the option (errors.As retrieves it, as
+// it does every keysched module's refused option; errors.Is matches both
+// ErrInvalidOption and keysched.ErrInvalidOption); a scheduler option's
+// refusal (WithSchedulerOptions) wraps the scheduler's *keysched.OptionError
+// with ErrInvalidOption. The other errors of NewConsumer for its options (a
+// nil Option, a client option franz-go refuses, no group or topic, a
+// WithMeterProvider refusal) wrap ErrInvalidOption only.
+//
+// Options meet by keysched.Option's rule, the one rule of every keysched
+// module (see its "How options meet"): the last of a name wins
+// (WithClientOptions and WithSchedulerOptions add up instead);
 // WithMaxInFlight is the scheduler's key depth, so a keysched.WithMaxPending
 // below it applies first, and a WithMaxInFlight above
 // keysched.DefaultMaxPending, without keysched.WithMaxPending, raises the
@@ -124,9 +135,15 @@ func defaultConfig() config {
 	}
 }
 
+// optionError is an error wrapping ErrInvalidOption, saying what format and
+// args say, for the refusals made outside this file (see Option).
 func optionError(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
 }
+
+// refused is the *keysched.OptionError of r (nil for nil), with
+// ErrInvalidOption for Sentinel: the refusal of an Option of this file.
+func refused(r *optcheck.Refusal) error { return opterror.New(ErrInvalidOption, r) }
 
 // WithClientOptions passes franz-go options to the client: seed brokers,
 // kgo.ConsumerGroup (required), kgo.ConsumeTopics or kgo.ConsumeRegex
@@ -139,7 +156,7 @@ func WithClientOptions(opts ...kgo.Opt) Option {
 	return func(c *config) error {
 		for i, o := range opts {
 			if o == nil {
-				return optionError("WithClientOptions: option %d is nil", i)
+				return refused(optcheck.Refuse("WithClientOptions", nil, "option %d is nil", i))
 			}
 		}
 		c.clientOpts = append(c.clientOpts, opts...)
@@ -165,7 +182,7 @@ func WithSchedulerOptions(opts ...keysched.Option) Option {
 	return func(c *config) error {
 		for i, o := range opts {
 			if o == nil {
-				return optionError("WithSchedulerOptions: option %d is nil", i)
+				return refused(optcheck.Refuse("WithSchedulerOptions", nil, "option %d is nil", i))
 			}
 		}
 		c.schedOpts = append(c.schedOpts, opts...)
@@ -176,8 +193,8 @@ func WithSchedulerOptions(opts ...keysched.Option) Option {
 // WithOrdering sets which records run one at a time (default KeyOrder).
 func WithOrdering(o Ordering) Option {
 	return func(c *config) error {
-		if o != KeyOrder && o != PartitionOrder && o != Unordered {
-			return optionError("WithOrdering(%d): unknown ordering", int(o))
+		if r := optcheck.OneOf("WithOrdering", o, "ordering", KeyOrder, PartitionOrder, Unordered); r != nil {
+			return refused(r)
 		}
 		c.ordering = o
 		return nil
@@ -195,8 +212,8 @@ func WithOrdering(o Ordering) Option {
 // one, keeps its partition paused). n >= 1.
 func WithMaxInFlight(n int) Option {
 	return func(c *config) error {
-		if n < 1 {
-			return optionError("WithMaxInFlight(%d): need at least 1", n)
+		if r := optcheck.AtLeast("WithMaxInFlight", n, 1); r != nil {
+			return refused(r)
 		}
 		c.maxInFlight = n
 		return nil
@@ -208,8 +225,8 @@ func WithMaxInFlight(n int) Option {
 // and on Close. d > 0.
 func WithCommitInterval(d time.Duration) Option {
 	return func(c *config) error {
-		if d <= 0 {
-			return optionError("WithCommitInterval(%v): need > 0", d)
+		if r := optcheck.Positive("WithCommitInterval", d); r != nil {
+			return refused(r)
 		}
 		c.commitInterval = d
 		return nil
@@ -222,8 +239,8 @@ func WithCommitInterval(d time.Duration) Option {
 // are not finished (the next owner handles them). d > 0.
 func WithRevokeTimeout(d time.Duration) Option {
 	return func(c *config) error {
-		if d <= 0 {
-			return optionError("WithRevokeTimeout(%v): need > 0", d)
+		if r := optcheck.Positive("WithRevokeTimeout", d); r != nil {
+			return refused(r)
 		}
 		c.revokeTimeout = d
 		return nil
@@ -239,8 +256,8 @@ func WithRevokeTimeout(d time.Duration) Option {
 // away. Without it, such records are logged at Error and count as finished.
 func WithDeadLetterTopic(topic string) Option {
 	return func(c *config) error {
-		if topic == "" {
-			return optionError("WithDeadLetterTopic(\"\")")
+		if r := optcheck.Text("WithDeadLetterTopic", topic, 0); r != nil {
+			return refused(r)
 		}
 		c.dlqTopic = topic
 		return nil
@@ -251,8 +268,8 @@ func WithDeadLetterTopic(topic string) Option {
 // an error; use slog.New(slog.DiscardHandler) to silence it.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
-		if l == nil {
-			return optionError("WithLogger(nil): use slog.New(slog.DiscardHandler) to discard")
+		if r := optcheck.Logger("WithLogger", l); r != nil {
+			return refused(r)
 		}
 		c.logger = l
 		return nil
@@ -267,8 +284,8 @@ func WithLogger(l *slog.Logger) Option {
 // metadata. n >= 0.
 func WithCommitMetadataLimit(n int) Option {
 	return func(c *config) error {
-		if n < 0 {
-			return optionError("WithCommitMetadataLimit(%d): need >= 0", n)
+		if r := optcheck.AtLeast("WithCommitMetadataLimit", n, 0); r != nil {
+			return refused(r)
 		}
 		c.metaMax = n
 		return nil
@@ -280,8 +297,8 @@ func WithCommitMetadataLimit(n int) Option {
 // memory. n >= 1.
 func WithMaxPollRecords(n int) Option {
 	return func(c *config) error {
-		if n < 1 {
-			return optionError("WithMaxPollRecords(%d): need at least 1", n)
+		if r := optcheck.AtLeast("WithMaxPollRecords", n, 1); r != nil {
+			return refused(r)
 		}
 		c.maxPoll = n
 		return nil

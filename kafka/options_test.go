@@ -6,8 +6,10 @@ import (
 	"go.opentelemetry.io/otel/metric/noop"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/internal/opttest"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -119,5 +121,38 @@ func TestRunReturnsWhenContextEnds(t *testing.T) {
 	}
 	if err := c.Close(context.Background()); err != nil {
 		t.Errorf("Close: %v", err)
+	}
+}
+
+// Each Option of this package that NewConsumer refuses is a
+// *keysched.OptionError naming it, as every keysched module's refused option
+// is: errors.As finds it, errors.Is matches ErrInvalidOption and
+// keysched.ErrInvalidOption, and the text begins "kafka: invalid option:
+// Name". NewConsumer checks the options before it makes a client: no
+// cluster is needed.
+func TestRefusedOptionIsAnOptionErrorNamingIt(t *testing.T) {
+	h := func(context.Context, *kgo.Record) error { return nil }
+	for _, tc := range []struct {
+		opt    Option
+		option string
+	}{
+		{WithClientOptions(kgo.ConsumerGroup("g"), nil), "WithClientOptions"},
+		{WithSchedulerOptions(nil), "WithSchedulerOptions"},
+		{WithOrdering(Ordering(9)), "WithOrdering"},
+		{WithMaxInFlight(0), "WithMaxInFlight"},
+		{WithCommitInterval(0), "WithCommitInterval"},
+		{WithRevokeTimeout(-time.Second), "WithRevokeTimeout"},
+		{WithDeadLetterTopic(""), "WithDeadLetterTopic"},
+		{WithLogger(nil), "WithLogger"},
+		{WithCommitMetadataLimit(-1), "WithCommitMetadataLimit"},
+		{WithMaxPollRecords(0), "WithMaxPollRecords"},
+	} {
+		c, err := NewConsumer(h, tc.opt)
+		if c != nil {
+			t.Errorf("%s: a consumer came back with the error", tc.option)
+		}
+		if p := opttest.Problem(err, opttest.Want{Option: tc.option, Prefix: "kafka: invalid option: ", Sentinels: []error{ErrInvalidOption}}); p != "" {
+			t.Error(p)
+		}
 	}
 }

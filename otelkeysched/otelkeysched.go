@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -11,6 +12,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/internal/optcheck"
+	"github.com/keysched/keysched/internal/opterror"
 )
 
 // ScopeName is the instrumentation scope (the Meter's name) of every
@@ -76,8 +79,22 @@ var (
 	ErrZeroRegistration = errors.New("otelkeysched: nil or zero Registration (get one from RegisterSubscription or RegisterBus)")
 )
 
-// An Option configures New, RegisterSubscription and RegisterBus.
+// An Option configures New, RegisterSubscription and RegisterBus. A bad one
+// makes them fail with an error wrapping a *keysched.OptionError that names
+// it ("otelkeysched: ..."; errors.Is matches keysched.ErrInvalidOption), as
+// every keysched module refuses an option. Options meet by keysched.Option's
+// rule, the one rule of every keysched module (see its "How options meet"):
+// the last ForSubscription wins; WithAttributes add up.
 type Option func(*config) error
+
+// refused is the error of a refused option: r's *keysched.OptionError,
+// wrapped "otelkeysched: ..."; nil for a nil r.
+func refused(r *optcheck.Refusal) error {
+	if r == nil {
+		return nil
+	}
+	return fmt.Errorf("otelkeysched: %w", opterror.New(nil, r))
+}
 
 type config struct {
 	attrs        []attribute.KeyValue
@@ -94,10 +111,10 @@ func WithAttributes(kv ...attribute.KeyValue) Option {
 	return func(c *config) error {
 		for _, a := range kv {
 			if !a.Valid() {
-				return fmt.Errorf("%w: otelkeysched.WithAttributes: invalid attribute %q", keysched.ErrInvalidOption, a.Key)
+				return refused(optcheck.Refuse("WithAttributes", strconv.Quote(string(a.Key)), "invalid attribute"))
 			}
 			if a.Key == OutcomeKey || a.Key == SubscriptionKey {
-				return fmt.Errorf("%w: otelkeysched.WithAttributes: %q is set by otelkeysched", keysched.ErrInvalidOption, a.Key)
+				return refused(optcheck.Refuse("WithAttributes", strconv.Quote(string(a.Key)), "the key is set by otelkeysched"))
 			}
 		}
 		c.attrs = append(c.attrs, kv...)
@@ -112,8 +129,8 @@ func WithAttributes(kv ...attribute.KeyValue) Option {
 // bus.Observe.
 func ForSubscription(name string) Option {
 	return func(c *config) error {
-		if name == "" {
-			return fmt.Errorf("%w: otelkeysched.ForSubscription: empty name", keysched.ErrInvalidOption)
+		if r := optcheck.Text("ForSubscription", name, 0); r != nil {
+			return refused(r)
 		}
 		c.subscription = name
 		return nil
@@ -127,7 +144,7 @@ func newConfig(mp metric.MeterProvider, opts []Option) (config, error) {
 	}
 	for i, o := range opts {
 		if o == nil {
-			return cfg, fmt.Errorf("%w: otelkeysched: option %d is nil", keysched.ErrInvalidOption, i)
+			return cfg, refused(optcheck.NilOption(i, "Option"))
 		}
 		if err := o(&cfg); err != nil {
 			return cfg, err

@@ -21,10 +21,13 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/db/sqldb"
+	"github.com/keysched/keysched/internal/optcheck"
+	"github.com/keysched/keysched/internal/opterror"
 )
 
 // Dialect names the database. See the constants.
@@ -51,7 +54,11 @@ const MaxIDLen = 1024
 
 // Sentinel errors. Compare with errors.Is.
 var (
-	// ErrInvalidOption is wrapped by New's and NewVersions' errors.
+	// ErrInvalidOption is wrapped by New's and NewVersions' errors for a
+	// bad option or a nil db. The refusal of an option is a
+	// *keysched.OptionError naming it, with this Sentinel (errors.As finds
+	// it, as it does every keysched module's refused option; errors.Is
+	// matches keysched.ErrInvalidOption too).
 	ErrInvalidOption = errors.New("inbox: invalid option")
 	// ErrInvalidID is returned for an empty event ID or entity, or one
 	// longer than MaxIDLen bytes, or with a NUL byte or invalid UTF-8.
@@ -89,8 +96,17 @@ var (
 	ErrZeroVersions = errors.New("inbox: nil or zero Versions (make one with NewVersions)")
 )
 
-// An Option configures New and NewVersions.
+// An Option configures New and NewVersions. A bad one makes them fail with a
+// *keysched.OptionError naming it (errors.Is matches ErrInvalidOption and
+// keysched.ErrInvalidOption). Options meet by keysched.Option's rule, the
+// one rule of every keysched module (see its "How options meet"): the last
+// of a name wins; WithRetention with NewVersions is refused (versions never
+// expire).
 type Option func(*options) error
+
+// refused is the *keysched.OptionError of r (nil for nil), with
+// ErrInvalidOption for Sentinel.
+func refused(r *optcheck.Refusal) error { return opterror.New(ErrInvalidOption, r) }
 
 type options struct {
 	dialect   Dialect
@@ -102,8 +118,8 @@ type options struct {
 // recognised (default Auto).
 func WithDialect(d Dialect) Option {
 	return func(o *options) error {
-		if d != Auto && d != Postgres && d != SQLite {
-			return fmt.Errorf("%w: WithDialect(%v)", ErrInvalidOption, d)
+		if r := optcheck.OneOf("WithDialect", d, "dialect", Auto, Postgres, SQLite); r != nil {
+			return refused(r)
 		}
 		o.dialect = d
 		return nil
@@ -115,7 +131,7 @@ func WithDialect(d Dialect) Option {
 func WithTable(name string) Option {
 	return func(o *options) error {
 		if !sqldb.ValidIdent(name) {
-			return fmt.Errorf("%w: WithTable(%q): want [a-z_][a-z0-9_]*, at most 48 bytes", ErrInvalidOption, name)
+			return refused(optcheck.Refuse("WithTable", strconv.Quote(name), "want [a-z_][a-z0-9_]*, at most 48 bytes"))
 		}
 		o.table = name
 		return nil
@@ -134,8 +150,8 @@ func WithTable(name string) Option {
 // Versions, which needs no expiry.
 func WithRetention(d time.Duration) Option {
 	return func(o *options) error {
-		if d <= 0 {
-			return fmt.Errorf("%w: WithRetention(%v): want > 0", ErrInvalidOption, d)
+		if r := optcheck.Positive("WithRetention", d); r != nil {
+			return refused(r)
 		}
 		o.retention = d
 		return nil
@@ -147,9 +163,9 @@ func build(db *sql.DB, def string, opts []Option) (options, error) {
 		return options{}, fmt.Errorf("%w: nil *sql.DB", ErrInvalidOption)
 	}
 	o := options{table: def}
-	for _, opt := range opts {
+	for i, opt := range opts {
 		if opt == nil {
-			return o, fmt.Errorf("%w: nil Option", ErrInvalidOption)
+			return o, refused(optcheck.NilOption(i, "Option"))
 		}
 		if err := opt(&o); err != nil {
 			return o, err

@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/keysched/keysched/db/sqldb"
+	"github.com/keysched/keysched/internal/optcheck"
 )
 
 // Versions gates writes on an entity's version: one row per entity (its
@@ -40,7 +41,7 @@ func NewVersions(db *sql.DB, opts ...Option) (*Versions, error) {
 		return nil, err
 	}
 	if o.retention != 0 {
-		return nil, fmt.Errorf("%w: WithRetention does not apply to Versions", ErrInvalidOption)
+		return nil, refused(optcheck.Refuse("WithRetention", o.retention, "does not apply to Versions: versions never expire"))
 	}
 	v := &Versions{db: db, o: o}
 	t := o.table

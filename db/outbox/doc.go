@@ -115,7 +115,8 @@
 // started before the lease ended must not land after it. The sink's context
 // ends with the lease; a sink that ignores it (or a broker that completes a
 // produce after the client gave up on it) can deliver late, after another
-// relay's newer rows. Keep the lease well above your sink's timeout. A
+// relay's newer rows. Keep the lease well above your sink's timeout (NewRelay
+// refuses a WithSinkTimeout above half of WithLeaseDuration). A
 // process paused longer than its lease (a GC pause, a VM migration,
 // SIGSTOP) with a sink call in flight lands that call after the next
 // holder's whatever the relay does: ClaimFrom gives the sink the claim's

@@ -35,6 +35,11 @@ func TestRelayOptionsMeetByOneRule(t *testing.T) {
 		{"poll above a third of the lease: the lease applies", []RelayOption{WithPollInterval(time.Minute), WithLeaseDuration(3 * time.Second)}, DefaultBatchSize, DefaultKeyBatch, time.Second, 3 * time.Second},
 		{"poll alone above a third of the default lease raises it", []RelayOption{WithPollInterval(time.Minute)}, DefaultBatchSize, DefaultKeyBatch, time.Minute, 3 * time.Minute},
 		{"a default poll above a third of the lease is lowered", []RelayOption{WithLeaseDuration(300 * time.Millisecond)}, DefaultBatchSize, DefaultKeyBatch, 100 * time.Millisecond, 300 * time.Millisecond},
+		{"sink timeout alone above half the default lease raises it", []RelayOption{WithSinkTimeout(time.Minute)}, DefaultBatchSize, DefaultKeyBatch, DefaultPollInterval, 2 * time.Minute},
+		{"sink timeout alone within half the default lease leaves it", []RelayOption{WithSinkTimeout(time.Second)}, DefaultBatchSize, DefaultKeyBatch, DefaultPollInterval, DefaultLeaseDuration},
+		{"poll and sink timeout alone: the lease grows to the larger need", []RelayOption{WithPollInterval(time.Minute), WithSinkTimeout(2 * time.Minute)}, DefaultBatchSize, DefaultKeyBatch, time.Minute, 4 * time.Minute},
+		{"a lease raised by the poll stops at MaxLeaseDuration", []RelayOption{WithPollInterval(1 << 62)}, DefaultBatchSize, DefaultKeyBatch, MaxLeaseDuration / 3, MaxLeaseDuration},
+		{"a lease raised by the sink timeout stops at MaxLeaseDuration", []RelayOption{WithSinkTimeout(MaxLeaseDuration / 2)}, DefaultBatchSize, DefaultKeyBatch, DefaultPollInterval, MaxLeaseDuration},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, err := o.NewRelay(noop, append([]RelayOption{quiet}, tc.opts...)...)

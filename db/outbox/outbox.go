@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/db/sqldb"
+	"github.com/keysched/keysched/internal/optcheck"
 )
 
 // Dialect names the database an Outbox writes to. See the constants.
@@ -33,7 +35,10 @@ const DefaultTable = "keysched_outbox"
 // Sentinel errors. Compare with errors.Is.
 var (
 	// ErrInvalidOption is wrapped by every error New and NewRelay return
-	// for a bad option.
+	// for a bad option. The refusal of an option of this package is a
+	// *keysched.OptionError naming it, with this Sentinel (errors.As
+	// finds it, as it does every keysched module's refused option;
+	// errors.Is matches keysched.ErrInvalidOption too).
 	ErrInvalidOption = errors.New("outbox: invalid option")
 	// ErrInvalidEvent is wrapped by Write's error for an event it refuses,
 	// the error naming the field: an empty key; an ID, key or type longer
@@ -144,15 +149,19 @@ type Outbox struct {
 	q       queries
 }
 
-// An Option configures New.
+// An Option configures New. A bad one makes New fail with a
+// *keysched.OptionError naming it (errors.Is matches ErrInvalidOption and
+// keysched.ErrInvalidOption). Options meet by keysched.Option's rule, the
+// one rule of every keysched module (see its "How options meet"): the last
+// of a name wins.
 type Option func(*Outbox) error
 
 // WithDialect says which database db is (Postgres or SQLite), for drivers
 // New cannot recognise. Default Auto: found from the driver.
 func WithDialect(d Dialect) Option {
 	return func(o *Outbox) error {
-		if d != Auto && d != Postgres && d != SQLite {
-			return fmt.Errorf("%w: WithDialect(%v)", ErrInvalidOption, d)
+		if r := optcheck.OneOf("WithDialect", d, "dialect", Auto, Postgres, SQLite); r != nil {
+			return refused(r)
 		}
 		o.dialect = d
 		return nil
@@ -165,7 +174,7 @@ func WithDialect(d Dialect) Option {
 func WithTable(name string) Option {
 	return func(o *Outbox) error {
 		if !sqldb.ValidIdent(name) {
-			return fmt.Errorf("%w: WithTable(%q): want [a-z_][a-z0-9_]*, at most 48 bytes", ErrInvalidOption, name)
+			return refused(optcheck.Refuse("WithTable", strconv.Quote(name), "want [a-z_][a-z0-9_]*, at most 48 bytes"))
 		}
 		o.table = name
 		return nil
@@ -218,9 +227,9 @@ func New(db *sql.DB, opts ...Option) (*Outbox, error) {
 		return nil, fmt.Errorf("%w: nil *sql.DB", ErrInvalidOption)
 	}
 	o := &Outbox{db: db, table: DefaultTable, notify: true}
-	for _, opt := range opts {
+	for i, opt := range opts {
 		if opt == nil {
-			return nil, fmt.Errorf("%w: nil Option", ErrInvalidOption)
+			return nil, refused(optcheck.NilOption(i, "Option"))
 		}
 		if err := opt(o); err != nil {
 			return nil, err

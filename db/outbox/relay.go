@@ -94,41 +94,11 @@ func (o *Outbox) NewRelay(sink Sink, opts ...RelayOption) (*Relay, error) {
 	if sink == nil {
 		return nil, ErrNilSink
 	}
-	cfg := relayConfig{
-		retry:   DefaultRetry,
-		workers: DefaultWorkers,
-		batch:   DefaultBatchSize,
-		poll:    DefaultPollInterval,
-		lease:   DefaultLeaseDuration,
-		listen:  true,
-		logger:  slog.Default(),
+	cfg, err := newRelayConfig(opts)
+	if err != nil {
+		return nil, err
 	}
-	for _, opt := range opts {
-		if opt == nil {
-			return nil, badOption("nil RelayOption")
-		}
-		if err := opt(&cfg); err != nil {
-			return nil, err
-		}
-	}
-	// How the options meet: keysched.Option's rule (see RelayOption).
-	if cfg.keyBatch == 0 {
-		cfg.keyBatch = DefaultKeyBatch
-	} else if !cfg.batchSet {
-		cfg.batch = max(cfg.batch, cfg.keyBatch)
-	}
-	cfg.keyBatch = min(cfg.keyBatch, cfg.batch)
-	if cfg.maxKeys == 0 {
-		cfg.maxKeys = cfg.batch
-	}
-	if cfg.pollSet && !cfg.leaseSet {
-		cfg.lease = min(max(cfg.lease, 3*cfg.poll), MaxLeaseDuration)
-	}
-	cfg.poll = min(cfg.poll, cfg.lease/3)
 	if cfg.owner == "" {
-		if cfg.takeOver {
-			return nil, badOption("WithTakeOverOnStart without WithOwner: a random name has no predecessor")
-		}
 		cfg.owner = uuid.NewString()
 	}
 	r := &Relay{

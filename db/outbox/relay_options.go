@@ -1,11 +1,12 @@
 package outbox
 
 import (
-	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/internal/optcheck"
+	"github.com/keysched/keysched/internal/opterror"
 )
 
 // Defaults of the relay's options.
@@ -21,21 +22,43 @@ const (
 	MaxLeaseDuration = 24 * time.Hour
 )
 
+// minLeaseDuration is WithLeaseDuration's lower bound.
+const minLeaseDuration = 30 * time.Millisecond
+
 // DefaultRetry is the relay's retry policy unless WithRetry says otherwise:
 // 10 attempts, backoff ceilings from 100 ms doubling to 30 s (full jitter).
 var DefaultRetry = keysched.RetryPolicy{MaxAttempts: 10, InitialBackoff: 100 * time.Millisecond, MaxBackoff: 30 * time.Second, Multiplier: 2}
 
-// A RelayOption configures NewRelay. Relay options meet as keysched.Option
-// says: the last of a name wins (WithSchedulerOptions add up); bounds nest,
-// and of two given the outer one applies (WithKeyBatch above WithBatchSize
-// is lowered to it; WithPollInterval above a third of WithLeaseDuration is
-// lowered to that third); a default gives way to a bound given
-// (WithKeyBatch alone above DefaultBatchSize raises the batch size to it;
-// WithPollInterval alone above a third of DefaultLeaseDuration raises the
-// lease to three times it, at most MaxLeaseDuration; without WithWorkers, a
-// keysched.WithMaxConcurrency or keysched.WithPool given with
-// WithSchedulerOptions sizes the pool). A scheduler option's refusal keeps
-// its *keysched.OptionError (errors.As), wrapped with ErrInvalidOption.
+// A RelayOption configures NewRelay. A bad one makes NewRelay fail with a
+// *keysched.OptionError naming it (errors.As finds it, as it does every
+// keysched module's refused option; errors.Is matches ErrInvalidOption and
+// keysched.ErrInvalidOption); a scheduler option's refusal
+// (WithSchedulerOptions, or the scheduler refusing a relay option such as
+// WithRetry) wraps the scheduler's *keysched.OptionError with
+// ErrInvalidOption.
+//
+// Relay options meet by keysched.Option's rule, the one rule of every
+// keysched module (see its "How options meet"):
+//   - The last of a name wins (WithSchedulerOptions add up).
+//   - Bounds nest, and of two given the outer one applies: WithKeyBatch
+//     above WithBatchSize is lowered to it; WithPollInterval above a third
+//     of WithLeaseDuration is lowered to that third.
+//   - A default gives way to a bound given: WithKeyBatch alone above
+//     DefaultBatchSize raises the batch size to it; without
+//     WithLeaseDuration, the lease is raised to three times
+//     WithPollInterval and to twice WithSinkTimeout when that is more than
+//     DefaultLeaseDuration (at most MaxLeaseDuration); without WithWorkers, a
+//     keysched.WithMaxConcurrency or keysched.WithPool given with
+//     WithSchedulerOptions sizes the pool.
+//   - Options that cannot both hold are refused, the *keysched.OptionError
+//     naming both (Option and With): WithSinkTimeout above half of
+//     WithLeaseDuration (a sink call's context ends with its key's lease,
+//     and a call may start with two thirds of the lease left or less, so the
+//     timeout would not be reached: every longer call would fail at the
+//     lease instead, and be retried); WithTakeOverOnStart without
+//     WithOwner; WithWorkers with keysched.WithPool. The sink timeout is
+//     not clamped to the lease as nested bounds are: with the lease applying
+//     first, a call the caller allowed its full timeout would fail instead.
 type RelayOption func(*relayConfig) error
 
 type relayConfig struct {
@@ -60,8 +83,75 @@ type relayConfig struct {
 	maxOutage                               time.Duration
 }
 
-func badOption(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
+// refused is the *keysched.OptionError of r (nil for nil), with
+// ErrInvalidOption for Sentinel: the refusal of an option of New or
+// NewRelay.
+func refused(r *optcheck.Refusal) error { return opterror.New(ErrInvalidOption, r) }
+
+// newRelayConfig applies opts to the defaults, then makes them meet by the
+// rule RelayOption states (keysched.Option's).
+func newRelayConfig(opts []RelayOption) (relayConfig, error) {
+	c := relayConfig{
+		retry:   DefaultRetry,
+		workers: DefaultWorkers,
+		batch:   DefaultBatchSize,
+		poll:    DefaultPollInterval,
+		lease:   DefaultLeaseDuration,
+		listen:  true,
+		logger:  slog.Default(),
+	}
+	for i, opt := range opts {
+		if opt == nil {
+			return c, refused(optcheck.NilOption(i, "RelayOption"))
+		}
+		if err := opt(&c); err != nil {
+			return c, err
+		}
+	}
+	// Bounds nest: the key batch within the batch.
+	if c.keyBatch == 0 {
+		c.keyBatch = DefaultKeyBatch
+	} else if !c.batchSet {
+		c.batch = max(c.batch, c.keyBatch) // the default gives way
+	}
+	c.keyBatch = min(c.keyBatch, c.batch)
+	if c.maxKeys == 0 {
+		c.maxKeys = c.batch
+	}
+	// The poll interval and the sink timeout within the lease: a default
+	// lease gives way to them (at most MaxLeaseDuration).
+	if !c.leaseSet {
+		if c.pollSet {
+			c.lease = atLeast(c.lease, c.poll, 3)
+		}
+		c.lease = atLeast(c.lease, c.taskTimeout, 2)
+	}
+	c.poll = min(c.poll, c.lease/3)
+	if c.taskTimeout > c.lease/2 {
+		if !c.leaseSet {
+			return c, refused(optcheck.Refuse("WithSinkTimeout", c.taskTimeout,
+				"above half of MaxLeaseDuration (%v): the lease must be at least twice the sink timeout", MaxLeaseDuration))
+		}
+		r := optcheck.Refuse("WithSinkTimeout", c.taskTimeout,
+			"above half of WithLeaseDuration(%v): a sink call's context ends with its key's lease, and a call may start "+
+				"with two thirds of the lease left or less (it is renewed every third), so the timeout would not be reached", c.lease)
+		r.With = "WithLeaseDuration"
+		return c, refused(r)
+	}
+	if c.takeOver && c.owner == "" {
+		return c, refused(optcheck.Conflict("WithTakeOverOnStart", "WithOwner",
+			"needs WithOwner: a random name has no predecessor"))
+	}
+	return c, nil
+}
+
+// atLeast is lease raised to k times d if that is more, at most
+// MaxLeaseDuration.
+func atLeast(lease, d time.Duration, k time.Duration) time.Duration {
+	if d > MaxLeaseDuration/k {
+		return MaxLeaseDuration
+	}
+	return min(max(lease, k*d), MaxLeaseDuration)
 }
 
 // WithRetry sets the retry policy of a failing sink call (default
@@ -81,8 +171,8 @@ func WithRetry(p keysched.RetryPolicy) RelayOption {
 // stops or dies, and must be seen by every relay.
 func WithFailurePolicy(p keysched.FailurePolicy) RelayOption {
 	return func(c *relayConfig) error {
-		if p != keysched.Continue && p != keysched.Park {
-			return badOption("WithFailurePolicy(%d)", int(p))
+		if r := optcheck.OneOf("WithFailurePolicy", p, "policy", keysched.Continue, keysched.Park); r != nil {
+			return refused(r)
 		}
 		c.policy = p
 		return nil
@@ -93,8 +183,8 @@ func WithFailurePolicy(p keysched.FailurePolicy) RelayOption {
 // of the relay scheduler's pool; default DefaultWorkers). n >= 1.
 func WithWorkers(n int) RelayOption {
 	return func(c *relayConfig) error {
-		if n < 1 {
-			return badOption("WithWorkers(%d)", n)
+		if r := optcheck.Workers("WithWorkers", n); r != nil {
+			return refused(r)
 		}
 		c.workers, c.workersSet = n, true
 		return nil
@@ -102,11 +192,16 @@ func WithWorkers(n int) RelayOption {
 }
 
 // WithSinkTimeout bounds each sink call (d > 0); a call that overruns is a
-// failed, retried attempt. Default: bounded only by the key's lease.
+// failed, retried attempt. Default: bounded only by the key's lease. At most
+// half the lease: above half of WithLeaseDuration NewRelay fails (see
+// RelayOption); without WithLeaseDuration the lease is raised to 2d if that
+// is longer, and d above half of MaxLeaseDuration is refused. A
+// keysched.WithTaskTimeout given with WithSchedulerOptions replaces it and
+// is not checked against the lease: use WithSinkTimeout.
 func WithSinkTimeout(d time.Duration) RelayOption {
 	return func(c *relayConfig) error {
-		if d <= 0 {
-			return badOption("WithSinkTimeout(%v)", d)
+		if r := optcheck.Positive("WithSinkTimeout", d); r != nil {
+			return refused(r)
 		}
 		c.taskTimeout = d
 		return nil
@@ -118,8 +213,8 @@ func WithSinkTimeout(d time.Duration) RelayOption {
 // so the rows it reads per poll (default DefaultBatchSize). n >= 1.
 func WithBatchSize(n int) RelayOption {
 	return func(c *relayConfig) error {
-		if n < 1 {
-			return badOption("WithBatchSize(%d)", n)
+		if r := optcheck.AtLeast("WithBatchSize", n, 1); r != nil {
+			return refused(r)
 		}
 		c.batch, c.batchSet = n, true
 		return nil
@@ -133,8 +228,8 @@ func WithBatchSize(n int) RelayOption {
 // flowing. n >= 1.
 func WithKeyBatch(n int) RelayOption {
 	return func(c *relayConfig) error {
-		if n < 1 {
-			return badOption("WithKeyBatch(%d)", n)
+		if r := optcheck.AtLeast("WithKeyBatch", n, 1); r != nil {
+			return refused(r)
 		}
 		c.keyBatch = n
 		return nil
@@ -145,8 +240,8 @@ func WithKeyBatch(n int) RelayOption {
 // batch size). n >= 1.
 func WithMaxKeys(n int) RelayOption {
 	return func(c *relayConfig) error {
-		if n < 1 {
-			return badOption("WithMaxKeys(%d)", n)
+		if r := optcheck.AtLeast("WithMaxKeys", n, 1); r != nil {
+			return refused(r)
 		}
 		c.maxKeys = n
 		return nil
@@ -161,8 +256,8 @@ func WithMaxKeys(n int) RelayOption {
 // d > 0.
 func WithPollInterval(d time.Duration) RelayOption {
 	return func(c *relayConfig) error {
-		if d <= 0 {
-			return badOption("WithPollInterval(%v)", d)
+		if r := optcheck.Positive("WithPollInterval", d); r != nil {
+			return refused(r)
 		}
 		c.poll, c.pollSet = d, true
 		return nil
@@ -170,15 +265,17 @@ func WithPollInterval(d time.Duration) RelayOption {
 }
 
 // WithLeaseDuration sets how long a relay's claim on a key lasts without
-// renewal (default DefaultLeaseDuration; at least 30 ms, at most
-// MaxLeaseDuration). The relay renews its
-// leases every third of it. When a relay dies, its keys are taken over by
-// another relay after at most this long. Choose it well above your sink's
-// longest call and your database's longest stall.
+// renewal (default DefaultLeaseDuration, raised by WithPollInterval and
+// WithSinkTimeout given without it; at least 30 ms, at most
+// MaxLeaseDuration). The relay renews its leases every third of it. When a
+// relay dies, its keys are taken over by another relay after at most this
+// long. Choose it well above your sink's longest call and your database's
+// longest stall: at least twice WithSinkTimeout, or NewRelay fails (see
+// RelayOption).
 func WithLeaseDuration(d time.Duration) RelayOption {
 	return func(c *relayConfig) error {
-		if d < 30*time.Millisecond || d > MaxLeaseDuration {
-			return badOption("WithLeaseDuration(%v): at least 30ms, at most %v", d, MaxLeaseDuration)
+		if r := optcheck.Within("WithLeaseDuration", d, minLeaseDuration, MaxLeaseDuration); r != nil {
+			return refused(r)
 		}
 		c.lease, c.leaseSet = d, true
 		return nil
@@ -190,8 +287,8 @@ func WithLeaseDuration(d time.Duration) RelayOption {
 // deletes a row as soon as it is marked sent. d >= 0.
 func WithRetention(d time.Duration) RelayOption {
 	return func(c *relayConfig) error {
-		if d < 0 {
-			return badOption("WithRetention(%v)", d)
+		if r := optcheck.NotNegative("WithRetention", d); r != nil {
+			return refused(r)
 		}
 		c.retention = d
 		return nil
@@ -211,8 +308,8 @@ func WithListen(on bool) RelayOption {
 // rows (default slog.Default()). nil is an error.
 func WithLogger(l *slog.Logger) RelayOption {
 	return func(c *relayConfig) error {
-		if l == nil {
-			return badOption("WithLogger(nil)")
+		if r := optcheck.Logger("WithLogger", l); r != nil {
+			return refused(r)
 		}
 		c.logger = l
 		return nil
@@ -252,8 +349,8 @@ func WithLogger(l *slog.Logger) RelayOption {
 // across versions).
 func WithOwner(name string) RelayOption {
 	return func(c *relayConfig) error {
-		if name == "" || len(name) > 256 {
-			return badOption("WithOwner(%q)", name)
+		if r := optcheck.Text("WithOwner", name, 256); r != nil {
+			return refused(r)
 		}
 		c.owner = name
 		return nil
@@ -263,7 +360,8 @@ func WithOwner(name string) RelayOption {
 // WithTakeOverOnStart makes Run start by releasing the leases held under
 // this relay's WithOwner name by other relays (other tokens), so that the
 // keys of a crashed predecessor of that name are claimed at once instead of
-// when their leases expire. It needs WithOwner (NewRelay fails without it).
+// when their leases expire. It needs WithOwner (NewRelay fails without it,
+// the *keysched.OptionError naming both).
 //
 // Use it only where at most one process runs under the name (say, one
 // process per SQLite file, restarted by a supervisor): if the predecessor is
@@ -296,8 +394,8 @@ func WithTakeOverOnStart() RelayOption {
 // a few, above the database's longest failover.
 func WithMaxOutage(d time.Duration) RelayOption {
 	return func(c *relayConfig) error {
-		if d <= 0 {
-			return badOption("WithMaxOutage(%v)", d)
+		if r := optcheck.Positive("WithMaxOutage", d); r != nil {
+			return refused(r)
 		}
 		c.maxOutage = d
 		return nil
@@ -309,8 +407,8 @@ func WithMaxOutage(d time.Duration) RelayOption {
 // short.
 func WithOnDead(fn func(DeadEvent)) RelayOption {
 	return func(c *relayConfig) error {
-		if fn == nil {
-			return badOption("WithOnDead(nil)")
+		if r := optcheck.NotNil("WithOnDead", fn == nil, "a function"); r != nil {
+			return refused(r)
 		}
 		c.onDead = fn
 		return nil
@@ -347,7 +445,7 @@ func WithSchedulerOptions(opts ...keysched.Option) RelayOption {
 	return func(c *relayConfig) error {
 		for i, o := range opts {
 			if o == nil {
-				return badOption("WithSchedulerOptions: option %d is nil", i)
+				return refused(optcheck.Refuse("WithSchedulerOptions", nil, "option %d is nil", i))
 			}
 		}
 		c.schedOpts = append(c.schedOpts, opts...)

@@ -35,6 +35,8 @@ import (
 
 	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/db/outbox"
+	"github.com/keysched/keysched/internal/optcheck"
+	"github.com/keysched/keysched/internal/opterror"
 )
 
 // Headers the sink adds to every record.
@@ -44,11 +46,20 @@ const (
 	HeaderSeq  = "keysched-event-seq"
 )
 
-// ErrInvalidOption is wrapped by New's errors.
+// ErrInvalidOption is wrapped by New's errors. The refusal of an Option is a
+// *keysched.OptionError naming it, with this Sentinel (errors.As finds it,
+// as it does every keysched module's refused option; errors.Is matches
+// keysched.ErrInvalidOption too).
 var ErrInvalidOption = errors.New("kafkasink: invalid option")
 
-// An Option configures New.
+// An Option configures New. Options meet by keysched.Option's rule, the one
+// rule of every keysched module (see its "How options meet"): the last
+// WithTopicFunc wins over it and over New's topic.
 type Option func(*config) error
+
+// refused is the *keysched.OptionError of r (nil for nil), with
+// ErrInvalidOption for Sentinel.
+func refused(r *optcheck.Refusal) error { return opterror.New(ErrInvalidOption, r) }
 
 type config struct {
 	topicFor func(outbox.Event) (string, error)
@@ -59,8 +70,8 @@ type config struct {
 // event's produce fail permanently: the row is marked dead.
 func WithTopicFunc(fn func(outbox.Event) (string, error)) Option {
 	return func(c *config) error {
-		if fn == nil {
-			return fmt.Errorf("%w: WithTopicFunc(nil)", ErrInvalidOption)
+		if r := optcheck.NotNil("WithTopicFunc", fn == nil, "a function"); r != nil {
+			return refused(r)
 		}
 		c.topicFor = fn
 		return nil
@@ -78,9 +89,9 @@ func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
 	if topic != "" {
 		c.topicFor = func(outbox.Event) (string, error) { return topic, nil }
 	}
-	for _, opt := range opts {
+	for i, opt := range opts {
 		if opt == nil {
-			return nil, fmt.Errorf("%w: nil Option", ErrInvalidOption)
+			return nil, refused(optcheck.NilOption(i, "Option"))
 		}
 		if err := opt(&c); err != nil {
 			return nil, err

@@ -1,0 +1,42 @@
+package inbox_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keysched/keysched/db/inbox"
+	"github.com/keysched/keysched/db/internal/dbtest"
+	"github.com/keysched/keysched/internal/opttest"
+)
+
+// Each option New or NewVersions refuses is a *keysched.OptionError naming
+// it, as every keysched module's refused option is (opttest.Problem): errors.As
+// finds it, errors.Is matches inbox.ErrInvalidOption and
+// keysched.ErrInvalidOption, and the text begins "inbox: invalid option: Name".
+func TestRefusedOptionIsAnOptionErrorNamingIt(t *testing.T) {
+	db := dbtest.SQLite(t)
+	for _, tc := range []struct {
+		versions bool // NewVersions, not New
+		opts     []inbox.Option
+		option   string
+	}{
+		{false, []inbox.Option{inbox.WithDialect(inbox.Dialect(9))}, "WithDialect"},
+		{false, []inbox.Option{inbox.WithTable("x;y")}, "WithTable"},
+		{false, []inbox.Option{inbox.WithRetention(0)}, "WithRetention"},
+		{false, []inbox.Option{inbox.WithTable("t"), nil}, "opts[1]"},
+		{true, []inbox.Option{inbox.WithTable("")}, "WithTable"},
+		// Versions never expire.
+		{true, []inbox.Option{inbox.WithRetention(time.Hour)}, "WithRetention"},
+	} {
+		var err error
+		if tc.versions {
+			_, err = inbox.NewVersions(db, tc.opts...)
+		} else {
+			_, err = inbox.New(db, tc.opts...)
+		}
+		require.Empty(t, opttest.Problem(err, opttest.Want{Option: tc.option,
+			Prefix: "inbox: invalid option: ", Sentinels: []error{inbox.ErrInvalidOption}}))
+	}
+}
