@@ -121,12 +121,27 @@ func (c *Consumer) Close(ctx context.Context) error {
 	c.forget(ps)
 	// Leaving the group is bounded too: a LeaveGroup (or a join in flight)
 	// that the broker does not answer is given up, and the group drops
-	// the member at its session timeout.
+	// the member at its session timeout. franz-go's Close leaves again
+	// when our leave has not begun yet, with the client's context (a
+	// LeaveGroup read-timed-out and retried for up to 30 s), and it waits
+	// for a leave begun: both are cut short by ending the client's
+	// context (kgo.WithContext: franz-go fails the requests in flight
+	// and sends no more), at once when leaving ran out of time, else
+	// when franz-go's shutdown has had its second (closing its fetch
+	// sessions, its last telemetry push).
+	kctx, kcancel := pastEnd(ctx, leaveGrace+clientCloseGrace)
+	stopK := context.AfterFunc(kctx, c.clientCancel)
 	c.cl.AllowRebalance()
 	if err := c.cl.LeaveGroupContext(lctx); err != nil {
 		c.log.Warn("kafka: close: leaving the group failed; the group reassigns this member's partitions at its session timeout", "err", err)
 	}
+	if lctx.Err() != nil {
+		c.clientCancel()
+	}
 	c.cl.CloseAllowingRebalance()
+	stopK()
+	kcancel()
+	c.clientCancel()
 	lcancel()
 	sctx, scancel := pastEnd(ctx, schedCloseGrace)
 	if serr := c.sched.Close(sctx); serr != nil && len(errs) == 0 {

@@ -103,6 +103,12 @@ type Consumer struct {
 	bg        sync.WaitGroup // the committer
 	bgCtx     context.Context
 	bgCancel  context.CancelFunc // ends the committer's commit in flight when Close starts
+	// clientCancel ends the franz-go client's context (kgo.WithContext):
+	// Close cuts franz-go's own shutdown short with it (see Close).
+	// ownClientCtx: the client runs on it (the caller gave no
+	// kgo.WithContext of their own).
+	clientCancel context.CancelFunc
+	ownClientCtx bool
 
 	commitLog, fetchLog, dlqLog *faultLog // one log line per state change of each fault class
 
@@ -185,7 +191,10 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		_ = s.Close(context.Background())
 		return nil, fmt.Errorf("kafka: scheduler: %w", err)
 	}
-	copts := append([]kgo.Opt{}, cfg.clientOpts...)
+	// The client's context comes first: a kgo.WithContext of the caller's
+	// replaces it (and Close can then not cut franz-go's shutdown short).
+	clientCtx, clientCancel := context.WithCancel(context.Background())
+	copts := append([]kgo.Opt{kgo.WithContext(clientCtx)}, cfg.clientOpts...)
 	copts = append(copts,
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
@@ -196,6 +205,7 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 	)
 	cl, err := kgo.NewClient(copts...)
 	if err != nil {
+		clientCancel()
 		_ = s.Close(context.Background())
 		// franz-go's own words for a missing group ("invalid autocommit
 		// options specified when a group was not specified") do not say
@@ -205,14 +215,18 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 	group, _ := cl.OptValue(kgo.ConsumerGroup).(string)
 	if group == "" || len(cl.GetConsumeTopics()) == 0 && !isRegex(cl) {
 		cl.Close()
+		clientCancel()
 		_ = s.Close(context.Background())
 		return nil, optionError("WithClientOptions: need kgo.ConsumerGroup and kgo.ConsumeTopics (or kgo.ConsumeRegex)")
 	}
 	c.cl, c.group = cl, group
+	c.clientCancel = clientCancel
+	c.ownClientCtx = cl.OptValue(kgo.WithContext) == clientCtx
 	c.intervalCommitTimeout = intervalCommitTimeout(cl)
 	if c.metrics != nil {
 		if err := c.metrics.register(); err != nil {
 			cl.Close()
+			clientCancel()
 			_ = s.Close(context.Background())
 			return nil, err
 		}

@@ -133,7 +133,10 @@ func optionError(format string, args ...any) error {
 // (required), TLS, SASL, session timeouts, the balancer... The consumer adds
 // kgo.DisableAutoCommit, kgo.BlockRebalanceOnPoll and its own
 // OnPartitionsAssigned, OnPartitionsRevoked, OnPartitionsLost and
-// OnOffsetsFetched callbacks after them (replacing any given here). The same
+// OnOffsetsFetched callbacks after them (replacing any given here), and
+// kgo.WithContext before them: Close ends that context to cut franz-go's
+// shutdown short when the broker does not answer (a kgo.WithContext given
+// here replaces it, and loses that bound: see CloseMargin). The same
 // client produces dead letters. May be given more than once: the lists add up.
 func WithClientOptions(opts ...kgo.Opt) Option {
 	return func(c *config) error {
