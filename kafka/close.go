@@ -102,13 +102,9 @@ func (c *Consumer) Close(ctx context.Context) error {
 	c.unown(ps)
 	c.commitMu.Unlock()
 	cancel()
-	if len(failed) > 0 {
-		// What the broker refused may be on it all the same (an answer
-		// that timed out): read it back, within leaving's time.
-		rctx, rtimeout := context.WithTimeout(lctx, time.Second)
-		failed = c.confirmCommitted(rctx, failed)
-		rtimeout()
-	}
+	// What the broker refused may be on it all the same (an answer that
+	// timed out): read it back, within leaving's time.
+	failed = c.readBack(lctx, failed)
 	if len(failed) > 0 {
 		slices.SortFunc(failed, func(a, b UncommittedPartition) int {
 			if a.Topic != b.Topic {

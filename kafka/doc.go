@@ -102,7 +102,8 @@
 // queued and held records (neither success nor dead letter: the next owner
 // handles them), forgets its parked keys and clears its pause. A loss does the
 // same without the commit. A revoke's commit is bounded by the revoke
-// timeout; one that fails is logged once. Close stops fetching, drains until
+// timeout; one the broker refused is read back from the group's offsets
+// within that bound, and one not on the broker is logged once. Close stops fetching, drains until
 // its context ends, interrupts what is left, commits (retrying retriable
 // refusals, up to a second past its context), and leaves the group; it
 // returns within its context plus CloseMargin whatever the revoke timeout

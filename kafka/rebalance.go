@@ -73,9 +73,12 @@ func (c *Consumer) revoke(ctx context.Context, ps []*partition, commit bool) {
 	if commit {
 		// Bounded by the revoke timeout and by Close giving up: a broker
 		// that keeps refusing must not hold the rebalance (nor Close).
+		// What it refused may be on it all the same (an answer that
+		// timed out): read back within the same bound, as Close does.
 		cctx, cancel := context.WithTimeout(ctx, c.cfg.revokeTimeout)
 		stop := context.AfterFunc(c.give, cancel)
-		if failed := c.commitLocked(cctx, ps, "revoke"); len(failed) > 0 {
+		failed := c.commitLocked(cctx, ps, "revoke")
+		if failed = c.readBack(cctx, failed); len(failed) > 0 {
 			c.log.Warn("kafka: revoke: frontiers not committed; the next owner handles their records again from the committed offset",
 				"err", &CommitError{Partitions: failed})
 		}
