@@ -18,10 +18,11 @@ import (
 // Ordering). Returning nil finishes the record; an error (or a panic) is a
 // failed attempt, retried by the scheduler's retry policy and, when the
 // attempts are spent, dead-lettered. ctx carries the values of Run's context
-// and is cancelled when the record's partition is taken away after the revoke
-// timeout, when Close gives up, or at the scheduler's task timeout. A handler
-// may run more than once for one record (at-least-once delivery): make it
-// idempotent. It must not keep r after returning.
+// and is cancelled when the record's partition is taken away (revoked: after
+// the revoke timeout; lost: at once), when Close gives up, or at the
+// scheduler's task timeout. A handler may run more than once for one record
+// (at-least-once delivery): make it idempotent. It must not keep r after
+// returning.
 type Handler func(ctx context.Context, r *kgo.Record) error
 
 // schedKey is a chain of the scheduler: (topic, partition, key) under

@@ -215,10 +215,12 @@ func WithCommitInterval(d time.Duration) Option {
 	}
 }
 
-// WithRevokeTimeout sets how long a revoke or a loss waits for the running
-// handlers of the partitions it takes away (default DefaultRevokeTimeout).
-// Handlers still running then have their context cancelled; their records
-// are not finished (the next owner handles them). d > 0.
+// WithRevokeTimeout sets how long a revoke waits for the running handlers of
+// the partitions it takes away (default DefaultRevokeTimeout), and bounds
+// its commit. Handlers still running then have their context cancelled;
+// their records are not finished (the next owner handles them). A loss
+// (the group dropped the member: another one may own the partitions
+// already) cancels them at once. d > 0.
 func WithRevokeTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
