@@ -104,12 +104,10 @@ type Consumer struct {
 	bg        sync.WaitGroup // the committer
 	bgCtx     context.Context
 	bgCancel  context.CancelFunc // ends the committer's commit in flight when Close starts
-	// clientCancel ends the franz-go client's context (kgo.WithContext):
-	// Close cuts franz-go's own shutdown short with it (see Close).
-	// ownClientCtx: the client runs on it (the caller gave no
-	// kgo.WithContext of their own).
+	// clientCancel ends the franz-go client's context (kgo.WithContext,
+	// unless the caller gave their own): Close cuts franz-go's own
+	// shutdown short with it (see Close).
 	clientCancel context.CancelFunc
-	ownClientCtx bool
 
 	commitLog, fetchLog, dlqLog *faultLog // one log line per state change of each fault class
 
@@ -222,7 +220,6 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 	}
 	c.cl, c.group = cl, group
 	c.clientCancel = clientCancel
-	c.ownClientCtx = cl.OptValue(kgo.WithContext) == clientCtx
 	c.intervalCommitTimeout = intervalCommitTimeout(cl)
 	if c.metrics != nil {
 		if err := c.metrics.register(); err != nil {
