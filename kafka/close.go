@@ -102,13 +102,9 @@ func (c *Consumer) Close(ctx context.Context) error {
 	c.unown(ps)
 	c.commitMu.Unlock()
 	cancel()
-	if len(failed) > 0 {
-		// What the broker refused may be on it all the same (an answer
-		// that timed out): read it back, within leaving's time.
-		rctx, rtimeout := context.WithTimeout(lctx, time.Second)
-		failed = c.confirmCommitted(rctx, failed)
-		rtimeout()
-	}
+	// What the broker refused may be on it all the same (an answer that
+	// timed out): read it back, within leaving's time.
+	failed = c.readBack(lctx, failed)
 	if len(failed) > 0 {
 		slices.SortFunc(failed, func(a, b UncommittedPartition) int {
 			if a.Topic != b.Topic {
@@ -121,12 +117,27 @@ func (c *Consumer) Close(ctx context.Context) error {
 	c.forget(ps)
 	// Leaving the group is bounded too: a LeaveGroup (or a join in flight)
 	// that the broker does not answer is given up, and the group drops
-	// the member at its session timeout.
+	// the member at its session timeout. franz-go's Close leaves again
+	// when our leave has not begun yet, with the client's context (a
+	// LeaveGroup read-timed-out and retried for up to 30 s), and it waits
+	// for a leave begun: both are cut short by ending the client's
+	// context (kgo.WithContext: franz-go fails the requests in flight
+	// and sends no more), at once when leaving ran out of time, else
+	// when franz-go's shutdown has had its second (closing its fetch
+	// sessions, its last telemetry push).
+	kctx, kcancel := pastEnd(ctx, leaveGrace+clientCloseGrace)
+	stopK := context.AfterFunc(kctx, c.clientCancel)
 	c.cl.AllowRebalance()
 	if err := c.cl.LeaveGroupContext(lctx); err != nil {
 		c.log.Warn("kafka: close: leaving the group failed; the group reassigns this member's partitions at its session timeout", "err", err)
 	}
+	if lctx.Err() != nil {
+		c.clientCancel()
+	}
 	c.cl.CloseAllowingRebalance()
+	stopK()
+	kcancel()
+	c.clientCancel()
 	lcancel()
 	sctx, scancel := pastEnd(ctx, schedCloseGrace)
 	if serr := c.sched.Close(sctx); serr != nil && len(errs) == 0 {

@@ -6,6 +6,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -354,6 +355,21 @@ func (p *partition) frontierEpoch(off int64) (int64, int32, bool) {
 	}
 	return off, -1, true
 }
+
+// readBack is confirmCommitted given up to a second of ctx: Close and
+// revoke read back what the broker refused before saying it is not
+// committed.
+func (c *Consumer) readBack(ctx context.Context, failed []UncommittedPartition) []UncommittedPartition {
+	if len(failed) == 0 {
+		return failed
+	}
+	rctx, cancel := context.WithTimeout(ctx, readBackTimeout)
+	defer cancel()
+	return c.confirmCommitted(rctx, failed)
+}
+
+// readBackTimeout bounds readBack.
+const readBackTimeout = time.Second
 
 // confirmCommitted reads the group's committed offsets of failed back from
 // the broker and returns those not on it, each with the offset the broker

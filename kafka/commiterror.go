@@ -16,20 +16,24 @@ var ErrNotCommitted = errors.New("kafka: frontier not committed")
 
 // CloseMargin bounds how long Close runs after its context ends (or after
 // it starts, for a context that had already ended): its final commit gets up
-// to a second of its own past the context, leaving the group up to 1.5 s past
-// it, then franz-go's own shutdown up to one more second (closing its fetch
-// sessions, with a broker that does not answer) and the scheduler's close
-// 250 ms plus keysched.CloseGrace. Close returns within its context plus
-// CloseMargin whatever the brokers do (on a loaded machine the goroutine that
-// runs Close may get the CPU back later than that, as with any timer).
-// Known gap: with the coordinator holding both an OffsetCommit and a
-// LeaveGroup unanswered, franz-go's own shutdown was seen to take up to
-// its 30 s retry timeout (1 run in 3), past this margin.
+// to a second of its own past the context, reading the offsets back and
+// leaving the group up to 1.5 s past it, then franz-go's own shutdown up to
+// one more second (closing its fetch sessions, its last telemetry push,
+// with a broker that does not answer: the consumer then ends the client's
+// context, which fails franz-go's requests in flight) and the scheduler's
+// close 250 ms plus keysched.CloseGrace. Close returns within its context
+// plus CloseMargin whatever the brokers do (on a loaded machine the
+// goroutine that runs Close may get the CPU back later than that, as with
+// any timer). The bound needs the client's context to be the consumer's:
+// with a kgo.WithContext of the caller's among WithClientOptions, a
+// coordinator answering no LeaveGroup can hold franz-go's shutdown up to
+// its request retry timeout (30 s by default), until that context ends.
 const CloseMargin = 3 * time.Second
 
 const (
 	finalCommitGrace = time.Second             // the final commit's time past Close's context
 	leaveGrace       = 1500 * time.Millisecond // leaving the group: until this long past Close's context
+	clientCloseGrace = time.Second             // franz-go's own shutdown, past leaving's time
 	schedCloseGrace  = 250 * time.Millisecond  // the scheduler's close, once the rest is done
 )
 

@@ -18,10 +18,11 @@ import (
 // Ordering). Returning nil finishes the record; an error (or a panic) is a
 // failed attempt, retried by the scheduler's retry policy and, when the
 // attempts are spent, dead-lettered. ctx carries the values of Run's context
-// and is cancelled when the record's partition is taken away after the revoke
-// timeout, when Close gives up, or at the scheduler's task timeout. A handler
-// may run more than once for one record (at-least-once delivery): make it
-// idempotent. It must not keep r after returning.
+// and is cancelled when the record's partition is taken away (revoked: after
+// the revoke timeout; lost: at once), when Close gives up, or at the
+// scheduler's task timeout. A handler may run more than once for one record
+// (at-least-once delivery): make it idempotent. It must not keep r after
+// returning.
 type Handler func(ctx context.Context, r *kgo.Record) error
 
 // schedKey is a chain of the scheduler: (topic, partition, key) under
@@ -106,6 +107,10 @@ type Consumer struct {
 	bg        sync.WaitGroup // the committer
 	bgCtx     context.Context
 	bgCancel  context.CancelFunc // ends the committer's commit in flight when Close starts
+	// clientCancel ends the franz-go client's context (kgo.WithContext,
+	// unless the caller gave their own): Close cuts franz-go's own
+	// shutdown short with it (see Close).
+	clientCancel context.CancelFunc
 
 	commitLog, fetchLog, dlqLog *faultLog // one log line per state change of each fault class
 
@@ -189,7 +194,10 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		_ = s.Close(context.Background())
 		return nil, fmt.Errorf("kafka: scheduler: %w", err)
 	}
-	copts := append([]kgo.Opt{}, cfg.clientOpts...)
+	// The client's context comes first: a kgo.WithContext of the caller's
+	// replaces it (and Close can then not cut franz-go's shutdown short).
+	clientCtx, clientCancel := context.WithCancel(context.Background())
+	copts := append([]kgo.Opt{kgo.WithContext(clientCtx)}, cfg.clientOpts...)
 	copts = append(copts,
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
@@ -200,6 +208,7 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 	)
 	cl, err := kgo.NewClient(copts...)
 	if err != nil {
+		clientCancel()
 		_ = s.Close(context.Background())
 		// franz-go's own words for a missing group ("invalid autocommit
 		// options specified when a group was not specified") do not say
@@ -209,14 +218,17 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 	group, _ := cl.OptValue(kgo.ConsumerGroup).(string)
 	if group == "" || len(cl.GetConsumeTopics()) == 0 && !isRegex(cl) {
 		cl.Close()
+		clientCancel()
 		_ = s.Close(context.Background())
 		return nil, optionError("WithClientOptions: need kgo.ConsumerGroup and kgo.ConsumeTopics (or kgo.ConsumeRegex)")
 	}
 	c.cl, c.group = cl, group
+	c.clientCancel = clientCancel
 	c.intervalCommitTimeout = intervalCommitTimeout(cl)
 	if c.metrics != nil {
 		if err := c.metrics.register(); err != nil {
 			cl.Close()
+			clientCancel()
 			_ = s.Close(context.Background())
 			return nil, err
 		}

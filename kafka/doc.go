@@ -24,7 +24,7 @@
 //     go down within an assignment.
 //   - Finished means the handler returned nil, or the record's dead letter
 //     was acknowledged by the broker (a synchronous produce). A record whose
-//     handler was interrupted (revoke timeout, Close gave up) is not
+//     handler was interrupted (revoke timeout, a loss, Close gave up) is not
 //     finished: neither committed nor dead-lettered; the next owner handles
 //     it.
 //   - Ownership: every assignment of a partition is a new epoch. Work is
@@ -105,8 +105,10 @@
 // contexts are cancelled), commits its frontier synchronously, drops its
 // queued and held records (neither success nor dead letter: the next owner
 // handles them), forgets its parked keys and clears its pause. A loss does the
-// same without the commit. A revoke's commit is bounded by the revoke
-// timeout; one that fails is logged once. Close stops fetching, drains until
+// same without the wait and the commit: another member may own the partitions
+// already, so their running handlers are cancelled at once. A revoke's commit is bounded by the revoke
+// timeout; one the broker refused is read back from the group's offsets
+// within that bound, and one not on the broker is logged once. Close stops fetching, drains until
 // its context ends, interrupts what is left, commits (retrying retriable
 // refusals, up to a second past its context), and leaves the group; it
 // returns within its context plus CloseMargin whatever the revoke timeout
@@ -134,7 +136,7 @@
 //	WithOrdering             KeyOrder (default), PartitionOrder, Unordered
 //	WithMaxInFlight          records per partition fetched and not finished (4096)
 //	WithCommitInterval       time between commits (5 s)
-//	WithRevokeTimeout        wait for running handlers on revoke or loss (10 s)
+//	WithRevokeTimeout        wait for running handlers on revoke (10 s; a loss does not wait)
 //	WithDeadLetterTopic      where failed records go (none: logged)
 //	WithCommitMetadataLimit  bytes of finished-offset metadata per commit (4096; 0 off)
 //	WithMaxPollRecords       records per poll (10000)

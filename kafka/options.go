@@ -150,7 +150,10 @@ func refused(r *optcheck.Refusal) error { return opterror.New(ErrInvalidOption, 
 // (required), TLS, SASL, session timeouts, the balancer... The consumer adds
 // kgo.DisableAutoCommit, kgo.BlockRebalanceOnPoll and its own
 // OnPartitionsAssigned, OnPartitionsRevoked, OnPartitionsLost and
-// OnOffsetsFetched callbacks after them (replacing any given here). The same
+// OnOffsetsFetched callbacks after them (replacing any given here), and
+// kgo.WithContext before them: Close ends that context to cut franz-go's
+// shutdown short when the broker does not answer (a kgo.WithContext given
+// here replaces it, and loses that bound: see CloseMargin). The same
 // client produces dead letters. May be given more than once: the lists add up.
 func WithClientOptions(opts ...kgo.Opt) Option {
 	return func(c *config) error {
@@ -233,10 +236,12 @@ func WithCommitInterval(d time.Duration) Option {
 	}
 }
 
-// WithRevokeTimeout sets how long a revoke or a loss waits for the running
-// handlers of the partitions it takes away (default DefaultRevokeTimeout).
-// Handlers still running then have their context cancelled; their records
-// are not finished (the next owner handles them). d > 0.
+// WithRevokeTimeout sets how long a revoke waits for the running handlers of
+// the partitions it takes away (default DefaultRevokeTimeout), and bounds
+// its commit. Handlers still running then have their context cancelled;
+// their records are not finished (the next owner handles them). A loss
+// (the group dropped the member: another one may own the partitions
+// already) cancels them at once. d > 0.
 func WithRevokeTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if r := optcheck.Positive("WithRevokeTimeout", d); r != nil {

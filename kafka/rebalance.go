@@ -46,8 +46,9 @@ func (c *Consumer) onLost(ctx context.Context, _ *kgo.Client, m map[string][]int
 }
 
 // revoke ends the assignments ps: stop dispatching, wait (up to the revoke
-// timeout) for running handlers, interrupt what still runs, commit the
-// frontiers (unless lost), drop queued and held records, clear pauses.
+// timeout; not when lost) for running handlers, interrupt what still runs,
+// commit the frontiers (unless lost), drop queued and held records, clear
+// pauses.
 func (c *Consumer) revoke(ctx context.Context, ps []*partition, commit bool) {
 	if len(ps) == 0 {
 		return
@@ -60,7 +61,12 @@ func (c *Consumer) revoke(ctx context.Context, ps []*partition, commit bool) {
 		p.state.CompareAndSwap(stActive, stRevoking)
 		p.mu.Unlock()
 	}
-	c.waitRunning(ps, c.cfg.revokeTimeout)
+	// Lost partitions are not waited for: the group dropped this member,
+	// another one may own them already and be handling the same records,
+	// and nothing of them is committed here anyway.
+	if commit {
+		c.waitRunning(ps, c.cfg.revokeTimeout)
+	}
 	c.interrupt(ps)
 	// End the interval commit in flight (see committer), so that commitMu
 	// comes at once.
@@ -73,9 +79,12 @@ func (c *Consumer) revoke(ctx context.Context, ps []*partition, commit bool) {
 	if commit {
 		// Bounded by the revoke timeout and by Close giving up: a broker
 		// that keeps refusing must not hold the rebalance (nor Close).
+		// What it refused may be on it all the same (an answer that
+		// timed out): read back within the same bound, as Close does.
 		cctx, cancel := context.WithTimeout(ctx, c.cfg.revokeTimeout)
 		stop := context.AfterFunc(c.give, cancel)
-		if failed := c.commitLocked(cctx, ps, "revoke"); len(failed) > 0 {
+		failed := c.commitLocked(cctx, ps, "revoke")
+		if failed = c.readBack(cctx, failed); len(failed) > 0 {
 			c.log.Warn("kafka: revoke: frontiers not committed; the next owner handles their records again from the committed offset",
 				"err", &CommitError{Partitions: failed})
 		}
