@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/internal/optcheck"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -138,7 +140,7 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 	cfg := defaultConfig()
 	for i, o := range opts {
 		if o == nil {
-			return nil, optionError("option %d is nil", i)
+			return nil, refused(optcheck.NilOption(i, "Option"))
 		}
 		if err := o(&cfg); err != nil {
 			return nil, err
@@ -216,11 +218,11 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		return nil, fmt.Errorf("%w: WithClientOptions: the adapter needs kgo.ConsumerGroup and kgo.ConsumeTopics (or kgo.ConsumeRegex); franz-go says: %w", ErrInvalidOption, err)
 	}
 	group, _ := cl.OptValue(kgo.ConsumerGroup).(string)
-	if group == "" || len(cl.GetConsumeTopics()) == 0 && !isRegex(cl) {
+	if r := clientConflicts(cl, group, &c.cfg); r != nil {
 		cl.Close()
 		clientCancel()
 		_ = s.Close(context.Background())
-		return nil, optionError("WithClientOptions: need kgo.ConsumerGroup and kgo.ConsumeTopics (or kgo.ConsumeRegex)")
+		return nil, refused(r)
 	}
 	c.cl, c.group = cl, group
 	c.clientCancel = clientCancel
@@ -260,6 +262,43 @@ func hasTaskTimeout(s *keysched.Scheduler[schedKey]) (bool, error) {
 		return true, nil
 	}
 	return has.Load(), nil
+}
+
+// clientConflicts refuses what the client's options and the consumer's
+// cannot both hold: no group or no topic; a dead-letter topic among the
+// consumed ones (a record failing for good would be dead-lettered into the
+// stream it came from, and fail again there, for ever); a revoke timeout not
+// below the group's rebalance timeout (a revoke waiting that long for its
+// handlers holds the member's rejoin past the rebalance timeout, and the
+// group drops the member). The default revoke timeout gives way instead: it
+// becomes half the rebalance timeout.
+func clientConflicts(cl *kgo.Client, group string, cfg *config) *optcheck.Refusal {
+	if group == "" || len(cl.GetConsumeTopics()) == 0 && !isRegex(cl) {
+		return optcheck.Refuse("WithClientOptions", nil, "need kgo.ConsumerGroup and kgo.ConsumeTopics (or kgo.ConsumeRegex)")
+	}
+	if cfg.dlqTopic != "" {
+		topics, _ := cl.OptValue(kgo.ConsumeTopics).([]string)
+		for _, t := range topics {
+			match := t == cfg.dlqTopic
+			if isRegex(cl) {
+				re, err := regexp.Compile(t)
+				match = err == nil && re.MatchString(cfg.dlqTopic)
+			}
+			if match {
+				return optcheck.Conflict("WithDeadLetterTopic", "WithClientOptions",
+					"dead-letter topic %q is consumed (kgo.ConsumeTopics %q): a record failing for good would fail again in it, for ever", cfg.dlqTopic, t)
+			}
+		}
+	}
+	if rt, _ := cl.OptValue(kgo.RebalanceTimeout).(time.Duration); rt > 0 && cfg.revokeTimeout >= rt {
+		if !cfg.revokeSet { // the default gives way
+			cfg.revokeTimeout = rt / 2
+			return nil
+		}
+		return optcheck.Conflict("WithRevokeTimeout", "WithClientOptions",
+			"revoke timeout %v not below kgo.RebalanceTimeout %v: a revoke waiting that long holds the member's rejoin past the rebalance timeout, and the group drops it", cfg.revokeTimeout, rt)
+	}
+	return nil
 }
 
 func isRegex(cl *kgo.Client) bool {

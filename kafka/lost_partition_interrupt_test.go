@@ -37,7 +37,7 @@ func TestLostPartitionInterruptsHandlersAtOnce(t *testing.T) {
 				}
 				return ctx.Err()
 			}, WithLogger(quiet), WithCommitInterval(time.Hour), WithRevokeTimeout(time.Minute),
-				WithClientOptions(tc.clientOptsFor(proto, group, "t")...))
+				WithClientOptions(append(tc.clientOptsFor(proto, group, "t"), kgo.RebalanceTimeout(2*time.Minute))...))
 			select {
 			case <-running:
 			case <-time.After(20 * time.Second):

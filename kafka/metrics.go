@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/semconv/v1.43.0/messagingconv"
 
 	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/internal/optcheck"
 	"github.com/keysched/keysched/otelkeysched"
 )
 
@@ -31,11 +32,11 @@ const meterScope = "github.com/keysched/keysched/kafka"
 func WithMeterProvider(mp metric.MeterProvider, attrs ...attribute.KeyValue) Option {
 	return func(c *config) error {
 		if mp == nil {
-			return optionError("WithMeterProvider(nil)")
+			return refused(optcheck.NotNil("WithMeterProvider", true, "a meter provider"))
 		}
 		for _, a := range attrs {
 			if !a.Valid() {
-				return optionError("WithMeterProvider: invalid attribute %q", a.Key)
+				return refused(optcheck.Refuse("WithMeterProvider", nil, "invalid attribute %q", a.Key))
 			}
 		}
 		c.meterProvider = mp

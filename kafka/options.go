@@ -95,9 +95,13 @@ var (
 // it does every keysched module's refused option; errors.Is matches both
 // ErrInvalidOption and keysched.ErrInvalidOption); a scheduler option's
 // refusal (WithSchedulerOptions) wraps the scheduler's *keysched.OptionError
-// with ErrInvalidOption. The other errors of NewConsumer for its options (a
-// nil Option, a client option franz-go refuses, no group or topic, a
-// WithMeterProvider refusal) wrap ErrInvalidOption only.
+// with ErrInvalidOption, and a client option franz-go refuses wraps
+// franz-go's error with ErrInvalidOption. Options that cannot hold together
+// with the client's are refused naming both (With: "WithClientOptions"): a
+// WithDeadLetterTopic among the consumed topics (ConsumeRegex patterns
+// included), a WithRevokeTimeout not below kgo.RebalanceTimeout (default
+// 60 s). Without WithRevokeTimeout, the default revoke timeout gives way to
+// half a rebalance timeout at or below it.
 //
 // Options meet by keysched.Option's rule, the one rule of every keysched
 // module (see its "How options meet"): the last of a name wins
@@ -115,6 +119,7 @@ type config struct {
 	maxInFlight    int
 	commitInterval time.Duration
 	revokeTimeout  time.Duration
+	revokeSet      bool // WithRevokeTimeout given: refused, not lowered, against the rebalance timeout
 	dlqTopic       string
 	logger         *slog.Logger
 	metaMax        int
@@ -247,7 +252,7 @@ func WithRevokeTimeout(d time.Duration) Option {
 		if r := optcheck.Positive("WithRevokeTimeout", d); r != nil {
 			return refused(r)
 		}
-		c.revokeTimeout = d
+		c.revokeTimeout, c.revokeSet = d, true
 		return nil
 	}
 }

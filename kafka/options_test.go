@@ -156,3 +156,57 @@ func TestRefusedOptionIsAnOptionErrorNamingIt(t *testing.T) {
 		}
 	}
 }
+
+// Options that cannot hold with the client's are refused naming both: a
+// dead-letter topic the consumer reads (a record failing for good would fail
+// again in it, for ever), a revoke timeout the rebalance timeout cannot
+// cover (the group would drop the member). A nil Option, no group or topic
+// and a nil meter provider are refusals of one option.
+func TestOptionsConflictingWithTheClientAreRefusedNamingBoth(t *testing.T) {
+	h := func(context.Context, *kgo.Record) error { return nil }
+	seed := kgo.SeedBrokers("127.0.0.1:1")
+	for _, tc := range []struct {
+		name         string
+		opts         []Option
+		option, with string
+	}{
+		{"dead-letter topic consumed", []Option{WithDeadLetterTopic("t"),
+			WithClientOptions(seed, kgo.ConsumerGroup("g"), kgo.ConsumeTopics("a", "t"))}, "WithDeadLetterTopic", "WithClientOptions"},
+		{"dead-letter topic matched by a regex", []Option{WithDeadLetterTopic("orders.dlq"),
+			WithClientOptions(seed, kgo.ConsumerGroup("g"), kgo.ConsumeTopics("orders.*"), kgo.ConsumeRegex())}, "WithDeadLetterTopic", "WithClientOptions"},
+		{"revoke timeout at the rebalance timeout", []Option{WithRevokeTimeout(time.Minute),
+			WithClientOptions(seed, kgo.ConsumerGroup("g"), kgo.ConsumeTopics("a"))}, "WithRevokeTimeout", "WithClientOptions"},
+		{"revoke timeout past a shorter rebalance timeout", []Option{WithRevokeTimeout(10 * time.Second),
+			WithClientOptions(seed, kgo.ConsumerGroup("g"), kgo.ConsumeTopics("a"), kgo.RebalanceTimeout(5*time.Second))}, "WithRevokeTimeout", "WithClientOptions"},
+		{"no topic", []Option{WithClientOptions(seed, kgo.ConsumerGroup("g"))}, "WithClientOptions", ""},
+		{"nil option", []Option{nil}, "opts[0]", ""},
+		{"nil meter provider", []Option{WithMeterProvider(nil)}, "WithMeterProvider", ""},
+	} {
+		c, err := NewConsumer(h, tc.opts...)
+		if c != nil {
+			t.Errorf("%s: a consumer came back with the error", tc.name)
+			_ = c.Close(context.Background())
+		}
+		if p := opttest.Problem(err, opttest.Want{Option: tc.option, With: tc.with, Prefix: "kafka: invalid option: ", Sentinels: []error{ErrInvalidOption}}); p != "" {
+			t.Errorf("%s: %s", tc.name, p)
+		}
+	}
+	// The same options apart are accepted: a dead-letter topic not consumed,
+	// a revoke timeout below the rebalance timeout.
+	c, err := NewConsumer(h, WithDeadLetterTopic("t.dlq"), WithRevokeTimeout(4*time.Second),
+		WithClientOptions(seed, kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"), kgo.RebalanceTimeout(5*time.Second)))
+	if err != nil {
+		t.Fatalf("accepted options refused: %v", err)
+	}
+	_ = c.Close(context.Background())
+	// Without WithRevokeTimeout the default (10 s) gives way to half a
+	// shorter rebalance timeout.
+	c, err = NewConsumer(h, WithClientOptions(seed, kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"), kgo.RebalanceTimeout(4*time.Second)))
+	if err != nil {
+		t.Fatalf("default revoke timeout with a short rebalance timeout refused: %v", err)
+	}
+	if c.cfg.revokeTimeout != 2*time.Second {
+		t.Errorf("default revoke timeout with a 4 s rebalance timeout: %v, want 2s", c.cfg.revokeTimeout)
+	}
+	_ = c.Close(context.Background())
+}
