@@ -125,7 +125,7 @@ func runInstances(t *testing.T, bin, dsn string, n int) {
 	for i := range n {
 		procs[i] = startService(t, bin, "-postgres", dsn, "-intake", "127.0.0.1:0", "-admin", "127.0.0.1:0",
 			"-endpoints", strings.Join(eps, ","), "-secrets-file", secretsFile, "-sim-rate", "0",
-			"-relay-name", fmt.Sprintf("webhook-%d", i), "-lease", "2s", "-timeout", "500ms",
+			"-relay-name", fmt.Sprintf("webhook-%d", i), "-lease", "3s", "-timeout", "500ms",
 			"-max-backlog", fmt.Sprint(bound), "-backlog-sync", "200ms",
 			"-attempts", "1000", "-backoff", "5ms", "-breaker-open", "100ms", "-log", "warn")
 		p := procs[i]
@@ -237,7 +237,7 @@ func runInstances(t *testing.T, bin, dsn string, n int) {
 	t.Logf("killed instance %d holding %d partner leases, with %d of %d events delivered", victim, held, atKill, total)
 	require.Less(t, atKill, total, "the kill came after every delivery: the test proved nothing")
 	require.Eventually(t, func() bool { return firstArrivals() == total }, 60*time.Second, 5*time.Millisecond)
-	t.Logf("the rest delivered %v after the kill (lease 2 s)", time.Since(killed).Round(10*time.Millisecond))
+	t.Logf("the rest delivered %v after the kill (lease 3 s)", time.Since(killed).Round(10*time.Millisecond))
 	dups := 0
 	for _, p := range partners {
 		d, err := sim.CheckOrder(accepted[p], rec.IDs(p))

@@ -14,7 +14,8 @@ import (
 // Config's fields meet by keysched.Option's rule (see Config): the
 // LeaseDuration default gives way to Timeout and PollInterval; a
 // LeaseDuration given stays (the relay lowers the poll to a third of it); a
-// LeaseDuration at or below Timeout is refused.
+// LeaseDuration below twice Timeout plus a second (the relay's sink timeout)
+// is refused.
 func TestConfigFieldsMeetByOneRule(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
@@ -27,6 +28,11 @@ func TestConfigFieldsMeetByOneRule(t *testing.T) {
 		{"a long poll raises the default lease", 0, 40 * time.Second, 0, 120 * time.Second},
 		{"a lease given stays", 0, 40 * time.Second, 31 * time.Second, 31 * time.Second},
 		{"a lease at the timeout is refused", 5 * time.Second, 0, 5 * time.Second, 0},
+		// The relay's sink timeout is Timeout + 1 s and needs twice that
+		// as its lease: a lease just below it is refused by New, as a
+		// Config error, not by the relay later.
+		{"a lease below twice the sink timeout is refused", 5 * time.Second, 0, 12*time.Second - 1, 0},
+		{"a lease of twice the sink timeout stays", 5 * time.Second, 0, 12 * time.Second, 12 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Config{Partners: map[string]string{"p": "http://x"}, Store: &Store{},

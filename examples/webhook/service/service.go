@@ -77,8 +77,8 @@ var (
 // applies (a Limits.Concurrency above Workers never runs more than Workers
 // calls at once; a PollInterval above a third of LeaseDuration is lowered
 // to that third); a default gives way to a value given (LeaseDuration's
-// default grows with Timeout and PollInterval); LeaseDuration at or below
-// Timeout is refused. A Retry policy keysched refuses makes New fail with
+// default grows with Timeout and PollInterval); LeaseDuration below twice
+// Timeout plus a second is refused. A Retry policy keysched refuses makes New fail with
 // ErrInvalidConfig and the *keysched.OptionError (errors.As).
 type Config struct {
 	// Partners maps each partner (the scheduler key; 1 to 64 characters of
@@ -166,7 +166,7 @@ type Config struct {
 	// LeaseDuration is how long the relay's claim on a partner lasts
 	// without renewal (renewed every third of it): after a crash, the
 	// partners of the dead process are taken over after at most this long.
-	// It must be well above Timeout (at or below it, New fails). Default
+	// It must be at least 2 × (Timeout + 1 s) (below, New fails). Default
 	// max(30 s, 3 × Timeout, 3 × PollInterval); a PollInterval above a
 	// third of a LeaseDuration given is lowered to that third.
 	LeaseDuration time.Duration
@@ -266,8 +266,12 @@ func (c *Config) defaults() error {
 		// a PollInterval above a third of it raises it.
 		c.LeaseDuration = max(30*time.Second, 3*c.Timeout, 3*c.PollInterval)
 	}
-	if c.LeaseDuration <= c.Timeout {
-		return fmt.Errorf("%w: LeaseDuration %v must be above Timeout %v", ErrInvalidConfig, c.LeaseDuration, c.Timeout)
+	// The relay bounds each call by Timeout plus a second (the rate
+	// token's wait) and needs a lease of at least twice that bound
+	// (outbox.WithSinkTimeout): a call may start with two thirds of its
+	// key's lease left, and its context ends with the lease.
+	if least := 2 * (c.Timeout + time.Second); c.LeaseDuration < least {
+		return fmt.Errorf("%w: LeaseDuration %v must be at least twice Timeout plus a second (%v): a delivery's context ends with its partner's lease", ErrInvalidConfig, c.LeaseDuration, least)
 	}
 	if c.History == 0 {
 		c.History = 7 * 24 * time.Hour
