@@ -215,7 +215,7 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		// franz-go's own words for a missing group ("invalid autocommit
 		// options specified when a group was not specified") do not say
 		// what the adapter needs: say it too.
-		return nil, fmt.Errorf("%w: WithClientOptions: the adapter needs kgo.ConsumerGroup and kgo.ConsumeTopics (or kgo.ConsumeRegex); franz-go says: %w", ErrInvalidOption, err)
+		return nil, fmt.Errorf("%w: WithClientOptions: franz-go refuses the client's options (the adapter needs kgo.ConsumerGroup and kgo.ConsumeTopics or kgo.ConsumeRegex, and sets kgo.DisableAutoCommit itself: no kgo.AutoCommitMarks): %w", ErrInvalidOption, err)
 	}
 	group, _ := cl.OptValue(kgo.ConsumerGroup).(string)
 	if r := clientConflicts(cl, group, &c.cfg); r != nil {

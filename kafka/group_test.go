@@ -147,7 +147,7 @@ func TestRevokeStopsGroupBetweenRecords(t *testing.T) {
 		}
 		return nil
 	}
-	c := startConsumer(t, h, WithLogger(quiet), WithCommitInterval(time.Hour), WithRevokeTimeout(10*time.Second),
+	c := startConsumer(t, h, WithLogger(quiet), WithCommitInterval(time.Hour), WithRevokeTimeout(9*time.Second),
 		WithClientOptions(tc.clientOpts(groupName(t), "t")...))
 	eventually(t, "a0 running", func() bool { return first.Load() != nil })
 	tc.ControlKey(int16(kmsg.Heartbeat), func(req kmsg.Request) (kmsg.Response, error, bool) {

@@ -193,6 +193,12 @@ func TestOptionsConflictingWithTheClientAreRefusedNamingBoth(t *testing.T) {
 	}
 	// The same options apart are accepted: a dead-letter topic not consumed,
 	// a revoke timeout below the rebalance timeout.
+	// A client option franz-go refuses: the error says what the adapter
+	// sets itself, not only that it needs a group and topics.
+	_, err := NewConsumer(h, WithClientOptions(seed, kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"), kgo.AutoCommitMarks()))
+	if !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "kgo.AutoCommitMarks") {
+		t.Errorf("kgo.AutoCommitMarks: %v, want an ErrInvalidOption naming it", err)
+	}
 	c, err := NewConsumer(h, WithDeadLetterTopic("t.dlq"), WithRevokeTimeout(4*time.Second),
 		WithClientOptions(seed, kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"), kgo.RebalanceTimeout(5*time.Second)))
 	if err != nil {

@@ -299,7 +299,8 @@ func TestBackpressureStuckKey(t *testing.T) {
 // Property 9: Close drains until its context ends, then gives up on what
 // runs: that record is neither committed nor dead-lettered, and the next
 // owner handles it. Close returns soon after its context ends even though
-// the revoke timeout is a minute.
+// the revoke timeout is 9 s (just below the test cluster's 10 s rebalance
+// timeout: NewConsumer refuses a longer one).
 func TestCloseGivesUp(t *testing.T) {
 	tc := newCluster(t, 1, "t", "dlq")
 	commits := tc.watchCommits(t)
@@ -315,7 +316,7 @@ func TestCloseGivesUp(t *testing.T) {
 		}
 		others.Add(1)
 		return nil
-	}, WithLogger(quiet), WithRevokeTimeout(time.Minute), WithDeadLetterTopic("dlq"), WithCommitInterval(time.Hour),
+	}, WithLogger(quiet), WithRevokeTimeout(9*time.Second), WithDeadLetterTopic("dlq"), WithCommitInterval(time.Hour),
 		WithClientOptions(tc.clientOpts(group, "t")...))
 	if err != nil {
 		t.Fatal(err)

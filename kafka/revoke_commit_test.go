@@ -45,7 +45,7 @@ func TestRevokeThatCannotCommitSaysSoOnce(t *testing.T) {
 }
 
 // Close racing a revoke in progress (the revoke waiting for handlers that
-// block until their context ends, under a 10 s revoke timeout) while every
+// block until their context ends, under a 9 s revoke timeout) while every
 // commit is refused, called twice at once, the second time with a context
 // that has already ended: both calls return within their context plus
 // CloseMargin; the one that closes says (and the other the same, or that
@@ -60,7 +60,7 @@ func TestCloseDuringARevokeThatCannotCommit(t *testing.T) {
 	tc.produceSpread(t, "t", 2, 4)
 	tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: group, Err: kerr.CoordinatorNotAvailable, Count: -1})
 	block := func(ctx context.Context, _ *kgo.Record) error { <-ctx.Done(); return ctx.Err() }
-	a := runMember(t, block, WithLogger(quiet), WithCommitInterval(20*time.Millisecond), WithRevokeTimeout(10*time.Second),
+	a := runMember(t, block, WithLogger(quiet), WithCommitInterval(20*time.Millisecond), WithRevokeTimeout(9*time.Second),
 		WithClientOptions(tc.clientOptsFor(protoCooperative, group, "t")...))
 	eventually(t, "a handler running on each partition", func() bool {
 		ps := a.c.owned()
