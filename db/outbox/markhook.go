@@ -45,12 +45,11 @@ type MarkHook func(ctx context.Context, tx *sql.Tx, marked []Marked) error
 // mark transaction covers (a relay that crashed, or was fenced, before its
 // mark).
 //
-// Errors: if fn returns an error (or panics: the panic is not recovered),
-// the transaction rolls back: the rows stay pending, and whatever fn wrote
-// through tx is undone. A sent batch is then marked again, fn called
-// again, every poll interval (the rows stay held in flight, their key's
-// lease renewed, so no relay publishes them again meanwhile) until it
-// succeeds, the claim is lost (then the rows are not marked: the key's next
+// Errors: if fn returns an error, the transaction rolls back: the rows
+// stay pending, and whatever fn wrote through tx is undone. A sent batch
+// is then marked again, fn called again, every poll interval (the rows
+// stay held in flight, their key's lease renewed, so no relay publishes
+// them again meanwhile) until it succeeds, the claim is lost (then the rows are not marked: the key's next
 // holder publishes them again) or the relay shuts down (Run's last mark
 // fails the same way: the rows stay pending, are published again once the
 // leases are released, and Close reports them unmarked). A dead row whose
@@ -58,16 +57,20 @@ type MarkHook func(ctx context.Context, tx *sql.Tx, marked []Marked) error
 // published (and fails) again. Each error is counted and logged as a failed
 // mark (RelayStats.DBErrors, op "mark rows sent" or "mark row dead"),
 // wrapped as "mark hook: ...". A commit that fails after fn returned nil
-// undoes fn's writes as well.
+// undoes fn's writes as well. A panic in fn is not recovered: it ends the
+// process, and the transaction never commits.
 //
 // Rules for fn: write through tx only (writes through the *sql.DB are not
 // part of the transaction and, on SQLite, wait for the write lock that tx
 // holds: a deadlock until the busy timeout); keep it quick (it holds the
 // marks' locks, the whole database's write lock on SQLite, and the next
 // batch waits); do not commit or roll back tx; ctx is the mark's, bounded
-// like every relay call (a third of the lease, at least 5 s). fn is called
-// from the relay's mark goroutine and, for dead rows, from its workers,
-// concurrently: it must be safe for concurrent use. Work that must follow
+// like the mark (a third of the lease, at least 5 s for sent rows). A
+// commit whose answer is lost (the connection dropped during COMMIT) may
+// have taken effect with fn's writes: the relay then counts the rows as
+// not marked (lease lost) and does not run fn's AfterMarkCommit functions.
+// fn is called from the relay's mark goroutine and, for dead rows, from its
+// workers, concurrently: it must be safe for concurrent use. Work that must follow
 // the commit (in-memory bookkeeping, metrics) goes to AfterMarkCommit.
 // A nil fn is an error wrapping ErrInvalidOption.
 func WithMarkHook(fn MarkHook) RelayOption {
