@@ -25,6 +25,7 @@ func TestMain(m *testing.M) {
 	if dsn := os.Getenv("INBOX_CRASH_DSN"); dsn != "" {
 		crashChild(dsn)
 	}
+	dbtest.AnnounceOptOut()
 	goleak.VerifyTestMain(m, dbtest.LeakOptions()...)
 }
 

@@ -31,16 +31,34 @@ func (r *Relay) onDeadLetter(dl keysched.DeadLetter[string]) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.lease/3)
 	defer cancel()
-	var res sql.Result
-	var err error
+	args := []any{dl.Attempts, msg, time.Now().UnixMicro(), j.e.Seq, r.cfg.owner, r.token, j.t.epoch}
 	if r.o.dialect == Postgres {
-		res, err = r.o.db.ExecContext(ctx, r.o.q.markDead, j.e.Seq, r.cfg.owner, r.token, dl.Attempts, msg, j.e.Key, j.t.epoch)
-	} else {
-		res, err = r.o.db.ExecContext(ctx, r.o.q.markDead, dl.Attempts, msg, time.Now().UnixMicro(), j.e.Seq, r.cfg.owner, r.token, j.t.epoch)
+		args = []any{j.e.Seq, r.cfg.owner, r.token, dl.Attempts, msg, j.e.Key, j.t.epoch}
 	}
 	var n int64
-	if err == nil {
-		n, err = res.RowsAffected()
+	var after []func()
+	var err error
+	exec := func(ex interface {
+		ExecContext(context.Context, string, ...any) (sql.Result, error)
+	}) error {
+		res, err := ex.ExecContext(ctx, r.o.q.markDead, args...)
+		if err == nil {
+			n, err = res.RowsAffected()
+		}
+		return err
+	}
+	if r.cfg.markHook == nil {
+		err = exec(r.o.db)
+	} else {
+		// The hook in the mark's transaction, when the row was marked.
+		err = r.inTx(ctx, func(tx *sql.Tx) error {
+			if err := exec(tx); err != nil || n == 0 {
+				return err
+			}
+			var err error
+			after, err = r.runHook(ctx, tx, []Marked{{Event: j.e, Claim: r.claim(j.t), State: Dead, Attempts: dl.Attempts, Err: msg, Note: j.note.get()}})
+			return err
+		})
 	}
 	if err == nil && n == 0 {
 		// The key's lease is no longer ours: another relay holds the key
@@ -61,6 +79,7 @@ func (r *Relay) onDeadLetter(dl keysched.DeadLetter[string]) {
 		return
 	}
 	r.st.dead.Add(1)
+	runAll(after)
 	r.log.Warn("outbox relay: row failed for good, marked dead", "table", r.o.table, "id", j.e.ID, "seq", j.e.Seq, "attempts", dl.Attempts, "err", dl.Err, "park", r.cfg.policy == keysched.Park)
 	if r.cfg.policy == keysched.Park {
 		// The key's later rows in flight give themselves back; the key's

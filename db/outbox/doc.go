@@ -167,6 +167,19 @@
 // made pending again in key order, one transaction per batch, returning
 // what moved; Recoverable is its dry run.
 //
+// # Your writes with the marks: WithMarkHook
+//
+// WithMarkHook runs a function inside the transaction that marks published
+// rows sent (and each one that marks a row dead), after the marking
+// statement, with exactly the rows that statement marked under this relay's
+// claims: a delivery record, an audit row or a counter written through its
+// *sql.Tx commits if and only if the marks do. A sink passes a value to it
+// with SetMarkNote (Marked.Note); work that must follow the commit goes to
+// AfterMarkCommit. A hook error rolls the marks back: the rows stay pending,
+// held by the relay, which marks them again every poll interval (publishing
+// nothing again) while it holds their keys; a relay that stops or loses a
+// key first leaves them to be published again. See WithMarkHook.
+//
 // # Database faults
 //
 // The relay rides out a database that fails: a restart or failover, a

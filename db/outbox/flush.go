@@ -62,15 +62,36 @@ func (r *Relay) flushAll(ctx context.Context) bool {
 		}
 		return rows.Err()
 	}
-	var err error
-	if r.o.dialect == Postgres {
-		q := r.o.q.markSentDelete
-		if r.cfg.retention > 0 {
-			q = r.o.q.markSentUpdate
+	// hooked gives the hook the rows the statements marked, in batch order.
+	hooked := func(tx *sql.Tx) ([]func(), error) {
+		if r.cfg.markHook == nil {
+			return nil, nil
 		}
-		err = collect(r.o.db.QueryContext(ctx, q, seqs, keys, epochs, r.cfg.owner, r.token))
-	} else {
-		err = r.sqliteTx(ctx, func(tx *sql.Tx) error {
+		var ms []Marked
+		for _, j := range batch {
+			if marked[j.e.Seq] {
+				ms = append(ms, Marked{Event: j.e, Claim: r.claim(j.t), State: Sent, Note: j.note.get()})
+			}
+		}
+		return r.runHook(ctx, tx, ms)
+	}
+	var after []func()
+	var err error
+	switch {
+	case r.o.dialect == Postgres && r.cfg.markHook == nil:
+		// One statement, its own transaction.
+		err = collect(r.o.db.QueryContext(ctx, r.markSentQuery(), seqs, keys, epochs, r.cfg.owner, r.token))
+	case r.o.dialect == Postgres:
+		err = r.inTx(ctx, func(tx *sql.Tx) error {
+			if err := collect(tx.QueryContext(ctx, r.markSentQuery(), seqs, keys, epochs, r.cfg.owner, r.token)); err != nil {
+				return err
+			}
+			var err error
+			after, err = hooked(tx)
+			return err
+		})
+	default:
+		err = r.inTx(ctx, func(tx *sql.Tx) error {
 			for rest := batch; len(rest) > 0; {
 				n := min(len(rest), 400)
 				args := make([]any, 0, 2*n+3)
@@ -93,7 +114,9 @@ func (r *Relay) flushAll(ctx context.Context) bool {
 				}
 				rest = rest[n:]
 			}
-			return nil
+			var err error
+			after, err = hooked(tx)
+			return err
 		})
 	}
 	if err != nil {
@@ -106,6 +129,7 @@ func (r *Relay) flushAll(ctx context.Context) bool {
 	r.okCalls.Add(1)
 	r.dbOK(groupMark)
 	r.st.marked.Add(uint64(len(marked)))
+	runAll(after)
 	for _, j := range batch {
 		if marked[j.e.Seq] {
 			r.settle(j)
@@ -118,6 +142,20 @@ func (r *Relay) flushAll(ctx context.Context) bool {
 		r.abandon(j)
 	}
 	return true
+}
+
+// markSentQuery is PostgreSQL's mark of published rows: delete them, or
+// mark them sent with WithRetention.
+func (r *Relay) markSentQuery() string {
+	if r.cfg.retention > 0 {
+		return r.o.q.markSentUpdate
+	}
+	return r.o.q.markSentDelete
+}
+
+// claim returns the claim t stands for.
+func (r *Relay) claim(t *tenure) Claim {
+	return Claim{Key: t.key, Owner: r.cfg.owner, Token: r.token, Epoch: t.epoch}
 }
 
 func (r *Relay) cleanup(ctx context.Context) {

@@ -27,6 +27,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(pausedChildEnv) != "" {
 		pausedRelayChild() // exits
 	}
+	dbtest.AnnounceOptOut()
 	goleak.VerifyTestMain(m, dbtest.LeakOptions()...)
 }
 

@@ -230,7 +230,7 @@ func (r *Relay) renew(ctx context.Context) {
 	} else {
 		exp := time.Now().Add(r.cfg.lease).UnixMicro()
 		keys = map[string]int64{}
-		err = r.sqliteTx(ctx, func(tx *sql.Tx) error {
+		err = r.inTx(ctx, func(tx *sql.Tx) error {
 			for rest := held; len(rest) > 0; {
 				n := min(len(rest), 400)
 				args := make([]any, 0, 2*n+3)

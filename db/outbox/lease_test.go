@@ -98,6 +98,7 @@ func (s *streamLog) check(t testing.TB, keys, perKey int) (dups int) {
 // (duplicates only as restarts from an earlier row), and all arrive.
 func TestThreeRelaysShortLeasesStreamOrder(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		oneSQLiteConnection(db)
 		ob := newOutbox(t, db)
 		const keys, perKey = 8, 40
 		writeEvents(t, ob, keys, perKey, 64)
@@ -189,6 +190,26 @@ func TestRelayChurnStreamOrder(t *testing.T) {
 	})
 }
 
+// oneSQLiteConnection limits a SQLite db to one connection, for the tests
+// of three relays on short leases: their statements then queue in
+// database/sql's pool instead of in SQLite's busy handler, which sleeps (1,
+// 2, 5 ... 100 ms a try) rather than being woken when the write lock is
+// free. With several connections, three relays renewing 30-40 ms leases
+// every 10-13 ms spent most of the run asleep there (renewals and claims
+// waiting past the leases, which lapsed: TestParkResumeRacingLeases took
+// 15-35 s under -race on a loaded machine, against its 40 s bound, and
+// TestThreeRelaysShortLeasesStreamOrder timed out once). It loses no
+// interleaving these tests are after: SQLite runs one write at a time, and
+// a read concurrent with a write (WAL) sees what it would see run just
+// before it; the statements and transactions of the relays (and the
+// operator) still interleave freely, and leases still lapse. No effect on
+// PostgreSQL.
+func oneSQLiteConnection(db *sql.DB) {
+	if dbtest.Name(db) == "sqlite" {
+		db.SetMaxOpenConns(1)
+	}
+}
+
 // Park with three relays (two of one name), short leases, and an operator
 // resuming every parked key as fast as it can: some events fail for good on
 // their first call (the key parks), are resumed, and go out. A key never
@@ -196,6 +217,7 @@ func TestRelayChurnStreamOrder(t *testing.T) {
 // arrive.
 func TestParkResumeRacingLeases(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		oneSQLiteConnection(db)
 		ob := newOutbox(t, db)
 		const keys, perKey = 6, 20
 		writeEvents(t, ob, keys, perKey, 60)
@@ -252,7 +274,12 @@ func TestParkResumeRacingLeases(t *testing.T) {
 		cancel()
 		<-opDone
 		dups := log.check(t, keys, perKey)
-		t.Logf("%s: %d duplicates, %d resumed", dbtest.Name(db), dups, resumed)
+		var lost, aband uint64
+		for _, r := range relays {
+			lost += r.Stats().LeasesLost
+			aband += r.Stats().Abandoned
+		}
+		t.Logf("%s: %d duplicates, %d resumed, %d leases lost, %d rows given back", dbtest.Name(db), dups, resumed, lost, aband)
 		require.Positive(t, resumed)
 	})
 }

@@ -6,8 +6,9 @@ import (
 )
 
 type job struct {
-	e Event
-	t *tenure
+	e    Event
+	t    *tenure
+	note noteSlot // the row's SetMarkNote (its last call's)
 }
 
 type jobKey struct{}
@@ -48,6 +49,8 @@ func (r *Relay) runJob(ctx context.Context, j *job) error {
 	sctx, cancel := context.WithDeadline(ctx, r.clock0.Add(time.Duration(dl)))
 	defer cancel()
 	sctx = context.WithValue(sctx, claimKey{}, Claim{Key: t.key, Owner: r.cfg.owner, Token: r.token, Epoch: t.epoch})
+	j.note.v.Store(nil) // an earlier attempt's note is not this call's
+	sctx = context.WithValue(sctx, noteKey{}, &j.note)
 	unhook := context.AfterFunc(t.fenced, cancel) // the lease was taken: stop the call
 	defer unhook()
 	returned := false

@@ -536,13 +536,15 @@ func (r *Relay) poll(ctx context.Context) (full bool) {
 	return full
 }
 
-func (r *Relay) sqliteTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+// inTx runs fn in a transaction and commits it; on fn's error it rolls
+// back and returns it.
+func (r *Relay) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	tx, err := r.o.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	if err := fn(tx); err != nil {
-		tx.Rollback()
+		_ = tx.Rollback()
 		return err
 	}
 	return tx.Commit()

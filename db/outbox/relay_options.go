@@ -78,6 +78,7 @@ type relayConfig struct {
 	onDead      func(DeadEvent)
 	takeOver    bool
 	schedOpts   []keysched.Option
+	markHook    MarkHook
 	// given, for how options meet (see NewRelay)
 	workersSet, batchSet, pollSet, leaseSet bool
 	maxOutage                               time.Duration

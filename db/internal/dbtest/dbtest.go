@@ -3,10 +3,12 @@
 package dbtest
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -131,5 +133,49 @@ func LeakOptions() []goleak.Option {
 		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
 		goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgconn/ctxwatch.(*ContextWatcher).Watch.func1"),
 		goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgconn/internal/bgreader.(*BGReader).bgRead"),
+	}
+}
+
+// OptOutLine is the line AnnounceOptOut prints when EnvSkip is 1.
+const OptOutLine = "*** " + EnvSkip + "=1: the PostgreSQL tests of this package are skipped"
+
+// AnnounceOptOut prints OptOutLine to stderr when EnvSkip is 1, for a
+// TestMain to call, so that skipped PostgreSQL tests show without -v: go
+// test shows the line when run in the package's directory with no package
+// argument, with -v, and when the package fails (with package arguments,
+// as in go test ./..., go test hides the output of a package that passes,
+// this line too). It prints nothing otherwise.
+func AnnounceOptOut() {
+	if os.Getenv(EnvSkip) == "1" {
+		fmt.Fprintln(os.Stderr, OptOutLine)
+	}
+}
+
+// CheckOptOutAnnounced runs the test binary again, running no test, with
+// EnvSkip=1 and then with EnvSkip unset, and fails t unless the first prints
+// OptOutLine and the second does not: it checks that the package's TestMain
+// calls AnnounceOptOut.
+func CheckOptOutAnnounced(t *testing.T) {
+	t.Helper()
+	for _, skip := range []string{"1", ""} {
+		cmd := exec.Command(os.Args[0], "-test.run", "^$", "-test.count=1")
+		env := []string{}
+		for _, kv := range os.Environ() {
+			if !strings.HasPrefix(kv, EnvSkip+"=") {
+				env = append(env, kv)
+			}
+		}
+		if skip != "" {
+			env = append(env, EnvSkip+"="+skip)
+		}
+		cmd.Env = env
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("%s=%q: the test binary, running no test, failed: %v\n%s", EnvSkip, skip, err, stderr.String())
+		}
+		if got := strings.Contains(stderr.String(), OptOutLine); got != (skip == "1") {
+			t.Fatalf("%s=%q: stderr has the line %q: %v, want %v; stderr:\n%s", EnvSkip, skip, OptOutLine, got, skip == "1", stderr.String())
+		}
 	}
 }

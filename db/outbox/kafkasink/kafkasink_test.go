@@ -21,6 +21,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	dbtest.AnnounceOptOut()
 	goleak.VerifyTestMain(m, dbtest.LeakOptions()...)
 }
 

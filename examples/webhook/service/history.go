@@ -71,13 +71,17 @@ type attemptRec struct {
 	eventID, rowID, partner string
 	a                       Attempt
 	done                    chan error
+	// a delivered attempt's, for the bookkeeping after its mark (markhook.go)
+	replay   bool
+	received time.Time
 }
 
-// history writes the attempts: a group commit like the intake's (every
-// attempt waiting at that moment, up to maxBatch, in one transaction), on
-// its own goroutine, so that a delivery waits for its own record's commit
-// only. It is closed after the relay, so that the attempts in flight at
-// Close are recorded.
+// history writes the failed attempts: a group commit like the intake's
+// (every attempt waiting at that moment, up to maxBatch, in one
+// transaction), on its own goroutine, so that a delivery waits for its own
+// record's commit only. A delivered attempt is written by the outbox's mark
+// transaction instead (markhook.go), with its statement. It is closed after
+// the relay, so that the attempts in flight at Close are recorded.
 type history struct {
 	*groupCommit[*attemptRec]
 	stmt *sql.Stmt // the insert, prepared once (nil if preparing failed: then unprepared)
@@ -195,6 +199,18 @@ func (s *Store) writeAttempts(ctx context.Context, stmt *sql.Stmt, batch []*atte
 		return err
 	}
 	defer tx.Rollback()
+	if err := s.insertAttempts(ctx, tx, stmt, batch); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// insertAttempts writes the batch in tx, with stmt (the prepared
+// insertAttempt) when not nil.
+func (s *Store) insertAttempts(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, batch []*attemptRec) error {
+	if len(batch) == 0 {
+		return nil
+	}
 	ins := s.insertAttempt()
 	var ts *sql.Stmt
 	if stmt != nil {
@@ -204,6 +220,7 @@ func (s *Store) writeAttempts(ctx context.Context, stmt *sql.Stmt, batch []*atte
 	for _, r := range batch {
 		a := r.a
 		args := []any{r.eventID, r.rowID, r.partner, a.At.UnixMicro(), a.Duration.Microseconds(), a.Status, text([]byte(a.Error)), a.Body, a.Relay}
+		var err error
 		if ts != nil {
 			_, err = ts.ExecContext(ctx, args...)
 		} else {
@@ -213,7 +230,7 @@ func (s *Store) writeAttempts(ctx context.Context, stmt *sql.Stmt, batch []*atte
 			return err
 		}
 	}
-	return tx.Commit()
+	return nil
 }
 
 // cleanupHistory deletes the attempts recorded before cutoff, and the

@@ -161,22 +161,26 @@ func TestAttemptHistoryRecordsEveryAttempt(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, resp.StatusCode)
 }
 
-// An attempt is on record before the outbox marks its row: when the record
-// cannot be written (the attempt table is gone), a delivery the endpoint
-// answered 2xx is not marked delivered; once the table is back, the event is
-// delivered again and both deliveries' attempts are on record.
+// A delivered attempt is recorded in the transaction that marks its row
+// sent: when the record cannot be written (the attempt table is gone), the
+// mark fails with it. The row stays pending and counted, nothing is on
+// record, and the relay marks it again (without delivering it again) until
+// the table is back: then the one delivery is on record and the row marked.
 func TestAttemptNotRecordedLeavesEventPending(t *testing.T) {
 	ep := newScripted(t, func(int, string) (int, string) { return http.StatusNoContent, "" })
 	h := newHarness(t, map[string]sim.Behavior{}, func(c *Config) {
 		c.Partners = map[string]string{"p": ep.srv.URL}
 		c.Retry = keysched.RetryPolicy{MaxAttempts: 1000, InitialBackoff: 20 * time.Millisecond, MaxBackoff: 20 * time.Millisecond}
+		c.PollInterval = 20 * time.Millisecond
 	})
 	ctx := context.Background()
 	_, err := h.store.db.ExecContext(ctx, `ALTER TABLE `+h.store.attempt+` RENAME TO moved_away`)
 	require.NoError(t, err)
 	_, id := h.post("p", 0)
-	require.Eventually(t, func() bool { ids, _ := ep.received(); return len(ids) >= 2 }, waitLong, 5*time.Millisecond,
-		"delivered, not recorded, delivered again")
+	require.Eventually(t, func() bool {
+		ids, _ := ep.received()
+		return len(ids) == 1 && h.svc.relay.r.Stats().DBErrors >= 3
+	}, waitLong, 5*time.Millisecond, "delivered, then its mark (with the attempt) failed three times")
 	var state int
 	require.NoError(t, h.store.db.QueryRowContext(ctx, `SELECT state FROM `+h.store.ob.Table()+` WHERE id = '`+id+`'`).Scan(&state))
 	require.Zero(t, state, "not marked sent without its attempt on record")
@@ -185,7 +189,9 @@ func TestAttemptNotRecordedLeavesEventPending(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return h.event(id).State == StateDelivered }, waitLong, 5*time.Millisecond)
 	require.Zero(t, h.status("p").Backlog)
-	require.NotEmpty(t, h.event(id).Attempts)
+	require.Len(t, h.event(id).Attempts, 1)
+	ids, _ := ep.received()
+	require.Len(t, ids, 1, "marked again, not delivered again")
 }
 
 // The history is kept for Config.History: the cleanup deletes older

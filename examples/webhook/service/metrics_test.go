@@ -124,8 +124,9 @@ func TestMetricsServed(t *testing.T) {
 		}
 		body = scrape()
 		// The endpoint has q's third event before the service counts it:
-		// a delivery is counted once its attempt is on record (history.go),
-		// a moment after the call returned (CI scraped 2 once).
+		// a delivery is counted once its row's mark, with its attempt, has
+		// committed (markhook.go), a moment after the call returned (CI
+		// scraped 2 once).
 		return value(body, `keysched_tasks_oldest_age_seconds`) > 0 && qDelivered.MatchString(body)
 	}, waitLong, 5*time.Millisecond, "the hanging delivery's age, and q's three deliveries counted")
 	require.GreaterOrEqual(t, value(body, `keysched_task_queue_wait_seconds_count`), 5.0, "a queue wait per delivery started (q: 3, p: 1 then parked, h: 1)")

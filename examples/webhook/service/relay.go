@@ -47,6 +47,8 @@ func startRelay(ctx context.Context, s *Service, schedOpts ...keysched.Option) (
 			s.onPark(d.Key, d.ID, d.Attempts, d.Err)
 		}),
 		outbox.WithSchedulerOptions(schedOpts...),
+		// A delivered attempt is recorded in its row's mark (markhook.go).
+		outbox.WithMarkHook(s.markHook),
 	)
 	if err != nil {
 		// keysched checks the retry policy: name the Config field.

@@ -32,6 +32,7 @@ package service
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -310,9 +311,12 @@ type Service struct {
 	schedMet      *otelkeysched.Metrics[string]
 	commit        *committer
 	history       *history
-	trend         *trend
-	bgStop        chan struct{}
-	bgDone        []chan struct{}
+	// markFault, for tests, runs in every mark transaction, after the
+	// delivered attempts' inserts (markhook.go): an error fails the hook.
+	markFault atomic.Pointer[func(context.Context, *sql.Tx) error]
+	trend     *trend
+	bgStop    chan struct{}
+	bgDone    []chan struct{}
 
 	syncStop, syncDone chan struct{} // backlog sync (BacklogSync > 0)
 
@@ -598,10 +602,15 @@ func (s *Service) settleIntake(env Envelope, err error) {
 // (each within Timeout), the token bucket refills, an open breaker
 // half-opens after OpenFor and lets one counted call through.
 //
-// Every other attempt is recorded (history.go) before the sink returns, so
-// before the outbox marks the row sent or dead: a state change always has
-// its attempt on record. An attempt that cannot be recorded fails (the row
-// is retried, and a delivered event may then arrive twice).
+// Every other attempt is recorded. A delivered one (a 2xx) is handed to the
+// outbox's mark (outbox.SetMarkNote) and recorded in the transaction that
+// marks the row sent (markhook.go): on record if and only if the row is
+// marked; the backlog and the delivery counters follow that commit. A
+// failed one is recorded (history.go) before the sink returns, so before
+// the outbox can mark the row dead: a dead row always has its attempts on
+// record. A failed attempt that cannot be recorded is returned as a plain
+// failure (retried, never Permanent nor a Retry-After snooze: the row is
+// not marked dead without its attempt on record), and the error is logged.
 func (s *Service) sink(ctx context.Context, e outbox.Event) error {
 	partner := e.Key
 	id, replay := webhookID(e)
@@ -611,37 +620,27 @@ func (s *Service) sink(ctx context.Context, e outbox.Event) error {
 		s.metrics.refused(ctx, partner)
 		return keysched.Snooze(err, 0)
 	}
-	rec := &attemptRec{eventID: id, rowID: e.ID, partner: partner, a: Attempt{
+	rec := &attemptRec{eventID: id, rowID: e.ID, partner: partner, replay: replay, received: e.CreatedAt, a: Attempt{
 		At: out.Start, Duration: out.Duration, Status: out.Status, Body: text(out.Body), Relay: s.cfg.RelayName,
 	}}
 	if !out.Called {
 		rec.a.At = s.now()
 	}
-	if err != nil {
-		rec.a.Error = err.Error()
+	if err == nil {
+		// Recorded, and counted, with the row's mark (markhook.go).
+		outbox.SetMarkNote(ctx, rec)
+		return nil
 	}
+	rec.a.Error = err.Error()
 	if rerr := s.history.record(rec); rerr != nil {
-		s.log.Error("recording a delivery attempt failed: the attempt counts as failed", "partner", partner, "event", id, "err", rerr)
-		if err == nil {
-			err = fmt.Errorf("webhook: delivered, but the attempt could not be recorded: %w", rerr)
-		}
+		s.log.Error("recording a failed delivery attempt failed: retried as a plain failure", "partner", partner, "event", id, "err", rerr)
 		s.backlog.failedAttempt(partner, err)
 		s.metrics.failed(ctx, partner)
 		return err
 	}
-	if err != nil {
-		// What the answer means (response.go): a retry, a Retry-After
-		// snooze, or a final refusal.
-		return s.forRelay(ctx, partner, id, err)
-	}
-	s.backlog.done(partner, e.ID, true)
-	s.metrics.settled(ctx, partner)
-	if replay {
-		s.metrics.deliveredReplay(ctx, partner)
-	} else {
-		s.metrics.delivered(ctx, partner, s.now().Sub(e.CreatedAt))
-	}
-	return nil
+	// What the answer means (response.go): a retry, a Retry-After
+	// snooze, or a final refusal.
+	return s.forRelay(ctx, partner, id, err)
 }
 
 // onPark is called when a partner's head event ran out of attempts.
