@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"sync/atomic"
+
+	"github.com/keysched/keysched/internal/optcheck"
 )
 
 // A Marked is a row that a relay's mark transaction has just marked, as
@@ -72,11 +74,12 @@ type MarkHook func(ctx context.Context, tx *sql.Tx, marked []Marked) error
 // fn is called from the relay's mark goroutine and, for dead rows, from its
 // workers, concurrently: it must be safe for concurrent use. Work that must follow
 // the commit (in-memory bookkeeping, metrics) goes to AfterMarkCommit.
-// A nil fn is an error wrapping ErrInvalidOption.
+// A nil fn is refused with a *keysched.OptionError (errors.Is
+// ErrInvalidOption).
 func WithMarkHook(fn MarkHook) RelayOption {
 	return func(c *relayConfig) error {
-		if fn == nil {
-			return badOption("WithMarkHook(nil)")
+		if r := optcheck.NotNil("WithMarkHook", fn == nil, "a function"); r != nil {
+			return refused(r)
 		}
 		c.markHook = fn
 		return nil

@@ -138,6 +138,7 @@ func TestRefusedOptionIsAnOptionErrorNamingIt(t *testing.T) {
 		{[]outbox.RelayOption{outbox.WithOwner(strings.Repeat("x", 257))}, "WithOwner", ""},
 		{[]outbox.RelayOption{outbox.WithMaxOutage(0)}, "WithMaxOutage", ""},
 		{[]outbox.RelayOption{outbox.WithOnDead(nil)}, "WithOnDead", ""},
+		{[]outbox.RelayOption{outbox.WithMarkHook(nil)}, "WithMarkHook", ""},
 		{[]outbox.RelayOption{outbox.WithSchedulerOptions(nil)}, "WithSchedulerOptions", ""},
 		{[]outbox.RelayOption{outbox.WithLogger(quiet), nil}, "opts[1]", ""},
 		{[]outbox.RelayOption{outbox.WithTakeOverOnStart()}, "WithTakeOverOnStart", "WithOwner"},
