@@ -50,6 +50,14 @@ func schema(d Dialect, t string, notify bool) []string {
 			`ALTER TABLE ` + t + `_lease ADD COLUMN IF NOT EXISTS epoch BIGINT NOT NULL DEFAULT 0`,
 			`ALTER SEQUENCE ` + t + `_lease_epoch OWNED BY ` + t + `_lease.epoch`,
 			`CREATE INDEX IF NOT EXISTS ` + t + `_lease_owner ON ` + t + `_lease (owner)`,
+			// The relays idle and listening: the NOTIFY trigger notifies
+			// only while one has a live row here (see notifyTrigger).
+			// Unlogged: empty after a crash or on a promoted standby, where
+			// relays only poll until they find themselves idle again.
+			`CREATE UNLOGGED TABLE IF NOT EXISTS ` + t + `_idle (
+	token TEXT PRIMARY KEY,
+	until TIMESTAMPTZ NOT NULL
+)`,
 		}, notifyTrigger(t, notify)...)
 	}
 	return []string{
@@ -97,10 +105,15 @@ BEGIN UPDATE ` + t + `_lease_epoch SET n = max(n, NEW.epoch) WHERE id = 1; END`,
 // inserting statement, or that drop it and its function. Both are
 // idempotent, and switching either way is one CreateSchema.
 //
-// The cost of the trigger: a transaction that has called pg_notify takes,
-// at commit, a lock that serialises every notifying commit of the whole
-// server (PostgreSQL's async.c, PreCommit_Notify, held until after the
-// commit record is flushed), so concurrent writers lose group commit.
+// The cost of a notification: a transaction that has called pg_notify
+// takes, at commit, a lock that serialises every notifying commit of the
+// whole server (PostgreSQL's async.c, PreCommit_Notify, held until after the
+// commit record is flushed), so concurrent writers lose group commit. So the
+// trigger notifies only while a relay is idle and listening (a live row in
+// <t>_idle, which a relay writes when a poll finds nothing and deletes when
+// it finds rows again): a busy relay polls, and the writers' commits do not
+// take the lock. The check is one read of that small table per inserting
+// statement, with the statement's snapshot.
 func notifyTrigger(t string, on bool) []string {
 	if !on {
 		return []string{
@@ -111,7 +124,9 @@ func notifyTrigger(t string, on bool) []string {
 	return []string{
 		`CREATE OR REPLACE FUNCTION ` + t + `_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-	PERFORM pg_notify('` + t + `', '');
+	IF EXISTS (SELECT 1 FROM ` + t + `_idle WHERE until > now()) THEN
+		PERFORM pg_notify('` + t + `', '');
+	END IF;
 	RETURN NULL;
 END
 $$`,
@@ -155,6 +170,7 @@ type queries struct {
 	probeEpoch                     string // fails when the epoch counter (a sequence, a table on SQLite) is missing
 	markDead, cleanup              string
 	listenChannel                  string
+	idle, busy                     string // Postgres: a relay's row in <table>_idle written, deleted
 }
 
 const rowCols = `seq, id, key, type, payload, headers, created_at, attempts`
@@ -229,6 +245,9 @@ func newQueries(d Dialect, t string) queries {
 UPDATE ` + t + ` AS o SET state = 2, attempts = o.attempts + $4, last_error = $5, done_at = now() FROM h WHERE o.seq = $1 AND o.key = h.key AND o.state = 0`
 		q.cleanup = `DELETE FROM ` + t + ` WHERE seq IN (SELECT seq FROM ` + t + ` WHERE state = 1 AND done_at < now() - $1::bigint * interval '1 microsecond' ORDER BY seq LIMIT $2)`
 		q.listenChannel = t
+		q.idle = `INSERT INTO ` + t + `_idle (token, until) VALUES ($1, now() + $2::bigint * interval '1 microsecond')
+	ON CONFLICT (token) DO UPDATE SET until = excluded.until`
+		q.busy = `DELETE FROM ` + t + `_idle WHERE token = $1`
 	} else {
 		// SQLite has one writer: every write statement reads the latest
 		// lease rows under the write lock, so the claim checks need no row
