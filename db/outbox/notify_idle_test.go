@@ -123,6 +123,9 @@ func TestWriteRacingTheRelayGoingIdleIsFoundByItsNextPoll(t *testing.T) {
 	// One poll interval, plus a generous margin for a loaded machine.
 	require.Less(t, at.Sub(committed), poll+10*time.Second)
 
+	// Idle again, then closed: Close deletes the row.
+	waitUntil(t, "relay idle again", func() bool { return outbox.Idle(r) })
+	require.Equal(t, 1, idleRows(t, db, ob, r))
 	stop()
 	require.Zero(t, idleRows(t, db, ob, r), "idle row left after Close")
 }
