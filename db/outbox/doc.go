@@ -44,8 +44,11 @@
 // expires_at, token: the holding relay's name and fencing token; see
 // WithOwner). CreateSchema adds the token column to a lease table created by
 // an older version; a relay refuses to run without it (ErrSchemaOutdated). On PostgreSQL a statement-level AFTER INSERT trigger
-// calls pg_notify with the table's name as the channel: a relay that LISTENs
-// is woken when a transaction that wrote events commits, and polls otherwise.
+// calls pg_notify with the table's name as the channel while a relay is idle
+// (it has a live row in the unlogged table keysched_outbox_idle, written when
+// a poll finds nothing, deleted when a fetch finds rows): an idle relay that
+// LISTENs is woken when a transaction that wrote events commits; a busy one
+// polls, and writes while no relay is idle notify nobody (see WithNotify).
 //
 // # How a relay claims a key, and why rows are not claimed one by one
 //

@@ -14,3 +14,7 @@ func NoMark(r *Relay) { r.noMark = true }
 // Renew renews the relay's leases now, as its renewer does every third of
 // the lease duration.
 func Renew(r *Relay) { r.renew(context.Background()) }
+
+// Idle reports whether the relay's row in the idle table is live (it
+// told writers to notify it).
+func Idle(r *Relay) bool { return r.idleRow.Load() }

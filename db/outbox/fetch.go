@@ -80,6 +80,11 @@ func (r *Relay) fetch(ctx context.Context, room int) int {
 	} else {
 		r.okCalls.Add(1)
 	}
+	if len(evs) > 0 {
+		// Busy: writers stop notifying this relay before it publishes
+		// (it polls until it finds nothing again).
+		r.goBusy(ctx)
+	}
 	quota := make(map[*tenure]int, len(wants))
 	for _, w := range wants {
 		quota[w.t] = w.limit

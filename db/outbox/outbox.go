@@ -186,13 +186,23 @@ func WithTable(name string) Option {
 // (default true; no effect on SQLite, which has none).
 //
 // On (the default), a committed write wakes an idle relay at once (its
-// LISTEN, see WithListen). The price is paid by writers: PostgreSQL
-// serialises the commits of every transaction that sent a notification,
+// LISTEN, see WithListen). A notification has a price, paid by writers:
+// PostgreSQL serialises the commits of every transaction that sent one,
 // server-wide (a heavyweight lock taken before the commit record is written
 // and held until after it is flushed), so concurrent writers no longer share
-// WAL flushes (group commit). With 4 writers the trigger cost a third to
-// a half of the outbox's write rate (db/README.md, "NOTIFY and the write
-// rate").
+// WAL flushes (group commit); with 4 writers, notifying every write cost a
+// third to a half of the outbox's write rate. So the trigger notifies only
+// while a relay is idle: a relay whose poll had room and found no row to
+// fetch writes a row in the table <table>_idle (unlogged: a relay's token
+// and an expiry, a lease from then), polls once more, and sleeps until a
+// notification or its next poll; it deletes the row when a fetch finds rows,
+// before publishing them. A busy relay is not notified: it polls again
+// once the rows it fetched have settled (at once after a full batch, after
+// WithPollInterval at most). A write whose insert ran before a relay went
+// idle and that commits after the relay's last look notifies nobody: the
+// relay's next poll finds it, WithPollInterval later at most. Each
+// inserting statement reads <table>_idle once (the writers' role needs
+// SELECT on it). See db/README.md, "NOTIFY and the write rate".
 //
 // Off, CreateSchema drops the trigger and its function if they are there
 // (both ways are idempotent: switching is one CreateSchema), writes send no
@@ -273,11 +283,18 @@ func (o *Outbox) Table() string {
 func (o *Outbox) zero() bool { return o == nil || o.db == nil }
 
 // Schema returns the SQL statements that create the outbox's tables, indexes
-// and (on PostgreSQL) the trigger that notifies relays of new rows, in order
+// and (on PostgreSQL) the trigger that notifies idle relays of new rows, with
+// the table of idle relays it reads (<table>_idle, see WithNotify), in order
 // (with WithNotify(false): statements that drop that trigger and its
 // function instead). Each is idempotent (IF NOT EXISTS, OR REPLACE, IF
 // EXISTS). Use it to put the schema
 // into your own migrations. It returns nil for a nil or zero Outbox.
+//
+// Upgrading: PostgreSQL's schema gained <table>_idle, and the trigger's
+// function now reads it (created before the function, so running Schema's
+// statements in order is enough). Relays of an older version never write
+// it: on the new trigger they are notified only while a relay of this
+// version is idle, and otherwise poll (WithPollInterval).
 //
 // Upgrading: the lease table gained a token column (each relay's fencing
 // token, see WithOwner), then an epoch column (each claim's epoch, see
@@ -352,7 +369,7 @@ func (o *Outbox) CreateSchema(ctx context.Context) error {
 // transaction: the row becomes visible to relays when, and only if, tx
 // commits. It is one INSERT and no other write (on PostgreSQL the schema's
 // statement trigger, unless WithNotify(false), queues a NOTIFY, delivered
-// on commit). It returns the
+// on commit, when a relay is idle: see WithNotify). It returns the
 // event's ID (generated when e.ID is empty).
 //
 // Order: a key's events are published in insert order (Seq). On PostgreSQL,

@@ -78,6 +78,10 @@ func TestListenNotifyWakesRelay(t *testing.T) {
 		}
 	}
 	for _, p := range []string{"first", "second", "third"} {
+		// Writers notify an idle relay only (see
+		// TestWriteRacingTheRelayGoingIdleIsFoundByItsNextPoll): wait
+		// until it is, after the previous row.
+		waitUntil(t, "relay idle", func() bool { return outbox.Idle(r) })
 		write(p)
 		wait(p)
 	}

@@ -49,6 +49,13 @@ type Relay struct {
 	// found, before they are claimed (forces interleavings).
 	afterWalk func(found []string)
 
+	// idle: the relay's row in <table>_idle is live (PostgreSQL, with the
+	// NOTIFY trigger and LISTEN): writers notify it. Written by the loop
+	// goroutine only (see idle.go); idleAt, noIdle likewise.
+	idleRow atomic.Bool
+	idleAt  int64 // r.mono() when the row was last written
+	noIdle  bool  // the table is missing (a schema of an older version): never write it
+
 	okCalls   atomic.Uint64 // successful database calls (walks, fetches, renewals, marks)
 	lastClean int64         // loop goroutine only
 	cursor    string        // loop goroutine only: where the next key walk starts
@@ -324,6 +331,11 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.shutdownErr = fmt.Errorf("outbox: %d published rows not marked sent (they stay pending: published again once their leases expire): %w", n, last)
 		}
 		cancel()
+		// No more notifications for this relay; bounded short, as the
+		// row expires by itself (a lease after it was written).
+		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		r.goBusy(bctx)
+		cancel()
 		fctx, cancel = r.callCtx(context.WithoutCancel(ctx))
 		if _, e := r.o.db.ExecContext(fctx, r.o.q.releaseAll, r.cfg.owner, r.token); e != nil {
 			r.dbError("release leases", e)
@@ -437,7 +449,10 @@ func (r *Relay) loop(ctx, runCtx context.Context) error {
 		default:
 		}
 		fails, oks := r.health.total.Load(), r.okCalls.Load()
-		full := r.poll(ctx)
+		full, idle := r.poll(ctx)
+		if idle && r.health.total.Load() == fails && r.goIdle(ctx) {
+			continue // just told writers to notify: look once more before sleeping
+		}
 		if r.health.total.Load() == fails && r.okCalls.Load() != oks {
 			r.dbOK(groupPoll)
 		} else if err := r.outageOver(); err != nil {
@@ -513,8 +528,9 @@ func (r *Relay) checkSchema(ctx context.Context) error {
 
 // poll does one round: renew leases when due, let ended tenures go, claim
 // keys, fetch and submit their rows, delete expired sent rows when due. It
-// reports whether the batch was filled (more may be waiting).
-func (r *Relay) poll(ctx context.Context) (full bool) {
+// reports whether the batch was filled (more may be waiting), and whether
+// the relay is idle: it had room and found no row to fetch.
+func (r *Relay) poll(ctx context.Context) (full, idle bool) {
 	r.st.polls.Add(1)
 	r.releaseEnded(ctx)
 	r.mu.Lock()
@@ -527,13 +543,13 @@ func (r *Relay) poll(ctx context.Context) (full bool) {
 			r.acquire(ctx, room)
 		}
 		n := r.fetch(ctx, room)
-		full = n == room
+		full, idle = n == room, n == 0
 		r.releaseEnded(ctx)
 	}
 	if r.cfg.retention > 0 && r.mono()-r.lastClean >= int64(max(r.cfg.poll*10, time.Second)) {
 		r.cleanup(ctx)
 	}
-	return full
+	return full, idle
 }
 
 // inTx runs fn in a transaction and commits it; on fn's error it rolls

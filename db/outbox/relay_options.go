@@ -252,8 +252,11 @@ func WithMaxKeys(n int) RelayOption {
 // WithPollInterval sets how long the relay waits between polls when it
 // found nothing to do (default DefaultPollInterval; capped at a third of
 // WithLeaseDuration; given alone above a third of DefaultLeaseDuration it
-// raises the lease to 3d: see RelayOption). On PostgreSQL a NOTIFY from a committed Write wakes it sooner
-// (see WithListen). A full batch is followed by the next poll at once.
+// raises the lease to 3d: see RelayOption). On PostgreSQL a NOTIFY from a committed Write wakes an idle
+// relay sooner (see WithListen and WithNotify); a relay that found rows is
+// busy, is not notified, and polls again once its rows have settled, or
+// after d. A write racing a relay's going idle waits up to d. A full batch
+// is followed by the next poll at once.
 // d > 0.
 func WithPollInterval(d time.Duration) RelayOption {
 	return func(c *relayConfig) error {
@@ -298,7 +301,9 @@ func WithRetention(d time.Duration) RelayOption {
 
 // WithListen turns PostgreSQL LISTEN/NOTIFY wake-ups on or off (default on;
 // no effect on SQLite). When on, the relay holds one connection of the
-// *sql.DB for as long as it runs: size the pool for it. An Outbox made with
+// *sql.DB for as long as it runs: size the pool for it; while the relay is
+// idle and listening it keeps a row in <table>_idle, which makes writers
+// notify (see WithNotify). An Outbox made with
 // WithNotify(false) has no trigger to notify it: its relays poll only and
 // hold no LISTEN connection, whatever WithListen says.
 func WithListen(on bool) RelayOption {

@@ -43,6 +43,7 @@ func newOutboxSystem(ctx context.Context, env *dbEnv, keys, batch int) (system, 
 		// Best effort: a table left behind is named for this run only.
 		_, _ = db.ExecContext(ctx, "DROP TABLE IF EXISTS "+name)
 		_, _ = db.ExecContext(ctx, "DROP TABLE IF EXISTS "+name+"_lease")
+		_, _ = db.ExecContext(ctx, "DROP TABLE IF EXISTS "+name+"_idle")
 		if ob.Dialect() == outbox.Postgres {
 			_, _ = db.ExecContext(ctx, "DROP FUNCTION IF EXISTS "+name+"_notify() CASCADE")
 		}

@@ -90,13 +90,13 @@ func SQLite(t testing.TB) *sql.DB {
 
 // Table returns a table name unique in this test process, for tests that
 // share the PostgreSQL database; it drops the table and its lease table when
-// t ends.
+// t ends (with the outbox's idle table on PostgreSQL).
 func Table(t testing.TB, db *sql.DB, prefix string) string {
 	name := fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), seq.Add(1))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		for _, s := range []string{name, name + "_lease"} {
+		for _, s := range []string{name, name + "_lease", name + "_idle"} {
 			_, _ = db.ExecContext(ctx, "DROP TABLE IF EXISTS "+s) // best effort: named for this test only
 		}
 		if d, _ := sqldb.Detect(db); d == sqldb.Postgres {
