@@ -96,6 +96,11 @@ type roomState struct {
 	since time.Time // when a partition was first seen at its bound; zero: none is
 	slice time.Time // when the current slice started
 	last  int64     // the records in flight of the partitions at the bound then
+	// run is when the current run of polls each of which left a
+	// partition at its bound started (zero: none runs; it ends when a poll
+	// leaves none at it, or partitions are paused): see awaitRoom.
+	run    time.Time
+	polled bool // a poll ran since awaitRoom last looked
 }
 
 // awaitRoom runs before each poll and returns false when no active,
@@ -113,29 +118,58 @@ type roomState struct {
 // roomSlice, or after roomWait in all: a stuck key's partition is paused
 // within roomSlice of reaching its bound, and the other partitions' records
 // wait at most roomWait. It returns at once when Close starts or ctx ends.
+//
+// roomWait bounds the waits of a run of polls too, not only each wait:
+// franz-go hands out a fetch's records partition after partition, so a
+// busy partition that falls below its bound within roomWait after every
+// poll would otherwise keep the records fetched for the others behind its
+// own until its whole fetch is handled (seconds). While other active,
+// unpaused partitions are owned and franz-go holds fetched records not yet
+// polled, the partitions at their bound are paused once roomWait passed
+// since the run of polls each of which left a partition at its bound began.
 func (c *Consumer) awaitRoom(ctx context.Context) (woken bool) {
 	bound := int64(c.cfg.maxInFlight)
 	r := &c.room
 	c.awaiting.Store(true) // before looking: a finish that crosses the bound after the look wakes the loop
 	defer c.awaiting.Store(false)
+	first := r.polled
+	r.polled = false
 	for {
 		var full []*partition
 		total := int64(0)
+		open := 0 // active, unpaused partitions below their bound
 		for _, p := range c.owned() {
-			if n := p.inflight.Load(); n >= bound && p.active() && !p.paused.Load() {
+			if !p.active() || p.paused.Load() {
+				continue
+			}
+			if n := p.inflight.Load(); n >= bound {
 				full = append(full, p)
 				total += n
+			} else {
+				open++
 			}
 		}
 		if len(full) == 0 || c.closing.Load() || ctx.Err() != nil {
+			if first && len(full) == 0 {
+				r.run = time.Time{} // the last poll left no partition at its bound
+			}
 			r.since = time.Time{}
 			return false
 		}
+		first = false
 		now := time.Now()
-		switch {
-		case r.since.IsZero():
+		if r.since.IsZero() {
 			r.since, r.slice, r.last = now, now, total
-		case now.Sub(r.since) >= roomWait || now.Sub(r.slice) >= roomSlice && total >= r.last:
+		}
+		if r.run.IsZero() {
+			r.run = now
+		}
+		end := r.since.Add(roomWait)
+		if open > 0 && c.cl.BufferedFetchRecords() > 0 {
+			end = r.run.Add(roomWait) // others' records may wait behind these partitions'
+		}
+		switch {
+		case !now.Before(end) || now.Sub(r.slice) >= roomSlice && total >= r.last:
 			for _, p := range full {
 				p.mu.Lock()
 				if p.active() && !p.paused.Load() && p.inflight.Load() >= bound {
@@ -143,12 +177,12 @@ func (c *Consumer) awaitRoom(ctx context.Context) (woken bool) {
 				}
 				p.mu.Unlock()
 			}
-			r.since = time.Time{}
+			r.since, r.run = time.Time{}, time.Time{}
 			continue
 		case now.Sub(r.slice) >= roomSlice:
 			r.slice, r.last = now, total // progress: a new slice
 		}
-		t := time.NewTimer(min(r.slice.Add(roomSlice).Sub(now), r.since.Add(roomWait).Sub(now)))
+		t := time.NewTimer(min(r.slice.Add(roomSlice).Sub(now), end.Sub(now)))
 		select {
 		case <-c.wakeCh:
 			t.Stop()

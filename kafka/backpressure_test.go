@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -56,5 +57,46 @@ func TestFastPartitionAtItsBoundIsFetchedOnce(t *testing.T) {
 		t.Errorf("fetched %d records for %d (%.1f times each): the partition was paused and its records fetched again", got, n, float64(got)/n)
 	} else {
 		t.Logf("fetched %d records for %d; in flight at most %d", got, n, maxInFlight)
+	}
+}
+
+// Waiting for room does not starve the other partitions: franz-go hands
+// out a fetch's records partition after partition, so while the poll loop
+// waits for a busy partition after every poll (one that falls below its
+// bound within roomWait each time, never paused), the records fetched for
+// another partition behind the busy one's would wait until the busy one's
+// whole fetch is handled (here 20000 records: the other partition's record
+// was handled after 19966 to 20000 of them, 4 runs of 4 without the run
+// limit; 2161 to 5738 with it, 5 runs).
+// The waits of such a run of polls add up to roomWait at most, then the
+// busy partition is paused (its buffered records dropped), and the other
+// partition's record comes through long before the backlog is handled.
+func TestBusyPartitionAtItsBoundDoesNotStarveAnother(t *testing.T) {
+	tc := newCluster(t, 2, "t")
+	const n, bound, poll = 20000, 100, 200
+	rs := make([]*kgo.Record, n)
+	for i := range rs {
+		rs[i] = rec("t", 0, fmt.Sprintf("k%d", i%200), strconv.Itoa(i))
+	}
+	tc.produce(t, rs...)
+	var busyHandled, busyAtOther atomic.Int64
+	busyAtOther.Store(-1)
+	startConsumer(t, func(ctx context.Context, r *kgo.Record) error {
+		if r.Partition == 1 {
+			busyAtOther.Store(busyHandled.Load())
+			return nil
+		}
+		time.Sleep(time.Millisecond) // busy: its keys keep the partition at its bound
+		busyHandled.Add(1)
+		return nil
+	}, WithLogger(quiet), WithMaxInFlight(bound), WithMaxPollRecords(poll),
+		WithClientOptions(tc.clientOpts(groupName(t), "t")...))
+	eventually(t, "the busy partition's records handled", func() bool { return busyHandled.Load() >= 1000 })
+	tc.produce(t, rec("t", 1, "other", "x"))
+	eventually(t, "the other partition's record handled", func() bool { return busyAtOther.Load() >= 0 })
+	if got := busyAtOther.Load(); got >= n*3/4 {
+		t.Errorf("the other partition's record was handled after %d of the busy partition's %d: it waited behind the busy partition's fetch", got, n)
+	} else {
+		t.Logf("the other partition's record was handled after %d of the busy partition's %d", got, n)
 	}
 }

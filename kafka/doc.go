@@ -44,7 +44,9 @@
 //     A partition with WithMaxInFlight records unfinished (held ones
 //     included) is not polled: the poll loop waits for it to fall below
 //     the bound, and pauses it when it finishes no record for 10 ms or is
-//     still at the bound after 100 ms (a pause makes franz-go drop the
+//     still at the bound after 100 ms, or 100 ms after the first of a run
+//     of polls each of which left it at the bound while other partitions'
+//     fetched records may wait behind its own (a pause makes franz-go drop the
 //     partition's buffered records and fetch them again later). A paused
 //     partition resumes once an eighth of the bound is free. Heartbeats and
 //     rebalances go on while a key is stuck; memory is bounded by partitions

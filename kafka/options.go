@@ -214,7 +214,10 @@ func WithOrdering(o Ordering) Option {
 // (WithMaxPollRecords). A partition at the bound is not polled: the poll
 // loop waits for it to fall below the bound, and pauses it when it
 // finishes no record for 10 ms, or is still at the bound after 100 ms
-// (other partitions' records wait meanwhile). A paused partition's fetching
+// (other partitions' records wait meanwhile; when it falls below the bound
+// after every poll, it is paused 100 ms after the first of those polls
+// while other partitions are owned and fetched records wait in the client,
+// so that theirs do not wait behind its whole fetch). A paused partition's fetching
 // stops for it alone, and resumes once an eighth of the bound is free (a
 // key whose unfinished records fill more than seven eighths of it, a stuck
 // one, keeps its partition paused). n >= 1.

@@ -57,6 +57,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			cancel()
 		}
 		fetches := c.cl.PollRecords(pctx, c.cfg.maxPoll)
+		c.room.polled = true
 		c.pollCancel.Store(nil)
 		cancel()
 		if fetches.IsClientClosed() {

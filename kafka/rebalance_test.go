@@ -388,3 +388,53 @@ func TestRebalanceNotHeldByFailingIntervalCommits(t *testing.T) {
 		}
 	}
 }
+
+// Rebalances while the poll loop waits for room (partitions at a small
+// in-flight bound, handlers slow enough that it waits after nearly every
+// poll, tens of waits while a member joins and another leaves), under each
+// group protocol: the loop never waits on a partition it no longer owns,
+// no record is lost, a key's records are handled in order across owners,
+// and Close and Run return nil.
+func TestRebalanceWhileWaitingForRoom(t *testing.T) {
+	for _, proto := range groupProtocols {
+		t.Run(string(proto), func(t *testing.T) {
+			tc := newCluster(t, 2, "t")
+			group := groupName(t)
+			check := tc.expectProtocol(t, group, proto)
+			var rs []*kgo.Record
+			perKey := map[string]int{}
+			var keys []string
+			for i := range 1200 {
+				part := int32(i % 2)
+				k := fmt.Sprintf("k%d", i%24)
+				sk := fmt.Sprintf("t/%d/%s", part, k)
+				if perKey[sk] == 0 {
+					keys = append(keys, sk)
+				}
+				rs = append(rs, rec("t", part, k, strconv.Itoa(perKey[sk])))
+				perKey[sk]++
+			}
+			tc.produce(t, rs...)
+			s := newSeqTracker()
+			h := s.handler(2 * time.Millisecond)
+			opts := []Option{WithLogger(quiet), WithMaxInFlight(10), WithMaxPollRecords(20),
+				WithClientOptions(tc.clientOptsFor(proto, group, "t")...)}
+			a := runMember(t, h, opts...)
+			eventually(t, "member a handling records", func() bool { return s.handled.Load() > 100 })
+			b := runMember(t, h, opts...)
+			eventually(t, "member b owns a partition", func() bool { return len(b.c.Stats().Partitions) == 1 })
+			a.close(t)
+			eventually(t, "every record handled", func() bool { return s.allFinished(keys, perKey) })
+			if st := b.c.Stats(); st.InFlight != 0 || st.Held != 0 || len(st.Partitions) != 2 {
+				t.Errorf("member b after every record: in flight %d, held %d, %d partitions; want 0, 0, 2", st.InFlight, st.Held, len(st.Partitions))
+			}
+			b.close(t)
+			check()
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			for _, x := range s.bad {
+				t.Error(x)
+			}
+		})
+	}
+}
