@@ -64,14 +64,18 @@ type CloseError struct {
 
 // Error reads as one sentence, the cause first, counts of zero left out:
 // "keysched: Close gave up (context deadline exceeded): 770 accepted tasks
-// did not run, 2 still running, 3 dead letters not yet delivered".
+// did not run or will not run again, 2 still running, 3 dead letters not yet
+// delivered" (NotRun: queued tasks that did not run, and tasks that had run
+// and were parked or waiting to run again, which will not run again).
 func (e *CloseError) Error() string {
 	var b strings.Builder
 	b.WriteString("keysched: Close gave up")
 	if e.Cause != nil {
 		fmt.Fprintf(&b, " (%v)", e.Cause)
 	}
-	fmt.Fprintf(&b, ": %d accepted %s did not run", e.NotRun, plural(e.NotRun, "task", "tasks"))
+	// NotRun includes tasks that had run (parked, or waiting to run again):
+	// "did not run" alone would be untrue of them.
+	fmt.Fprintf(&b, ": %d accepted %s did not run or will not run again", e.NotRun, plural(e.NotRun, "task", "tasks"))
 	if e.Running > 0 {
 		fmt.Fprintf(&b, ", %d still running", e.Running)
 	}
@@ -287,7 +291,8 @@ func (s *Scheduler[K]) awaitPassing() {
 // tasks, completes every task that has not started (including retries
 // waiting out a backoff and parked keys) with ErrAborted and hands those to
 // the dead-letter function, and returns a *CloseError (wrapping ErrAborted
-// and ctx's error) that says how many did not run. It returns within
+// and ctx's error) that says how many did not run or, parked or waiting to
+// run again, will not run again. It returns within
 // CloseGrace (100 ms) of giving up, however long the backlog: the aborted
 // tasks' dead letters are delivered concurrently across keys (on up to one
 // goroutine per worker, at most 64) and one at a time per key, in the key's
