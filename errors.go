@@ -11,7 +11,8 @@ import (
 // often wrap one of these together with a cause (a context's error, say).
 var (
 	// ErrClosed is returned by Submit and TrySubmit once Close has started,
-	// and by Resume and Skip after Close gave up on unfinished tasks.
+	// and by Resume and Skip once Close gave up on unfinished tasks or
+	// returned.
 	ErrClosed = errors.New("keysched: scheduler closed")
 	// ErrKeyFull means the key already holds WithMaxKeyDepth queued and
 	// running tasks. TrySubmit and submissions made from inside a task return

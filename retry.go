@@ -335,8 +335,10 @@ func (s *Scheduler[K]) Parked() []K {
 // Resume runs a parked key's head task again, with a fresh attempt budget;
 // if it then succeeds the key goes on. It returns ErrNotParked when the key is
 // not parked (or a concurrent Cancel took its head), ErrClosed once Close has
-// given up on unfinished tasks, ErrInvalidKey for an unusable key,
-// ErrZeroScheduler for a Scheduler not made by New.
+// given up on unfinished tasks or has returned (a closed scheduler has no
+// parked key), ErrInvalidKey for an unusable key, ErrZeroScheduler for a
+// Scheduler not made by New. While a Close is still waiting, Resume and Skip
+// work as before: that is how a parked key lets a clean Close finish.
 func (s *Scheduler[K]) Resume(key K) error {
 	n, err := s.unpark(key)
 	if err != nil {
@@ -379,8 +381,8 @@ func (s *Scheduler[K]) Resume(key K) error {
 // Skip gives up a parked key's head task (its outcome: failed, or panicked,
 // with its last error; it was dead-lettered when it parked) and moves the key
 // on to its next task. It returns ErrNotParked when the key is not parked,
-// ErrClosed once Close has given up on unfinished tasks, ErrInvalidKey and
-// ErrZeroScheduler as Resume does.
+// ErrClosed once Close has given up on unfinished tasks or has returned,
+// ErrInvalidKey and ErrZeroScheduler as Resume does.
 func (s *Scheduler[K]) Skip(key K) error {
 	n, err := s.unpark(key)
 	if err != nil {
@@ -410,6 +412,11 @@ func (s *Scheduler[K]) Skip(key K) error {
 func (s *Scheduler[K]) notParked() error {
 	if s.core.aborting.Load() {
 		return ErrClosed
+	}
+	select {
+	case <-s.closed: // Close returned: no key can park any more
+		return ErrClosed
+	default:
 	}
 	return ErrNotParked
 }
