@@ -122,7 +122,8 @@ func (p *permanentError) Unwrap() error { return p.err }
 
 // Permanent wraps err so that a retry policy does not retry it: the task goes
 // straight to the dead letter (or, without one, the log) after the attempt
-// that returned it. errors.Is(Permanent(e), e) holds. Permanent(nil) is nil.
+// that returned it. errors.Is(Permanent(e), e) holds. Permanent(nil) is nil:
+// a task returning it succeeded.
 func Permanent(err error) error {
 	if err == nil {
 		return nil

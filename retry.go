@@ -110,6 +110,11 @@ func (z *snoozeError) Unwrap() error { return z.err }
 // again later. The name and the semantics follow River's JobSnooze (and
 // exq's snooze): a snoozed run is not an attempt.
 //
+// err must not be nil: Snooze(nil, after) is nil, for any after (zero and
+// negative included), so a task returning it succeeded and does not run
+// again, as with Permanent(nil). To run again with nothing to report, give a
+// reason (an error of your own saying what refused the run).
+//
 //   - It is not counted: it spends nothing of RetryPolicy.MaxAttempts, is
 //     not listed in DeadLetter.Errors nor counted in DeadLetter.Attempts,
 //     and Attempt(ctx) gives the next run the same number. A normal failure
@@ -146,7 +151,7 @@ func (z *snoozeError) Unwrap() error { return z.err }
 //
 // errors.Is and errors.As see err through the wrapper. When several Snoozes
 // are nested, the outermost one's delay is used (the first errors.As finds).
-// Snooze(nil, d) is nil (the task succeeded), as Permanent(nil) is.
+// Snooze(nil, d) is nil for every d (the task succeeded), as Permanent(nil) is.
 func Snooze(err error, after time.Duration) error {
 	if err == nil {
 		return nil
