@@ -229,8 +229,9 @@
 //
 // You need no order at all: a plain pool (ants, or errgroup.Group.SetLimit)
 // is simpler. It is not cheaper per task: submitting each task to an ants
-// pool measured 1.8 times keysched's time on no-op tasks (466-493 ns against
-// 262 ns: README.md, "What isolation buys").
+// pool measured 1.8 times keysched's time on no-op tasks (README.md, "When
+// not to use it"; the figures, their command and date are in
+// docs/performance.md, "What isolation buys: keybench").
 //
 // Your handlers are tiny and uniform and no key is ever slow: striped lanes
 // (hash the key onto one of N goroutines, each with its own queue) cost a
