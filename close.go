@@ -314,6 +314,15 @@ func (s *Scheduler[K]) awaitPassing() {
 // key can be escalated). With a task's context it returns ErrInsideTask and
 // does nothing.
 //
+// Called from inside a task with any other context (context.Background(),
+// say), Close waits for that very task, which waits for Close: it never
+// returns, and no error says why. The scheduler knows a task only by its
+// context (Go has no goroutine identity to recognise the calling task by),
+// so pass the task's context, or call Close from outside the tasks. A Close
+// still waiting after CloseWaitWarning logs one warning (WithLogger, level
+// Warn) with the counts of what it waits for: running tasks, parked keys
+// (they wait for Resume or Skip), tasks waiting to run again.
+//
 // When it returns with an error, tasks still running (and the aborted tasks
 // queued behind them) and dead letters still being delivered hold their
 // slots in Stats until they are done; each such task's Completion is done
@@ -345,7 +354,10 @@ func (s *Scheduler[K]) Close(ctx context.Context) error {
 	s.pending.close()
 	close(s.closing)
 	var err error
-	if werr := s.pending.waitIdle(ctx, s.giveUp); werr != nil {
+	warn := time.AfterFunc(CloseWaitWarning, s.warnCloseWaits)
+	werr := s.pending.waitIdle(ctx, s.giveUp)
+	warn.Stop()
+	if werr != nil {
 		err = s.giveUpOnTasks(werr) // close.go
 		s.workers.releaseNow()
 	} else {
@@ -368,6 +380,23 @@ func (s *Scheduler[K]) Close(ctx context.Context) error {
 	s.closeErr = err
 	close(s.closed)
 	return err
+}
+
+// CloseWaitWarning is how long a Close waits for unfinished tasks before it
+// logs one warning (see Close): a Close that never returns is otherwise
+// silent.
+const CloseWaitWarning = 10 * time.Second
+
+// warnCloseWaits logs that Close is still waiting, with what it waits for
+// and the one hang it cannot detect (see Close).
+func (s *Scheduler[K]) warnCloseWaits() {
+	defer func() { _ = recover() }() // a logger that panics: Close goes on waiting
+	st := s.Stats()
+	s.cfg.logger.Warn("keysched: Close still waiting for unfinished tasks; a task that calls Close, "+
+		"or Waits for a later task of its own key, with a context other than its own waits for ever "+
+		"(pass the task's context: ErrInsideTask, ErrDeadlock)",
+		"waited", CloseWaitWarning, "pending", st.Pending, "running", st.Running,
+		"parked_keys", st.ParkedKeys, "waiting_to_run_again", s.core.waiting.Load())
 }
 
 // abort gives up on every task that has not started: Close's context ended.

@@ -135,7 +135,11 @@
 // deadlock. [Scheduler.Drain] and Close made with a task's context return
 // [ErrInsideTask]. [Completion.Wait] made with a task's context returns
 // [ErrDeadlock] when the wait could never end: on the task itself, on a later
-// task of its own key, or closing a cycle of such waits across keys.
+// task of its own key, or closing a cycle of such waits across keys. The
+// scheduler knows a task only by its context (Go has no goroutine identity):
+// made from a task with another context, such a Close or Wait blocks for
+// ever, without an error (a Close still waiting after [CloseWaitWarning]
+// logs a warning).
 //
 // Time: [WithTaskTimeout] puts a deadline on each attempt's context; a
 // timed-out attempt that returns an error is a failed, retryable attempt.

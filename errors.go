@@ -53,7 +53,9 @@ var (
 	ErrZeroScheduler = errors.New("keysched: nil or zero Scheduler (make one with New)")
 	// ErrInsideTask is returned by Drain and Close when called with the
 	// context a keysched task received (or DeadLetter.Context), of any
-	// scheduler: the call could wait for the very task that makes it.
+	// scheduler: the call could wait for the very task that makes it. The
+	// context is how the call is known to come from a task: made from a task
+	// with another context, Close waits for that task for ever (see Close).
 	ErrInsideTask = errors.New("keysched: called with a task's context; it could wait for that task")
 	// ErrDeadlock is returned (wrapped) by Completion.Wait, called with the
 	// context of a running task T, when the wait could never end:
