@@ -252,7 +252,8 @@ func (s *Scheduler[K]) deliverLoop() {
 // many tasks are unfinished, how many keys are parked and how many tasks are
 // waiting to run again (a retry backoff, or a Snooze: a task that snoozes for
 // ever holds its key for ever, and Drain waits for it). With a task's context
-// it returns ErrInsideTask.
+// it returns ErrInsideTask; called from a task with another context, it waits
+// for that task, until that context ends (see Close).
 func (s *Scheduler[K]) Drain(ctx context.Context) error {
 	if s.zero() {
 		return ErrZeroScheduler

@@ -72,7 +72,8 @@ var (
 	// A wait on another key's task that can still run is allowed. Only waits
 	// made with the task's context are seen: a task waiting with another
 	// context (context.Background()), by receiving from Completion.Done, or
-	// with goroutines of its own is invisible, as are deadlocks through
+	// with goroutines of its own is invisible (a wait that could never end
+	// then blocks, silently, until that context ends), as are deadlocks through
 	// anything other than Completion.Wait (a channel, a mutex, a pool with
 	// every worker waiting). A wait made with the task's context by a
 	// goroutine the task started counts as the task's own: a cycle through
