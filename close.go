@@ -64,14 +64,18 @@ type CloseError struct {
 
 // Error reads as one sentence, the cause first, counts of zero left out:
 // "keysched: Close gave up (context deadline exceeded): 770 accepted tasks
-// did not run, 2 still running, 3 dead letters not yet delivered".
+// did not run or will not run again, 2 still running, 3 dead letters not yet
+// delivered" (NotRun: queued tasks that did not run, and tasks that had run
+// and were parked or waiting to run again, which will not run again).
 func (e *CloseError) Error() string {
 	var b strings.Builder
 	b.WriteString("keysched: Close gave up")
 	if e.Cause != nil {
 		fmt.Fprintf(&b, " (%v)", e.Cause)
 	}
-	fmt.Fprintf(&b, ": %d accepted %s did not run", e.NotRun, plural(e.NotRun, "task", "tasks"))
+	// NotRun includes tasks that had run (parked, or waiting to run again):
+	// "did not run" alone would be untrue of them.
+	fmt.Fprintf(&b, ": %d accepted %s did not run or will not run again", e.NotRun, plural(e.NotRun, "task", "tasks"))
 	if e.Running > 0 {
 		fmt.Fprintf(&b, ", %d still running", e.Running)
 	}
@@ -248,7 +252,8 @@ func (s *Scheduler[K]) deliverLoop() {
 // many tasks are unfinished, how many keys are parked and how many tasks are
 // waiting to run again (a retry backoff, or a Snooze: a task that snoozes for
 // ever holds its key for ever, and Drain waits for it). With a task's context
-// it returns ErrInsideTask.
+// it returns ErrInsideTask; called from a task with another context, it waits
+// for that task, until that context ends (see Close).
 func (s *Scheduler[K]) Drain(ctx context.Context) error {
 	if s.zero() {
 		return ErrZeroScheduler
@@ -287,7 +292,8 @@ func (s *Scheduler[K]) awaitPassing() {
 // tasks, completes every task that has not started (including retries
 // waiting out a backoff and parked keys) with ErrAborted and hands those to
 // the dead-letter function, and returns a *CloseError (wrapping ErrAborted
-// and ctx's error) that says how many did not run. It returns within
+// and ctx's error) that says how many did not run or, parked or waiting to
+// run again, will not run again. It returns within
 // CloseGrace (100 ms) of giving up, however long the backlog: the aborted
 // tasks' dead letters are delivered concurrently across keys (on up to one
 // goroutine per worker, at most 64) and one at a time per key, in the key's
@@ -308,6 +314,15 @@ func (s *Scheduler[K]) awaitPassing() {
 // if its own had ended (so a Close(context.Background()) waiting on a parked
 // key can be escalated). With a task's context it returns ErrInsideTask and
 // does nothing.
+//
+// Called from inside a task with any other context (context.Background(),
+// say), Close waits for that very task, which waits for Close: it never
+// returns, and no error says why. The scheduler knows a task only by its
+// context (Go has no goroutine identity to recognise the calling task by),
+// so pass the task's context, or call Close from outside the tasks. A Close
+// still waiting after CloseWaitWarning logs one warning (WithLogger, level
+// Warn) with the counts of what it waits for: running tasks, parked keys
+// (they wait for Resume or Skip), tasks waiting to run again.
 //
 // When it returns with an error, tasks still running (and the aborted tasks
 // queued behind them) and dead letters still being delivered hold their
@@ -340,7 +355,10 @@ func (s *Scheduler[K]) Close(ctx context.Context) error {
 	s.pending.close()
 	close(s.closing)
 	var err error
-	if werr := s.pending.waitIdle(ctx, s.giveUp); werr != nil {
+	warn := time.AfterFunc(CloseWaitWarning, s.warnCloseWaits)
+	werr := s.pending.waitIdle(ctx, s.giveUp)
+	warn.Stop()
+	if werr != nil {
 		err = s.giveUpOnTasks(werr) // close.go
 		s.workers.releaseNow()
 	} else {
@@ -363,6 +381,23 @@ func (s *Scheduler[K]) Close(ctx context.Context) error {
 	s.closeErr = err
 	close(s.closed)
 	return err
+}
+
+// CloseWaitWarning is how long a Close waits for unfinished tasks before it
+// logs one warning (see Close): a Close that never returns is otherwise
+// silent.
+const CloseWaitWarning = 10 * time.Second
+
+// warnCloseWaits logs that Close is still waiting, with what it waits for
+// and the one hang it cannot detect (see Close).
+func (s *Scheduler[K]) warnCloseWaits() {
+	defer func() { _ = recover() }() // a logger that panics: Close goes on waiting
+	st := s.Stats()
+	s.cfg.logger.Warn("keysched: Close still waiting for unfinished tasks; a task that calls Close, "+
+		"or Waits for a later task of its own key, with a context other than its own waits for ever "+
+		"(pass the task's context: ErrInsideTask, ErrDeadlock)",
+		"waited", CloseWaitWarning, "pending", st.Pending, "running", st.Running,
+		"parked_keys", st.ParkedKeys, "waiting_to_run_again", s.core.waiting.Load())
 }
 
 // abort gives up on every task that has not started: Close's context ended.

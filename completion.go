@@ -213,6 +213,13 @@ func (c *Completion) Err() error {
 // closes a cycle of waits (task A waits for a task queued behind task B on
 // another key, B waits for one behind A; longer cycles too, across
 // schedulers). See ErrDeadlock for what is and is not detected.
+//
+// Only the context says that the caller is a task (Go has no goroutine
+// identity to recognise the calling task by): a task that calls Wait with
+// another context (context.Background(), or one of its own not derived from
+// the task's) on itself or a later task of its own key blocks for ever,
+// without an error, until that context ends. Inside a task, always pass the
+// task's context.
 func (c *Completion) Wait(ctx context.Context) error {
 	if c == nil {
 		return ErrNilCompletion

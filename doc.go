@@ -135,7 +135,11 @@
 // deadlock. [Scheduler.Drain] and Close made with a task's context return
 // [ErrInsideTask]. [Completion.Wait] made with a task's context returns
 // [ErrDeadlock] when the wait could never end: on the task itself, on a later
-// task of its own key, or closing a cycle of such waits across keys.
+// task of its own key, or closing a cycle of such waits across keys. The
+// scheduler knows a task only by its context (Go has no goroutine identity):
+// made from a task with another context, such a Close or Wait blocks for
+// ever, without an error (a Close still waiting after [CloseWaitWarning]
+// logs a warning).
 //
 // Time: [WithTaskTimeout] puts a deadline on each attempt's context; a
 // timed-out attempt that returns an error is a failed, retryable attempt.
@@ -229,8 +233,9 @@
 //
 // You need no order at all: a plain pool (ants, or errgroup.Group.SetLimit)
 // is simpler. It is not cheaper per task: submitting each task to an ants
-// pool measured 1.8 times keysched's time on no-op tasks (466-493 ns against
-// 262 ns: README.md, "What isolation buys").
+// pool measured 1.8 times keysched's time on no-op tasks (README.md, "When
+// not to use it"; the figures, their command and date are in
+// docs/performance.md, "What isolation buys: keybench").
 //
 // Your handlers are tiny and uniform and no key is ever slow: striped lanes
 // (hash the key onto one of N goroutines, each with its own queue) cost a

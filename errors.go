@@ -11,7 +11,8 @@ import (
 // often wrap one of these together with a cause (a context's error, say).
 var (
 	// ErrClosed is returned by Submit and TrySubmit once Close has started,
-	// and by Resume and Skip after Close gave up on unfinished tasks.
+	// and by Resume and Skip once Close gave up on unfinished tasks or
+	// returned.
 	ErrClosed = errors.New("keysched: scheduler closed")
 	// ErrKeyFull means the key already holds WithMaxKeyDepth queued and
 	// running tasks. TrySubmit and submissions made from inside a task return
@@ -52,7 +53,9 @@ var (
 	ErrZeroScheduler = errors.New("keysched: nil or zero Scheduler (make one with New)")
 	// ErrInsideTask is returned by Drain and Close when called with the
 	// context a keysched task received (or DeadLetter.Context), of any
-	// scheduler: the call could wait for the very task that makes it.
+	// scheduler: the call could wait for the very task that makes it. The
+	// context is how the call is known to come from a task: made from a task
+	// with another context, Close waits for that task for ever (see Close).
 	ErrInsideTask = errors.New("keysched: called with a task's context; it could wait for that task")
 	// ErrDeadlock is returned (wrapped) by Completion.Wait, called with the
 	// context of a running task T, when the wait could never end:
@@ -69,7 +72,8 @@ var (
 	// A wait on another key's task that can still run is allowed. Only waits
 	// made with the task's context are seen: a task waiting with another
 	// context (context.Background()), by receiving from Completion.Done, or
-	// with goroutines of its own is invisible, as are deadlocks through
+	// with goroutines of its own is invisible (a wait that could never end
+	// then blocks, silently, until that context ends), as are deadlocks through
 	// anything other than Completion.Wait (a channel, a mutex, a pool with
 	// every worker waiting). A wait made with the task's context by a
 	// goroutine the task started counts as the task's own: a cycle through
@@ -121,7 +125,8 @@ func (p *permanentError) Unwrap() error { return p.err }
 
 // Permanent wraps err so that a retry policy does not retry it: the task goes
 // straight to the dead letter (or, without one, the log) after the attempt
-// that returned it. errors.Is(Permanent(e), e) holds. Permanent(nil) is nil.
+// that returned it. errors.Is(Permanent(e), e) holds. Permanent(nil) is nil:
+// a task returning it succeeded.
 func Permanent(err error) error {
 	if err == nil {
 		return nil

@@ -56,8 +56,9 @@ func TestEveryCallAfterCloseErrsOrAnswersZero(t *testing.T) {
 		require.ErrorIs(t, err, ErrInvalidKey)
 		_, err = s.Submit(ctx, math.NaN(), noop)
 		require.ErrorIs(t, err, ErrInvalidKey)
-		require.Error(t, s.Resume("p"))
-		require.Error(t, s.Skip("p"))
+		require.ErrorIs(t, s.Resume("p"), ErrClosed)
+		require.ErrorIs(t, s.Skip("p"), ErrClosed)
+		require.ErrorIs(t, s.Skip("never-submitted"), ErrClosed)
 		require.ErrorIs(t, s.Resume([]int{1}), ErrInvalidKey)
 		require.NoError(t, s.Drain(ctx))
 		require.Equal(t, s.Close(ctx), s.Close(ctx))
@@ -250,7 +251,10 @@ func TestBadInput(t *testing.T) {
 		_, err = s.TrySubmit(ctx, 1, func(context.Context) error { return nil })
 		require.ErrorIs(t, err, ErrClosed)
 		require.NoError(t, s.Drain(ctx))
-		require.ErrorIs(t, s.Skip(1), ErrNotParked)
+		// A closed scheduler answers ErrClosed, as README says, also to
+		// Resume and Skip (no key can be parked once Close returned).
+		require.ErrorIs(t, s.Skip(1), ErrClosed)
+		require.ErrorIs(t, s.Resume(1), ErrClosed)
 	})
 }
 

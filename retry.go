@@ -110,6 +110,11 @@ func (z *snoozeError) Unwrap() error { return z.err }
 // again later. The name and the semantics follow River's JobSnooze (and
 // exq's snooze): a snoozed run is not an attempt.
 //
+// err must not be nil: Snooze(nil, after) is nil, for any after (zero and
+// negative included), so a task returning it succeeded and does not run
+// again, as with Permanent(nil). To run again with nothing to report, give a
+// reason (an error of your own saying what refused the run).
+//
 //   - It is not counted: it spends nothing of RetryPolicy.MaxAttempts, is
 //     not listed in DeadLetter.Errors nor counted in DeadLetter.Attempts,
 //     and Attempt(ctx) gives the next run the same number. A normal failure
@@ -146,7 +151,7 @@ func (z *snoozeError) Unwrap() error { return z.err }
 //
 // errors.Is and errors.As see err through the wrapper. When several Snoozes
 // are nested, the outermost one's delay is used (the first errors.As finds).
-// Snooze(nil, d) is nil (the task succeeded), as Permanent(nil) is.
+// Snooze(nil, d) is nil for every d (the task succeeded), as Permanent(nil) is.
 func Snooze(err error, after time.Duration) error {
 	if err == nil {
 		return nil
@@ -335,8 +340,10 @@ func (s *Scheduler[K]) Parked() []K {
 // Resume runs a parked key's head task again, with a fresh attempt budget;
 // if it then succeeds the key goes on. It returns ErrNotParked when the key is
 // not parked (or a concurrent Cancel took its head), ErrClosed once Close has
-// given up on unfinished tasks, ErrInvalidKey for an unusable key,
-// ErrZeroScheduler for a Scheduler not made by New.
+// given up on unfinished tasks or has returned (a closed scheduler has no
+// parked key), ErrInvalidKey for an unusable key, ErrZeroScheduler for a
+// Scheduler not made by New. While a Close is still waiting, Resume and Skip
+// work as before: that is how a parked key lets a clean Close finish.
 func (s *Scheduler[K]) Resume(key K) error {
 	n, err := s.unpark(key)
 	if err != nil {
@@ -379,8 +386,8 @@ func (s *Scheduler[K]) Resume(key K) error {
 // Skip gives up a parked key's head task (its outcome: failed, or panicked,
 // with its last error; it was dead-lettered when it parked) and moves the key
 // on to its next task. It returns ErrNotParked when the key is not parked,
-// ErrClosed once Close has given up on unfinished tasks, ErrInvalidKey and
-// ErrZeroScheduler as Resume does.
+// ErrClosed once Close has given up on unfinished tasks or has returned,
+// ErrInvalidKey and ErrZeroScheduler as Resume does.
 func (s *Scheduler[K]) Skip(key K) error {
 	n, err := s.unpark(key)
 	if err != nil {
@@ -410,6 +417,11 @@ func (s *Scheduler[K]) Skip(key K) error {
 func (s *Scheduler[K]) notParked() error {
 	if s.core.aborting.Load() {
 		return ErrClosed
+	}
+	select {
+	case <-s.closed: // Close returned: no key can park any more
+		return ErrClosed
+	default:
 	}
 	return ErrNotParked
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strconv"
 	"time"
@@ -25,7 +26,7 @@ const (
 	HeaderTimestamp      = "__connect.errors.timestamp"            // original timestamp, Unix milliseconds, decimal
 	HeaderConsumerGroup  = "__connect.errors.consumer.group"       // the consumer group
 	HeaderAttempts       = "__connect.errors.attempts"             // handler attempts made, decimal
-	HeaderExceptionClass = "__connect.errors.exception.class.name" // the error's Go type (%T), e.g. *keysched.PanicError
+	HeaderExceptionClass = "__connect.errors.exception.class.name" // the error's Go type (%T; under keysched.Permanent or Snooze, the wrapped error's), e.g. *keysched.PanicError
 	HeaderMessage        = "__connect.errors.exception.message"    // the error's message (a panic: its value)
 	HeaderStacktrace     = "__connect.errors.exception.stacktrace" // a panic's stack; absent otherwise
 )
@@ -65,6 +66,32 @@ func (c *Consumer) deadLetter(dl keysched.DeadLetter[schedKey]) {
 	g.handOn(g.cur + 1) // the group's later records, before the key moves on
 }
 
+// keyschedWrappers are the types of keysched's markers, Permanent and
+// Snooze: unexported wrappers that add nothing to the error's message.
+var keyschedWrappers = [...]reflect.Type{
+	reflect.TypeOf(keysched.Permanent(errors.New(""))),
+	reflect.TypeOf(keysched.Snooze(errors.New(""), 0)),
+}
+
+// errorClass names err's Go type (%T) for HeaderExceptionClass. A handler's
+// error wrapped by keysched.Permanent or keysched.Snooze (outermost, nested
+// in any order) is named by the error inside: the class a dead letter reports
+// is the handler's, never *keysched.permanentError. A wrapper of another
+// kind (fmt.Errorf's %w) is the error's class and is kept.
+func errorClass(err error) string {
+	for {
+		t := reflect.TypeOf(err)
+		if !slices.Contains(keyschedWrappers[:], t) {
+			return fmt.Sprintf("%T", err)
+		}
+		inner := errors.Unwrap(err)
+		if inner == nil {
+			return fmt.Sprintf("%T", err)
+		}
+		err = inner
+	}
+}
+
 // dlqSlow is how long a dead-letter produce may go unacknowledged before
 // the log says the dead-letter topic is failing.
 const dlqSlow = 2 * time.Second
@@ -97,7 +124,7 @@ func (c *Consumer) produceDeadLetter(ctx context.Context, it *item, cause error,
 	)
 	msg, class := "", "<nil>"
 	if cause != nil {
-		msg, class = cause.Error(), fmt.Sprintf("%T", cause)
+		msg, class = cause.Error(), errorClass(cause)
 	}
 	var pe *keysched.PanicError
 	if errors.As(cause, &pe) {

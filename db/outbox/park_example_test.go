@@ -141,6 +141,63 @@ func ExampleOutbox_SkipHead() {
 	// skipped rows kept: 1
 }
 
+// Recover is the operator's bulk Resume: after a fault is fixed it makes
+// every dead row the filter selects (here: by its last error) pending again,
+// key by key, and returns the rows it moved. It needs no relay; the relays
+// running pick the rows up (a parked key resumes with its recovered head).
+func ExampleOutbox_Recover() {
+	ctx := context.Background()
+	ob, cleanup := exampleOutbox(ctx, "opened", "deposited 100", "withdrew 30")
+	defer cleanup()
+
+	var broken atomic.Bool // the downstream rejects deposits until fixed
+	broken.Store(true)
+	published := make(chan string, 10)
+	died := make(chan struct{}, 1)
+	relay, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+		if string(e.Payload) == "deposited 100" && broken.Load() {
+			return keysched.Permanent(errors.New("downstream rejects deposits"))
+		}
+		published <- string(e.Payload)
+		return nil
+	}, outbox.WithFailurePolicy(keysched.Park), outbox.WithPollInterval(10*time.Millisecond),
+		outbox.WithOnDead(func(outbox.DeadEvent) { died <- struct{}{} }))
+	if err != nil {
+		panic(err)
+	}
+	go relay.Run(ctx)
+	fmt.Println("published:", <-published)
+	<-died
+
+	broken.Store(false) // fixed: recover every row that died of it
+	rows, err := ob.Recoverable(ctx, outbox.RecoverFilter{ErrorContains: "rejects deposits"})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("would recover:", len(rows))
+	moved, err := ob.Recover(ctx, outbox.RecoverFilter{ErrorContains: "rejects deposits"})
+	if err != nil {
+		panic(err)
+	}
+	for _, r := range moved {
+		fmt.Printf("recovered: %s on %s, %s after %d attempt(s): %s\n", r.ID, r.Key, r.State, r.Attempts, r.Err)
+	}
+	fmt.Println("published:", <-published)
+	fmt.Println("published:", <-published)
+	if err := relay.Close(ctx); err != nil {
+		panic(err)
+	}
+	counts, _ := ob.Count(ctx)
+	fmt.Println("dead rows left:", counts[outbox.Dead])
+	// Output:
+	// published: opened
+	// would recover: 1
+	// recovered: evt-2 on acct-1, dead after 1 attempt(s): downstream rejects deposits
+	// published: deposited 100
+	// published: withdrew 30
+	// dead rows left: 0
+}
+
 // BusSink publishes outbox rows on the in-process event bus: each key's
 // events reach the subscribers in order, decoded from the payload.
 func ExampleBusSink() {
