@@ -54,7 +54,8 @@ type DeadLetter struct {
 	Group string
 	// Attempts is the handler attempts made (0 or more).
 	Attempts int
-	// ErrorClass is the error's Go type (%T); Error its message (a
+	// ErrorClass is the error's Go type (%T; under keysched.Permanent or
+	// keysched.Snooze, the wrapped error's); Error its message (a
 	// panic: its value); Stack a panic's stack (nil for an error).
 	ErrorClass string
 	Error      string
