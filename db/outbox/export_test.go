@@ -1,6 +1,9 @@
 package outbox
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Crash makes the relay stop like a crashed process when Run's context
 // ends: no final marking of published rows, no release of its leases.
@@ -14,3 +17,8 @@ func NoMark(r *Relay) { r.noMark = true }
 // Renew renews the relay's leases now, as its renewer does every third of
 // the lease duration.
 func Renew(r *Relay) { r.renew(context.Background()) }
+
+// DelayFetch makes each of the relay's polls wait d between claiming keys
+// and fetching their rows, as a slow database or a starved process would.
+// Call before Run.
+func DelayFetch(r *Relay, d time.Duration) { r.beforeFetch = func() { time.Sleep(d) } }

@@ -48,6 +48,9 @@ type Relay struct {
 	// afterWalk, for tests, is called with the free keys a claim walk
 	// found, before they are claimed (forces interleavings).
 	afterWalk func(found []string)
+	// beforeFetch, for tests, is called by each poll between claiming
+	// and fetching (a slow database or a starved process).
+	beforeFetch func()
 
 	okCalls   atomic.Uint64 // successful database calls (walks, fetches, renewals, marks)
 	lastClean int64         // loop goroutine only
@@ -525,6 +528,9 @@ func (r *Relay) poll(ctx context.Context) (full bool) {
 	if room > 0 {
 		if held < r.cfg.maxKeys {
 			r.acquire(ctx, room)
+		}
+		if r.beforeFetch != nil {
+			r.beforeFetch()
 		}
 		n := r.fetch(ctx, room)
 		full = n == room
