@@ -90,11 +90,15 @@
 //     Published rows are marked sent (or deleted) in batches.
 //   - A key with nothing left in flight and nothing pending is released
 //     (its lease row deleted), so another relay can take it when new rows
-//     arrive. A key held for longer than a lease duration stops fetching,
+//     arrive. A key fetched from for longer than a lease duration (counted
+//     from its first fetched row, not from the claim) stops fetching,
 //     and is released once its rows in flight are settled, then claimed
 //     afresh (by any relay) from its oldest pending row: that spreads busy
 //     keys over the relays and bounds how long a row committed out of seq
-//     order (below) waits. Close releases all of the relay's keys.
+//     order (below) waits. Counting from the claim, a relay whose first
+//     fetch comes more than a lease after its claim (a database or a
+//     machine slower than the lease) would release each key before
+//     publishing anything, for ever. Close releases all of the relay's keys.
 //
 // Each relay keeps, per key, the local time at which its lease ends,
 // measured from before the claim or renewal was sent, so it is never later

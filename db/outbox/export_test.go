@@ -1,6 +1,9 @@
 package outbox
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Crash makes the relay stop like a crashed process when Run's context
 // ends: no final marking of published rows, no release of its leases.
@@ -18,3 +21,8 @@ func Renew(r *Relay) { r.renew(context.Background()) }
 // Idle reports whether the relay's row in the idle table is live (it
 // told writers to notify it).
 func Idle(r *Relay) bool { return r.idleRow.Load() }
+
+// DelayFetch makes each of the relay's polls wait d between claiming keys
+// and fetching their rows, as a slow database or a starved process would.
+// Call before Run.
+func DelayFetch(r *Relay, d time.Duration) { r.beforeFetch = func() { time.Sleep(d) } }

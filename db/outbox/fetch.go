@@ -20,7 +20,7 @@ func (r *Relay) fetch(ctx context.Context, room int) int {
 	r.mu.Lock()
 	for _, t := range r.keys {
 		t.fetched = t.inflight > 0
-		if now-t.born > int64(r.cfg.lease) {
+		if t.firstRow != 0 && now-t.firstRow > int64(r.cfg.lease) {
 			t.draining = true
 		}
 		if t.lost.Load() || t.draining {

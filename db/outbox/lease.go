@@ -24,13 +24,21 @@ type tenure struct {
 	// fenced ends when the database shows the lease taken by another
 	// token (a renewal or a mark found it gone): the sink call in flight
 	// on the key is cancelled.
-	fenced   context.Context
-	cancel   context.CancelFunc
-	after    int64 // highest seq submitted in this tenure (loop goroutine)
-	born     int64 // r.mono() when claimed
-	inflight int   // rows of this tenure not settled (r.mu)
-	fetched  bool  // rows fetched in the current poll (r.mu)
-	// draining: the tenure is older than a lease; it fetches nothing more
+	fenced context.Context
+	cancel context.CancelFunc
+	after  int64 // highest seq submitted in this tenure (loop goroutine)
+	// firstRow: r.mono() when the tenure submitted its first row (0:
+	// none yet; loop goroutine). Draining counts from it, not from the
+	// claim: a tenure that has submitted nothing has no cursor for a
+	// late row to wait behind, and one whose first fetch came later than
+	// a lease after its claim (a slow database, a loaded machine) would
+	// otherwise be released before publishing anything, claimed again
+	// and released again, for ever.
+	firstRow int64
+	inflight int  // rows of this tenure not settled (r.mu)
+	fetched  bool // rows fetched in the current poll (r.mu)
+	// draining: the tenure has been fetching for longer than a lease
+	// (since firstRow); it fetches nothing more
 	// and is released once its rows settle, so that the key is claimed
 	// afresh from its oldest pending row (r.mu). That bounds how long a
 	// row committed late with a lower seq than rows already fetched (two
@@ -39,8 +47,8 @@ type tenure struct {
 	draining bool
 }
 
-func newTenure(key string, epoch, born, deadline int64) *tenure {
-	t := &tenure{key: key, epoch: epoch, born: born}
+func newTenure(key string, epoch, deadline int64) *tenure {
+	t := &tenure{key: key, epoch: epoch}
 	t.deadline.Store(deadline)
 	t.fenced, t.cancel = context.WithCancel(context.Background())
 	return t
@@ -181,7 +189,7 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 	}
 	r.mu.Lock()
 	for k, e := range got {
-		r.keys[k] = newTenure(k, e, start, start+int64(r.cfg.lease))
+		r.keys[k] = newTenure(k, e, start+int64(r.cfg.lease))
 	}
 	r.st.keysHeld.Store(int64(len(r.keys)))
 	r.mu.Unlock()

@@ -21,6 +21,9 @@ func (r *Relay) submit(t *tenure, e Event) {
 	t.fetched = true
 	r.mu.Unlock()
 	t.after = e.Seq
+	if t.firstRow == 0 {
+		t.firstRow = max(r.mono(), 1)
+	}
 	jctx := context.WithValue(context.Background(), jobKey{}, j)
 	if _, err := r.sched.TrySubmit(jctx, e.Key, func(ctx context.Context) error { return r.runJob(ctx, j) }); err != nil {
 		// Cannot happen while the bounds match the batch; give the row

@@ -48,6 +48,9 @@ type Relay struct {
 	// afterWalk, for tests, is called with the free keys a claim walk
 	// found, before they are claimed (forces interleavings).
 	afterWalk func(found []string)
+	// beforeFetch, for tests, is called by each poll between claiming
+	// and fetching (a slow database or a starved process).
+	beforeFetch func()
 
 	// idle: the relay's row in <table>_idle is live (PostgreSQL, with the
 	// NOTIFY trigger and LISTEN): writers notify it. Written by the loop
@@ -541,6 +544,9 @@ func (r *Relay) poll(ctx context.Context) (full, idle bool) {
 	if room > 0 {
 		if held < r.cfg.maxKeys {
 			r.acquire(ctx, room)
+		}
+		if r.beforeFetch != nil {
+			r.beforeFetch()
 		}
 		n := r.fetch(ctx, room)
 		full, idle = n == room, n == 0
