@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -131,6 +132,16 @@ func TestOldClaimMarksNothing(t *testing.T) {
 // dead mark, that delivered the row again after later rows). Without the
 // lease row lock, the takeover committed at once and the mark deleted the
 // row after it.
+//
+// The relay releases the key once the mark has settled its only row, and
+// that release, fenced by the claim, must leave the new holder's lease row
+// alone. A lock on the lease row (FOR KEY SHARE, which a takeover's update
+// of owner, token and epoch does not wait for, a DELETE does) holds the
+// release until the takeover has committed: without it, the release could
+// run between the mark's commit and the takeover's wake-up (a waiter on a
+// row lock gets no priority over a newcomer once the holder has
+// committed), delete the row while it was still the relay's, and leave the
+// takeover nothing to update (about 1 run in 15 to 100 under -race).
 func TestMarkAfterTakeoverTouchesNothing(t *testing.T) {
 	ctx := context.Background()
 	db := dbtest.Postgres(t)
@@ -151,6 +162,13 @@ func TestMarkAfterTakeoverTouchesNothing(t *testing.T) {
 	}, outbox.WithLogger(quiet), outbox.WithOwner("svc"), outbox.WithPollInterval(2*time.Millisecond),
 		outbox.WithLeaseDuration(time.Hour), outbox.WithListen(false))
 	<-published
+	// Y holds the lease row against a DELETE, not against the takeover's
+	// update (see the doc above).
+	y, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer y.Rollback()
+	var locked string
+	require.NoError(t, y.QueryRowContext(ctx, `SELECT key FROM `+ob.Table()+`_lease WHERE key = $1 FOR KEY SHARE`, key(0)).Scan(&locked))
 	waitBlocked := func(what string, cond string, args ...any) {
 		t.Helper()
 		require.Eventually(t, func() bool {
@@ -169,7 +187,13 @@ func TestMarkAfterTakeoverTouchesNothing(t *testing.T) {
 	require.NoError(t, conn.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
 	tookOver := make(chan error, 1)
 	go func() {
-		_, err := conn.ExecContext(ctx, `UPDATE `+ob.Table()+`_lease SET owner = 'other', token = 'intruder', epoch = nextval('`+ob.Table()+`_lease_epoch') WHERE key = $1`, key(0))
+		res, err := conn.ExecContext(ctx, `UPDATE `+ob.Table()+`_lease SET owner = 'other', token = 'intruder', epoch = nextval('`+ob.Table()+`_lease_epoch') WHERE key = $1`, key(0))
+		if err == nil {
+			var n int64
+			if n, err = res.RowsAffected(); err == nil && n != 1 {
+				err = fmt.Errorf("the takeover updated %d lease rows, want 1 (the relay's lease row was gone before it)", n)
+			}
+		}
 		tookOver <- err
 	}()
 	takeoverFirst := false
@@ -195,6 +219,15 @@ func TestMarkAfterTakeoverTouchesNothing(t *testing.T) {
 		require.NoError(t, <-tookOver)
 	}
 	require.Eventually(t, func() bool { st := r.Stats(); return st.Marked+st.LeasesLost > 0 }, 30*time.Second, time.Millisecond)
+	// The takeover has committed: a release of the relay's that came
+	// before it waits for Y, then finds the row under another claim. The
+	// relay lets the key go (its release runs on the loop, which Close
+	// waits for) before it is stopped, so that the release is the one
+	// that settled the key, not Close's.
+	var releaseWaits int
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%DELETE FROM '||$1||'_lease AS l USING%'`, ob.Table()).Scan(&releaseWaits))
+	require.NoError(t, y.Commit())
+	require.Eventually(t, func() bool { return r.Stats().KeysHeld == 0 }, 30*time.Second, time.Millisecond)
 	stop()
 	st := r.Stats()
 	if takeoverFirst {
@@ -207,5 +240,5 @@ func TestMarkAfterTakeoverTouchesNothing(t *testing.T) {
 		require.Empty(t, counts(t, ob))
 	}
 	require.Equal(t, map[string]string{key(0): "intruder"}, leaseTokens(t, ob))
-	t.Logf("takeover first: %v", takeoverFirst)
+	t.Logf("takeover first: %v; the release waited for Y: %v", takeoverFirst, releaseWaits > 0)
 }
