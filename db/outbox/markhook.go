@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"sync/atomic"
 
 	"github.com/keysched/keysched/internal/optcheck"
@@ -59,8 +60,8 @@ type MarkHook func(ctx context.Context, tx *sql.Tx, marked []Marked) error
 // published (and fails) again. Each error is counted and logged as a failed
 // mark (RelayStats.DBErrors, op "mark rows sent" or "mark row dead"),
 // wrapped as "mark hook: ...". A commit that fails after fn returned nil
-// undoes fn's writes as well. A panic in fn is not recovered: it ends the
-// process, and the transaction never commits.
+// undoes fn's writes as well. A panic in fn is recovered and is fn's error
+// ("mark hook: panic: ..."): the transaction rolls back, as above.
 //
 // Rules for fn: write through tx only (writes through the *sql.DB are not
 // part of the transaction and, on SQLite, wait for the write lock that tx
@@ -144,10 +145,19 @@ func AfterMarkCommit(ctx context.Context, fn func()) bool {
 // runHook runs the relay's MarkHook in tx for marked (nothing when there is
 // no hook or nothing was marked) and returns the functions to run once tx
 // has committed.
-func (r *Relay) runHook(ctx context.Context, tx *sql.Tx, marked []Marked) ([]func(), error) {
+func (r *Relay) runHook(ctx context.Context, tx *sql.Tx, marked []Marked) (fns []func(), err error) {
 	if r.cfg.markHook == nil || len(marked) == 0 {
 		return nil, nil
 	}
+	defer func() {
+		// A panic is the hook's failure: the marks roll back like on its
+		// error. Unrecovered, it would end the process from the flusher,
+		// and, from a dead mark (under keysched's dead-letter recovery),
+		// strand the row in flight with its key held for good.
+		if p := recover(); p != nil {
+			fns, err = nil, &hookError{fmt.Errorf("panic: %v", p)}
+		}
+	}()
 	a := &afterCommit{}
 	if err := r.cfg.markHook(context.WithValue(ctx, afterKey{}, a), tx, marked); err != nil {
 		return nil, &hookError{err}

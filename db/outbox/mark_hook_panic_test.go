@@ -1,0 +1,73 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/db/internal/dbtest"
+	"github.com/keysched/keysched/db/outbox"
+)
+
+// A MarkHook that panics while a row is marked dead (on the worker that ran
+// the row, under keysched's dead-letter recovery) must not strand the row:
+// the relay goes on, and the row ends marked dead or published again.
+func TestMarkHookPanicOnDeadMarkDoesNotStrandTheRow(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ob := newOutbox(t, db)
+		writeEvents(t, ob, 1, 2, 2)
+		var calls [2]atomic.Int32
+		var panicked atomic.Bool
+		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+			j, _ := strconv.Atoi(string(e.Payload))
+			if calls[j].Add(1) == 1 && j == 0 {
+				return keysched.Permanent(errors.New("rejected"))
+			}
+			return nil
+		}, outbox.WithLogger(quiet), outbox.WithPollInterval(5*time.Millisecond),
+			outbox.WithLeaseDuration(2*time.Second),
+			outbox.WithMarkHook(func(ctx context.Context, tx *sql.Tx, m []outbox.Marked) error {
+				if m[0].State == outbox.Dead && panicked.CompareAndSwap(false, true) {
+					panic("hook panic")
+				}
+				return nil
+			}))
+		require.NoError(t, err)
+		runRelay(t, r)
+		require.Eventually(t, func() bool { return panicked.Load() && calls[1].Load() >= 1 }, 10*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return counts(t, ob)[outbox.Pending] == 0 }, 10*time.Second, 5*time.Millisecond,
+			"row 0 left pending and held after the hook's panic (calls %d, %d; stats %+v)", calls[0].Load(), calls[1].Load(), r.Stats())
+	})
+}
+
+// A MarkHook that panics while published rows are marked sent (on the
+// relay's mark goroutine) is a failed mark: the relay survives, counts it,
+// and marks the rows again without publishing them again.
+func TestMarkHookPanicOnSentMarkIsAFailedMark(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		const perKey = 3
+		ob := newOutbox(t, db)
+		writeEvents(t, ob, 1, perKey, perKey)
+		rec := newRecorder(perKey)
+		var panics atomic.Int32
+		r, err := ob.NewRelay(rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(5*time.Millisecond),
+			outbox.WithMarkHook(func(ctx context.Context, tx *sql.Tx, m []outbox.Marked) error {
+				if panics.Add(1) <= 2 {
+					panic("hook panic")
+				}
+				return nil
+			}))
+		require.NoError(t, err)
+		runRelay(t, r)
+		require.Eventually(t, func() bool { return counts(t, ob)[outbox.Pending] == 0 }, 10*time.Second, 5*time.Millisecond)
+		require.GreaterOrEqual(t, r.Stats().DBErrors, uint64(2), "each panic counted as a failed mark")
+		require.Zero(t, rec.check(t, 1, perKey), "marked again, not published again")
+	})
+}
