@@ -1,0 +1,53 @@
+package outbox_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keysched/keysched/db/internal/dbtest"
+	"github.com/keysched/keysched/db/outbox"
+)
+
+// On a schema of the version before the idle table (its trigger notifies
+// every write), a relay finds no idle table, says so once and counts no
+// database error, and is woken by every write's notification.
+func TestRelayOnSchemaWithoutIdleTableIsWokenByEveryWrite(t *testing.T) {
+	db := dbtest.Postgres(t)
+	ctx := context.Background()
+	ob := newOutbox(t, db)
+	tb := ob.Table()
+	for _, q := range []string{
+		`DROP TABLE ` + tb + `_idle`,
+		`CREATE OR REPLACE FUNCTION ` + tb + `_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM pg_notify('` + tb + `', '');
+	RETURN NULL;
+END $$`,
+	} {
+		_, err := db.ExecContext(ctx, q)
+		require.NoError(t, err)
+	}
+	delivered := make(chan string, 10)
+	r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+		delivered <- string(e.Payload)
+		return nil
+	}, outbox.WithLogger(quiet), outbox.WithPollInterval(time.Minute))
+	require.NoError(t, err)
+	runRelay(t, r)
+	waitUntil(t, "listening", func() bool { return r.Stats().Listening })
+	waitPolls(t, r, 0)
+	for i, p := range []string{"one", "two"} {
+		commitEvent(t, ob, "k", p)
+		select {
+		case got := <-delivered:
+			require.Equal(t, p, got)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("write %d not published: no notification (a minute's poll)", i)
+		}
+	}
+	require.False(t, outbox.Idle(r))
+	require.Zero(t, r.Stats().DBErrors)
+}
