@@ -79,7 +79,7 @@ func (r *Relay) onDeadLetter(dl keysched.DeadLetter[string]) {
 		return
 	}
 	r.st.dead.Add(1)
-	runAll(after)
+	r.runAfter(after)
 	r.log.Warn("outbox relay: row failed for good, marked dead", "table", r.o.table, "id", j.e.ID, "seq", j.e.Seq, "attempts", dl.Attempts, "err", dl.Err, "park", r.cfg.policy == keysched.Park)
 	if r.cfg.policy == keysched.Park {
 		// The key's later rows in flight give themselves back; the key's

@@ -129,7 +129,7 @@ func (r *Relay) flushAll(ctx context.Context) bool {
 	r.okCalls.Add(1)
 	r.dbOK(groupMark)
 	r.st.marked.Add(uint64(len(marked)))
-	runAll(after)
+	r.runAfter(after)
 	for _, j := range batch {
 		if marked[j.e.Seq] {
 			r.settle(j)

@@ -71,3 +71,64 @@ func TestMarkHookPanicOnSentMarkIsAFailedMark(t *testing.T) {
 		require.Zero(t, rec.check(t, 1, perKey), "marked again, not published again")
 	})
 }
+
+// An AfterMarkCommit function that panics after a dead mark committed does
+// not strand the row's job: the row stays dead, the key's later rows are
+// published, and the relay lets the key go.
+func TestAfterMarkCommitPanicOnDeadMarkDoesNotStrandTheKey(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ob := newOutbox(t, db)
+		writeEvents(t, ob, 1, 2, 2)
+		var calls [2]atomic.Int32
+		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+			j, _ := strconv.Atoi(string(e.Payload))
+			calls[j].Add(1)
+			if j == 0 {
+				return keysched.Permanent(errors.New("rejected"))
+			}
+			return nil
+		}, outbox.WithLogger(quiet), outbox.WithPollInterval(5*time.Millisecond),
+			outbox.WithMarkHook(func(ctx context.Context, tx *sql.Tx, m []outbox.Marked) error {
+				if m[0].State == outbox.Dead {
+					outbox.AfterMarkCommit(ctx, func() { panic("after-commit panic") })
+				}
+				return nil
+			}))
+		require.NoError(t, err)
+		runRelay(t, r)
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			c := counts(t, ob)
+			if c[outbox.Dead] == 1 && c[outbox.Pending] == 0 && r.Stats().KeysHeld == 0 && r.Stats().InFlight == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("key stranded: calls %d, %d; stats %+v; counts %v", calls[0].Load(), calls[1].Load(), r.Stats(), c)
+			}
+		}
+		require.EqualValues(t, 1, calls[0].Load())
+		require.EqualValues(t, 1, calls[1].Load())
+	})
+}
+
+// An AfterMarkCommit function that panics after a sent mark committed (on
+// the relay's mark goroutine) is logged: the relay goes on, the rows stay
+// marked, nothing is published again.
+func TestAfterMarkCommitPanicOnSentMarkIsLogged(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		const perKey = 3
+		ob := newOutbox(t, db)
+		writeEvents(t, ob, 1, perKey, 1)
+		rec := newRecorder(perKey)
+		var ran atomic.Int32
+		_, _ = startRelay(t, ob, rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(5*time.Millisecond),
+			outbox.WithMarkHook(func(ctx context.Context, tx *sql.Tx, m []outbox.Marked) error {
+				outbox.AfterMarkCommit(ctx, func() { panic("after-commit panic") })
+				outbox.AfterMarkCommit(ctx, func() { ran.Add(int32(len(m))) })
+				return nil
+			}))
+		require.Eventually(t, func() bool { return ran.Load() == perKey }, 10*time.Second, 5*time.Millisecond,
+			"the functions after a panicking one run")
+		require.Empty(t, counts(t, ob))
+		require.Zero(t, rec.check(t, 1, perKey))
+	})
+}

@@ -127,7 +127,9 @@ type afterKey struct{}
 // after the commit and in registration order; fn does not run if the
 // transaction rolls back or its commit fails. It reports whether ctx is a
 // MarkHook's (false otherwise, nil included; then fn never runs). Call it
-// from the hook, not from goroutines it starts. A nil fn is ignored.
+// from the hook, not from goroutines it starts. A nil fn is ignored. A
+// panic in fn is recovered and logged (the marks stay committed) and the
+// next function runs.
 func AfterMarkCommit(ctx context.Context, fn func()) bool {
 	if ctx == nil {
 		return false
@@ -171,8 +173,20 @@ type hookError struct{ err error }
 func (e *hookError) Error() string { return "mark hook: " + e.err.Error() }
 func (e *hookError) Unwrap() error { return e.err }
 
-func runAll(fns []func()) {
+// runAfter runs a committed mark's AfterMarkCommit functions, in order. A
+// panic is recovered and logged, and the next function runs: the marks are
+// committed, and the relay must still settle the rows (unrecovered, on a
+// dead mark under keysched's dead-letter recovery, the row's job would stay
+// in flight and its key held for good).
+func (r *Relay) runAfter(fns []func()) {
 	for _, fn := range fns {
-		fn()
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					r.log.Error("outbox relay: an AfterMarkCommit function panicked (its marks are committed)", "table", r.o.table, "panic", p)
+				}
+			}()
+			fn()
+		}()
 	}
 }
