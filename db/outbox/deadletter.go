@@ -87,7 +87,17 @@ func (r *Relay) onDeadLetter(dl keysched.DeadLetter[string]) {
 		j.t.lost.Store(true)
 	}
 	if r.cfg.onDead != nil {
-		r.cfg.onDead(DeadEvent{Event: j.e, Attempts: dl.Attempts, Err: msg, DiedAt: time.Now().UTC()})
+		func() {
+			// Recovered: unrecovered (keysched's dead-letter recovery
+			// would catch it), the row's job would never settle and its
+			// key would stay held for good.
+			defer func() {
+				if p := recover(); p != nil {
+					r.log.Error("outbox relay: the WithOnDead function panicked", "table", r.o.table, "id", j.e.ID, "panic", p)
+				}
+			}()
+			r.cfg.onDead(DeadEvent{Event: j.e, Attempts: dl.Attempts, Err: msg, DiedAt: time.Now().UTC()})
+		}()
 	}
 	r.settle(j)
 }

@@ -410,7 +410,8 @@ func WithMaxOutage(d time.Duration) RelayOption {
 
 // WithOnDead sets a function called after a row was marked dead, with the
 // row (for alerting). It runs on the worker, while the key waits: keep it
-// short.
+// short. A panic in fn is recovered and logged; the row stays dead and the
+// key goes on.
 func WithOnDead(fn func(DeadEvent)) RelayOption {
 	return func(c *relayConfig) error {
 		if r := optcheck.NotNil("WithOnDead", fn == nil, "a function"); r != nil {
