@@ -30,7 +30,14 @@ import (
 // the row just now for the first time since the relay was busy: the caller
 // then polls once more before it sleeps. Loop goroutine only.
 func (r *Relay) goIdle(ctx context.Context) (first bool) {
-	if r.o.dialect != Postgres || !r.o.notify || !r.cfg.listen || r.noIdle {
+	if r.o.dialect != Postgres || !r.o.notify || !r.cfg.listen {
+		return false
+	}
+	if r.noIdle && r.mono()-r.noIdleAt < int64(r.cfg.lease/3) {
+		// No idle table at the last try: look again every third of a
+		// lease, so that once CreateSchema has upgraded the schema (its
+		// trigger then notifies only idle relays) this relay is woken
+		// again without a restart.
 		return false
 	}
 	if !r.st.listening.Load() {
@@ -49,6 +56,10 @@ func (r *Relay) goIdle(ctx context.Context) (first bool) {
 		if sqldb.Classify(err) == sqldb.KindSchema {
 			// A schema of an older version: its trigger notifies every
 			// write, so the relay is woken anyway.
+			r.noIdleAt = r.mono()
+			if r.noIdle {
+				return false
+			}
 			r.noIdle = true
 			r.log.Warn("outbox relay: no idle table (a schema of an older version: run CreateSchema); writers notify on every commit", "table", r.o.table, "err", err)
 			return false
@@ -57,6 +68,10 @@ func (r *Relay) goIdle(ctx context.Context) (first bool) {
 		return false
 	}
 	r.okCalls.Add(1)
+	if r.noIdle {
+		r.noIdle = false
+		r.log.Info("outbox relay: idle table found (schema upgraded): writers notify this relay while it is idle", "table", r.o.table)
+	}
 	r.idleAt = now
 	r.idleRow.Store(true)
 	return !was

@@ -55,9 +55,10 @@ type Relay struct {
 	// idle: the relay's row in <table>_idle is live (PostgreSQL, with the
 	// NOTIFY trigger and LISTEN): writers notify it. Written by the loop
 	// goroutine only (see idle.go); idleAt, noIdle likewise.
-	idleRow atomic.Bool
-	idleAt  int64 // r.mono() when the row was last written
-	noIdle  bool  // the table is missing (a schema of an older version): never write it
+	idleRow  atomic.Bool
+	idleAt   int64 // r.mono() when the row was last written
+	noIdle   bool  // the table was missing at the last try (a schema of an older version)
+	noIdleAt int64 // r.mono() at that try: the next is a third of a lease later
 
 	okCalls   atomic.Uint64 // successful database calls (walks, fetches, renewals, marks)
 	lastClean int64         // loop goroutine only
