@@ -182,7 +182,7 @@
 // claims: a delivery record, an audit row or a counter written through its
 // *sql.Tx commits if and only if the marks do. A sink passes a value to it
 // with SetMarkNote (Marked.Note); work that must follow the commit goes to
-// AfterMarkCommit. A hook error rolls the marks back: the rows stay pending,
+// AfterMarkCommit. A hook error (or panic) rolls the marks back: the rows stay pending,
 // held by the relay, which marks them again every poll interval (publishing
 // nothing again) while it holds their keys; a relay that stops or loses a
 // key first leaves them to be published again. See WithMarkHook.
