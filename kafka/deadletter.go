@@ -262,7 +262,10 @@ func (c *Consumer) Resume(k ParkedKey) error {
 // Skip dead-letters a parked key's failed record (waiting for the produce's
 // acknowledgement), which finishes it, and moves the key on to its next
 // record. When the dead-letter produce fails the key stays parked and Skip
-// returns the produce's error. Errors otherwise as for Resume.
+// returns the produce's error; when the key's partition is taken away
+// (revoked, lost, Close giving up) while it waits for the produce, Skip
+// returns an error wrapping ErrNotParked (the next owner handles the
+// record). Errors otherwise as for Resume.
 func (c *Consumer) Skip(k ParkedKey) error {
 	sk, it, err := c.takeParked(k)
 	if err != nil {
@@ -278,6 +281,14 @@ func (c *Consumer) Skip(k ParkedKey) error {
 	}
 	if err := c.produceDeadLetter(p.ctx, it, cause, false); err != nil {
 		p.leave()
+		if p.ctx.Err() != nil {
+			// The partition was taken away (revoked, lost, or Close gave
+			// up) while the dead letter was being written: the key is no
+			// longer parked here (the next owner handles the record), and
+			// putting it back would list it in Parked for a partition this
+			// member no longer owns.
+			return fmt.Errorf("%w: its partition was taken away before the dead letter was written (%w)", ErrNotParked, err)
+		}
 		c.parkMu.Lock()
 		c.parked[sk] = it
 		c.parkMu.Unlock()
