@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"database/sql"
 	"testing"
 	"time"
 
@@ -16,20 +17,8 @@ import (
 // database error, and is woken by every write's notification.
 func TestRelayOnSchemaWithoutIdleTableIsWokenByEveryWrite(t *testing.T) {
 	db := dbtest.Postgres(t)
-	ctx := context.Background()
 	ob := newOutbox(t, db)
-	tb := ob.Table()
-	for _, q := range []string{
-		`DROP TABLE ` + tb + `_idle`,
-		`CREATE OR REPLACE FUNCTION ` + tb + `_notify() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-	PERFORM pg_notify('` + tb + `', '');
-	RETURN NULL;
-END $$`,
-	} {
-		_, err := db.ExecContext(ctx, q)
-		require.NoError(t, err)
-	}
+	preIdleSchema(t, db, ob)
 	delivered := make(chan string, 10)
 	r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
 		delivered <- string(e.Payload)
@@ -61,18 +50,7 @@ func TestRelayStartedBeforeTheIdleTableIsWokenAfterTheUpgrade(t *testing.T) {
 	db := dbtest.Postgres(t)
 	ctx := context.Background()
 	ob := newOutbox(t, db)
-	tb := ob.Table()
-	for _, q := range []string{
-		`DROP TABLE ` + tb + `_idle`,
-		`CREATE OR REPLACE FUNCTION ` + tb + `_notify() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-	PERFORM pg_notify('` + tb + `', '');
-	RETURN NULL;
-END $$`,
-	} {
-		_, err := db.ExecContext(ctx, q)
-		require.NoError(t, err)
-	}
+	preIdleSchema(t, db, ob)
 	delivered := make(chan string, 10)
 	r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
 		delivered <- string(e.Payload)
@@ -94,4 +72,22 @@ END $$`,
 		t.Fatal("never published")
 	}
 	require.Greater(t, r.Stats().Notifications, before, "the write notified the relay")
+}
+
+// preIdleSchema puts ob's table back to the schema before the idle table:
+// no <table>_idle, and a trigger notifying every write.
+func preIdleSchema(t *testing.T, db *sql.DB, ob *outbox.Outbox) {
+	t.Helper()
+	tb := ob.Table()
+	for _, q := range []string{
+		`DROP TABLE ` + tb + `_idle`,
+		`CREATE OR REPLACE FUNCTION ` + tb + `_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM pg_notify('` + tb + `', '');
+	RETURN NULL;
+END $$`,
+	} {
+		_, err := db.ExecContext(context.Background(), q)
+		require.NoError(t, err)
+	}
 }
