@@ -3,7 +3,9 @@
 // keysched Kafka adapter (KeyOrder), the same adapter with PartitionOrder,
 // and a plain franz-go consumer that handles each partition's records one at
 // a time on a goroutine of its own (the shape of franz-go's
-// goroutine-per-partition example). It reports, for each, events per second,
+// goroutine-per-partition example); and, on request (--consumers ideal),
+// an ideal consumer with no broker and no adapter, the reference for the
+// stream's work as it takes here. It reports, for each, events per second,
 // p99 latency (from the poll that returned a record to the end of its
 // handler), order violations, duplicates and CPU time per event, next to the
 // stream's own bound: from the work as given (--work io=1ms) and from the
@@ -17,6 +19,10 @@
 //	go run ./kafka/cmd/kafkabench --work io=1ms --partitions 8 --synthetic
 //	go run ./kafka/cmd/kafkabench --work none --partitions 8 --json
 //	go run ./kafka/cmd/kafkabench --work none --partitions 8 --rounds 40   # over a million records
+//	go run ./kafka/cmd/kafkabench --work io=1ms --partitions 8 --consumers ideal,keysched --hot-key
+//
+// --hot-key prints, for each consumer, where the hottest key's time went:
+// its records' work, the gaps between them and why they waited.
 package main
 
 import (
@@ -65,10 +71,11 @@ type cli struct {
 	Work        string        `default:"io=1ms" placeholder:"SPEC" help:"Each handler's work: none; io=DUR (sleeps DUR, like a network call); cpu=DUR (a busy loop) (default ${default})."`
 	Workers     int           `default:"256" placeholder:"N" help:"The adapter's workers (keysched.WithWorkers) (default ${default})."`
 	MaxInFlight int           `default:"4096" placeholder:"N" help:"The adapter's per-partition bound, WithMaxInFlight (default ${default})."`
-	Consumers   []string      `default:"keysched,plain,keysched-partition" sep:"," placeholder:"NAME" help:"Consumers to run, in order: keysched, plain, keysched-partition (default ${default})."`
+	Consumers   []string      `default:"keysched,plain,keysched-partition" sep:"," placeholder:"NAME" help:"Consumers to run, in order: keysched, plain, keysched-partition, ideal (no broker: see runIdeal) (default ${default})."`
 	Timeout     time.Duration `default:"10m" help:"Give up on a consumer that has not handled every event after this long (default ${default})."`
 	JSON        bool          `name:"json" help:"One JSON object per consumer per line."`
 	CPUProfile  string        `name:"cpuprofile" placeholder:"FILE" help:"Write a CPU profile of the consumers' runs to FILE."`
+	HotKey      bool          `name:"hot-key" help:"After each consumer, print where the hottest key's time went: from the first polled record to its first record's start, its records' work, the gaps between them (split into: the next record not fetched yet, fetched but not polled, polled but not started) and the tail after its last record."`
 }
 
 // Result is one consumer's run (the --json line).
@@ -100,6 +107,142 @@ type Result struct {
 	// FetchedRecords exceed Events.
 	FetchRequests  int64 `json:"fetch_requests"`
 	FetchedRecords int64 `json:"fetched_records"`
+	// HotKey is where the hottest key's time went (--hot-key).
+	HotKey *HotKeyGaps `json:"hot_key,omitempty"`
+}
+
+// HotKeyGaps is where the run's time went for its hottest key, whose
+// records run back to back are the bound when the hottest key is. Durations
+// in ms: LeadIn + Work + NotFetched + NotPolled + NotStarted + Tail is the
+// run's time.
+type HotKeyGaps struct {
+	Records int `json:"records"`
+	// LeadIn: from the run's start (its first record polled) to the start
+	// of the key's first record's work; Lead* split it like a gap.
+	LeadIn         float64 `json:"lead_in_ms"`
+	LeadNotFetched float64 `json:"lead_in_not_fetched_ms"`
+	LeadNotPolled  float64 `json:"lead_in_not_polled_ms"`
+	LeadNotStarted float64 `json:"lead_in_not_started_ms"`
+	// Work: the key's records' work as it ran (the handler's call of the
+	// work, summed); WorkMean per record; WorkBy100 the mean per record
+	// of each hundred records in order (the first hundred ran while the
+	// stream's other keys were busy too, see Running).
+	Work      float64   `json:"work_ms"`
+	WorkMean  float64   `json:"work_mean_ms"`
+	WorkBy100 []float64 `json:"work_by_100_ms"`
+	// Gaps between the end of one of its records and the start of the
+	// next, split by what the next one waited for: NotFetched (not yet in
+	// the client's buffer: fetch latency, a paused partition), NotPolled
+	// (in the buffer, not yet handed to the adapter by a poll), NotStarted
+	// (polled, not started: held, queued in the scheduler, the chain's
+	// hand-off to a worker). GapsNotFetched and GapsNotPolled count the
+	// gaps whose next record was not fetched, not polled, when the
+	// previous one ended; GapsOver1ms the gaps longer than 1 ms, GapMax
+	// the longest.
+	NotFetched     float64 `json:"gap_not_fetched_ms"`
+	NotPolled      float64 `json:"gap_not_polled_ms"`
+	NotStarted     float64 `json:"gap_not_started_ms"`
+	GapsNotFetched int     `json:"gaps_not_fetched"`
+	GapsNotPolled  int     `json:"gaps_not_polled"`
+	GapsOver1ms    int     `json:"gaps_over_1ms"`
+	GapMax         float64 `json:"gap_max_ms"`
+	// Tail: from the end of the key's last record to the end of the run.
+	Tail float64 `json:"tail_ms"`
+	// Running: the handlers (of every key) running, mean over each 50 ms
+	// of the run.
+	Running []float64 `json:"running_per_50ms"`
+}
+
+// hotKey splits the run's time for the hottest key (see HotKeyGaps).
+func (t *tally) hotKey() *HotKeyGaps {
+	n := make([]int, t.s.keys)
+	hot := int32(0)
+	for _, id := range t.s.ids {
+		n[id]++
+		if n[id] > n[hot] {
+			hot = id
+		}
+	}
+	var seqs []int
+	for i, id := range t.s.ids {
+		if id == hot {
+			seqs = append(seqs, i)
+		}
+	}
+	ms := func(ns int64) float64 { return float64(ns) / 1e6 }
+	h := &HotKeyGaps{Records: len(seqs)}
+	// split adds the wait from prev (ns) until seq's start to the three
+	// parts: until fetched, until polled, until started.
+	split := func(prev int64, seq int, f, p, s *float64) (fetched, polled bool) {
+		b, pl, st := t.buffered[seq].Load(), t.polled[seq].Load(), t.began[seq]
+		b = max(b, prev)
+		pl = max(pl, b)
+		*f += ms(b - prev)
+		*p += ms(pl - b)
+		*s += ms(st - pl)
+		return b > prev, pl > prev
+	}
+	start, end := t.start.Load(), t.end.Load()
+	split(start, seqs[0], &h.LeadNotFetched, &h.LeadNotPolled, &h.LeadNotStarted)
+	h.LeadIn = ms(t.began[seqs[0]] - start)
+	var hundred float64
+	for i, seq := range seqs {
+		w := ms(t.ended[seq] - t.began[seq])
+		h.Work += w
+		if hundred += w; i%100 == 99 || i == len(seqs)-1 {
+			h.WorkBy100 = append(h.WorkBy100, hundred/float64(i%100+1))
+			hundred = 0
+		}
+		if i == 0 {
+			continue
+		}
+		prev := t.ended[seqs[i-1]]
+		nf, np := split(prev, seq, &h.NotFetched, &h.NotPolled, &h.NotStarted)
+		if nf {
+			h.GapsNotFetched++
+		} else if np {
+			h.GapsNotPolled++
+		}
+		g := ms(t.began[seq] - prev)
+		h.GapMax = max(h.GapMax, g)
+		if g > 1 {
+			h.GapsOver1ms++
+		}
+	}
+	h.WorkMean = h.Work / float64(len(seqs))
+	h.Tail = ms(end - t.ended[seqs[len(seqs)-1]])
+	const bucket = int64(50 * time.Millisecond)
+	h.Running = make([]float64, (end-start)/bucket+1)
+	for seq := range t.began {
+		for b := (t.began[seq] - start) / bucket; b >= 0 && b < int64(len(h.Running)); b++ {
+			lo, hi := start+b*bucket, start+(b+1)*bucket
+			o := min(hi, t.ended[seq]) - max(lo, t.began[seq])
+			if o <= 0 {
+				break
+			}
+			h.Running[b] += float64(o) / float64(bucket)
+		}
+	}
+	return h
+}
+
+// printHotKey prints h, from consumer name's run.
+func printHotKey(w io.Writer, name string, h *HotKeyGaps) {
+	r := func(xs []float64, f string) string {
+		var b strings.Builder
+		for i, x := range xs {
+			if i > 0 {
+				b.WriteByte(' ')
+			}
+			fmt.Fprintf(&b, f, x)
+		}
+		return b.String()
+	}
+	run := h.LeadIn + h.Work + h.NotFetched + h.NotPolled + h.NotStarted + h.Tail
+	fmt.Fprintf(w, "%s, hottest key (%d records) over the run's %.1f ms: lead-in %.1f ms (not fetched %.1f, not polled %.1f, not started %.1f); work %.1f ms (%.3f ms a record; by hundred records: %s); gaps %.1f ms (not fetched %.1f ms in %d gaps, not polled %.1f ms in %d, not started %.1f ms; %d over 1 ms, longest %.2f ms); tail %.1f ms\n",
+		name, h.Records, run, h.LeadIn, h.LeadNotFetched, h.LeadNotPolled, h.LeadNotStarted, h.Work, h.WorkMean, r(h.WorkBy100, "%.3f"),
+		h.NotFetched+h.NotPolled+h.NotStarted, h.NotFetched, h.GapsNotFetched, h.NotPolled, h.GapsNotPolled, h.NotStarted, h.GapsOver1ms, h.GapMax, h.Tail)
+	fmt.Fprintf(w, "%s, handlers running (all keys), mean per 50 ms: %s\n", name, r(h.Running, "%.0f"))
 }
 
 func main() {
@@ -160,7 +303,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return errors.New("--partitions, --workers, --max-in-flight and --rounds need at least 1, --limit 0 or more")
 	}
 	for _, name := range c.Consumers {
-		if !slices.Contains([]string{"keysched", "plain", "keysched-partition"}, name) {
+		if !slices.Contains([]string{"keysched", "plain", "keysched-partition", "ideal"}, name) {
 			return fmt.Errorf("--consumers: unknown consumer %q", name)
 		}
 	}
@@ -223,6 +366,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(tw, "consumer\tevents/s\tof bound\tof measured bound\tp99 µs\tseconds\tcpu ns/event\tfetched/event\torder violations\tduplicates\t")
 	}
 	results := map[string]Result{}
+	hot := map[string]*HotKeyGaps{}
 	for i, name := range c.Consumers {
 		cpu0 := cpuTime()
 		r, err := s.consume(name, seeds, topic, fmt.Sprintf("%s-g%d", topic, i), &c, work)
@@ -234,6 +378,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		r.MeasuredWorkUs, r.MeasuredBoundEventsPerSec = float64(measured)/1e3, mbound
 		r.CPUNsPerEvent = 1e9 * r.CPUSeconds / float64(r.Events)
 		results[name] = r
+		if c.HotKey && !c.JSON {
+			hot[name] = r.HotKey
+		}
 		if c.JSON {
 			b, _ := json.Marshal(r)
 			fmt.Fprintln(stdout, string(b))
@@ -249,6 +396,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if !c.JSON {
 		tw.Flush()
+		for _, name := range c.Consumers {
+			if h := hot[name]; h != nil {
+				printHotKey(stdout, name, h)
+			}
+		}
 		plain, okp := results["plain"]
 		for _, name := range []string{"keysched", "keysched-partition"} {
 			if r, ok := results[name]; ok && okp {
@@ -376,9 +528,16 @@ func produce(seeds []string, topic string, s *stream) error {
 
 // tally is one consumer run's bookkeeping.
 type tally struct {
-	s          *stream
-	work       workSpec
-	polled     []atomic.Int64 // when each event was first polled, Unix ns
+	s      *stream
+	work   workSpec
+	polled []atomic.Int64 // when each event was first polled, Unix ns
+	// With --hot-key alone (the time.Now calls cost a little): when each
+	// event was first fetched into the client's buffer, and when its
+	// (first) handler began and ended its work, Unix ns.
+	hot        bool
+	buffered   []atomic.Int64
+	began      []int64
+	ended      []int64
 	handled    []atomic.Bool
 	latency    []int64 // ns, first handling
 	last       []atomic.Int32
@@ -392,11 +551,14 @@ type tally struct {
 	fetchReqs, fetchedRecs atomic.Int64 // see Result
 }
 
-func newTally(s *stream, work workSpec) *tally {
+func newTally(s *stream, work workSpec, hot bool) *tally {
 	t := &tally{s: s, work: work, polled: make([]atomic.Int64, len(s.events)), handled: make([]atomic.Bool, len(s.events)),
 		latency: make([]int64, len(s.events)), last: make([]atomic.Int32, s.keys), all: make(chan struct{})}
 	for i := range t.last {
 		t.last[i].Store(-1)
+	}
+	if hot {
+		t.hot, t.buffered, t.began, t.ended = true, make([]atomic.Int64, len(s.events)), make([]int64, len(s.events)), make([]int64, len(s.events))
 	}
 	return t
 }
@@ -412,6 +574,17 @@ func (t *tally) OnFetchRecordUnbuffered(r *kgo.Record, polled bool) {
 	seq := binary.BigEndian.Uint64(r.Value)
 	if seq < uint64(len(t.polled)) {
 		t.polled[seq].CompareAndSwap(0, now)
+	}
+}
+
+// OnFetchRecordBuffered is the franz-go hook: a fetched record enters the
+// client's buffer.
+func (t *tally) OnFetchRecordBuffered(r *kgo.Record) {
+	if !t.hot || len(r.Value) != 8 {
+		return
+	}
+	if seq := binary.BigEndian.Uint64(r.Value); seq < uint64(len(t.buffered)) {
+		t.buffered[seq].CompareAndSwap(0, time.Now().UnixNano())
 	}
 }
 
@@ -439,7 +612,14 @@ func (t *tally) handle(_ context.Context, r *kgo.Record) error {
 	if last := t.last[id].Load(); ord > last+1 {
 		t.violations.Add(1) // an earlier event of the key has not finished
 	}
-	t.work.do()
+	var began, ended int64
+	if t.hot {
+		began = time.Now().UnixNano()
+		t.work.do()
+		ended = time.Now().UnixNano()
+	} else {
+		t.work.do()
+	}
 	for {
 		last := t.last[id].Load()
 		if ord <= last || t.last[id].CompareAndSwap(last, ord) {
@@ -451,6 +631,9 @@ func (t *tally) handle(_ context.Context, r *kgo.Record) error {
 		return nil
 	}
 	now := time.Now().UnixNano()
+	if t.hot {
+		t.began[seq], t.ended[seq] = began, ended
+	}
 	t.latency[seq] = now - t.polled[seq].Load()
 	if t.count.Add(1) == int64(len(t.s.events)) {
 		t.end.Store(now)
@@ -471,7 +654,7 @@ func (t *tally) result(name string) Result {
 }
 
 func (s *stream) consume(name string, seeds []string, topic, group string, c *cli, work workSpec) (Result, error) {
-	t := newTally(s, work)
+	t := newTally(s, work, c.HotKey)
 	copts := []kgo.Opt{
 		kgo.SeedBrokers(seeds...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.WithHooks(t),
@@ -483,6 +666,8 @@ func (s *stream) consume(name string, seeds []string, topic, group string, c *cl
 	switch name {
 	case "plain":
 		err = runPlain(ctx, copts, t)
+	case "ideal":
+		err = runIdeal(ctx, t, c.Workers)
 	default:
 		order := kafka.KeyOrder
 		if name == "keysched-partition" {
@@ -493,7 +678,11 @@ func (s *stream) consume(name string, seeds []string, topic, group string, c *cl
 	if err != nil {
 		return Result{}, err
 	}
-	return t.result(name), nil
+	r := t.result(name)
+	if c.HotKey {
+		r.HotKey = t.hotKey()
+	}
+	return r, nil
 }
 
 func runAdapter(ctx context.Context, copts []kgo.Opt, t *tally, order kafka.Ordering, c *cli) error {
@@ -518,6 +707,49 @@ func runAdapter(ctx context.Context, copts []kgo.Opt, t *tally, order kafka.Orde
 		werr = err
 	}
 	return werr
+}
+
+// runIdeal runs the stream's work as an ideal consumer would, with no
+// broker and no adapter, in this process: every record at hand from the
+// start, each key's records one after another on a goroutine of its own that
+// holds one of the workers for the key's whole chain (no hand-off between
+// its records), keys started in the order of their first record, at most
+// workers at a time. It is what the stream's work takes here under the
+// stream's own concurrency (up to workers handlers at once, then fewer as
+// keys run out), which the measured bound (one call at a time, alone) does
+// not see; its "of measured bound" says how much of that bound any consumer
+// can reach here at that moment.
+func runIdeal(ctx context.Context, t *tally, workers int) error {
+	chains := make([][]int, t.s.keys)
+	for seq, id := range t.s.ids {
+		chains[id] = append(chains[id], seq)
+	}
+	sem := make(chan struct{}, workers)
+	t.start.Store(time.Now().UnixNano())
+	for _, chain := range chains {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return fmt.Errorf("handled %d of %d events before --timeout", t.count.Load(), len(t.s.events))
+		}
+		go func() {
+			defer func() { <-sem }()
+			for _, seq := range chain {
+				r := &kgo.Record{Value: binary.BigEndian.AppendUint64(nil, uint64(seq))}
+				t.polled[seq].Store(t.start.Load())
+				if t.hot {
+					t.buffered[seq].Store(t.start.Load())
+				}
+				_ = t.handle(ctx, r)
+			}
+		}()
+	}
+	select {
+	case <-t.all:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("handled %d of %d events before --timeout", t.count.Load(), len(t.s.events))
+	}
 }
 
 // runPlain is franz-go's goroutine-per-partition consumer: the poll loop

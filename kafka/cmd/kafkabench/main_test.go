@@ -71,3 +71,40 @@ func TestBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// --hot-key and the ideal consumer: the hottest key's time splits into
+// lead-in, work, gaps and tail that add up to the run's time; the ideal
+// consumer handles every event, in order, with no broker.
+func TestHotKeyAndIdealRun(t *testing.T) {
+	var out, errOut bytes.Buffer
+	err := run([]string{"--synthetic", "--events", "100", "--keys", "10", "--zipf", "1.5", "--work", "io=1ms", "--partitions", "2",
+		"--workers", "8", "--consumers", "ideal,keysched", "--hot-key", "--json"}, &out, &errOut)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, errOut.String())
+	}
+	sc := bufio.NewScanner(&out)
+	var names []string
+	for sc.Scan() {
+		var r Result
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("%q: %v", sc.Text(), err)
+		}
+		names = append(names, r.Consumer)
+		h := r.HotKey
+		if r.Events != 100 || r.OrderViolations != 0 || r.Duplicates != 0 || h == nil || h.Records < 2 {
+			t.Fatalf("result %s", sc.Text())
+		}
+		sum := h.LeadIn + h.Work + h.NotFetched + h.NotPolled + h.NotStarted + h.Tail
+		if runMs := 1e3 * r.Seconds; math.Abs(sum-runMs) > 0.01 || h.Work < float64(h.Records) || len(h.WorkBy100) != (h.Records+99)/100 {
+			t.Errorf("%s: lead-in + work + gaps + tail %.3f ms, run %.3f ms; hot key %+v", r.Consumer, sum, runMs, h)
+		}
+	}
+	if strings.Join(names, ",") != "ideal,keysched" {
+		t.Errorf("consumers %v", names)
+	}
+	out.Reset()
+	if err := run([]string{"--synthetic", "--events", "20", "--keys", "5", "--work", "io=1ms", "--partitions", "1",
+		"--consumers", "ideal", "--hot-key"}, &out, &errOut); err != nil || !strings.Contains(out.String(), "ideal, hottest key (") {
+		t.Errorf("table output: %v\n%s", err, out.String())
+	}
+}
