@@ -367,6 +367,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	results := map[string]Result{}
 	hot := map[string]*HotKeyGaps{}
+	var idealRuns []float64 // events/s of each ideal run
 	for i, name := range c.Consumers {
 		cpu0 := cpuTime()
 		r, err := s.consume(name, seeds, topic, fmt.Sprintf("%s-g%d", topic, i), &c, work)
@@ -378,6 +379,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		r.MeasuredWorkUs, r.MeasuredBoundEventsPerSec = float64(measured)/1e3, mbound
 		r.CPUNsPerEvent = 1e9 * r.CPUSeconds / float64(r.Events)
 		results[name] = r
+		if name == "ideal" {
+			idealRuns = append(idealRuns, r.EventsPerSec)
+		}
 		if c.HotKey && !c.JSON {
 			hot[name] = r.HotKey
 		}
@@ -406,6 +410,17 @@ func run(args []string, stdout, stderr io.Writer) error {
 			if r, ok := results[name]; ok && okp {
 				fmt.Fprintf(stdout, "%s / plain: %.2f of its events/s, %+.0f ns CPU per event\n", name,
 					r.EventsPerSec/plain.EventsPerSec, r.CPUNsPerEvent-plain.CPUNsPerEvent)
+			}
+		}
+		if len(idealRuns) > 0 {
+			mean := 0.0
+			for _, e := range idealRuns {
+				mean += e / float64(len(idealRuns))
+			}
+			for _, name := range []string{"keysched", "plain", "keysched-partition"} {
+				if r, ok := results[name]; ok {
+					fmt.Fprintf(stdout, "%s / ideal: %.2f of its events/s (ideal: mean of %d runs in this process)\n", name, r.EventsPerSec/mean, len(idealRuns))
+				}
 			}
 		}
 		if bound > 0 {
