@@ -87,9 +87,17 @@ type Result struct {
 	EventsPerSec      float64 `json:"events_per_sec"`
 	BoundEventsPerSec float64 `json:"bound_events_per_sec"` // from the nominal work (--work); 0 with none
 	// MeasuredWorkUs is one handler's work as measured here, alone (the
-	// mean of sequential calls); MeasuredBoundEventsPerSec the bound from
-	// it. 0 with --work none.
+	// mean of sequential calls), around the consumer's run: the mean of
+	// MeasuredWorkBeforeUs, measured just before it (after the previous
+	// consumer), and MeasuredWorkAfterUs, just after it. On a shared
+	// machine the same sleep takes 1.15 ms at one moment and 1.5 ms a few
+	// seconds later: measured once before all the runs, as until
+	// 2026-12-01, the bound of a run drifted by that much.
+	// MeasuredBoundEventsPerSec is the bound from MeasuredWorkUs. 0 with
+	// --work none.
 	MeasuredWorkUs            float64 `json:"measured_work_us"`
+	MeasuredWorkBeforeUs      float64 `json:"measured_work_before_us"`
+	MeasuredWorkAfterUs       float64 `json:"measured_work_after_us"`
 	MeasuredBoundEventsPerSec float64 `json:"measured_bound_events_per_sec"`
 	P99us                     float64 `json:"p99_us"`
 	OrderViolations           int64   `json:"order_violations"`
@@ -338,12 +346,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	// The stream's bound: it cannot end before its hottest key's events ran
 	// one after another, nor before all events' work spread over the
-	// workers. From the nominal work, and from the work as it takes here.
-	bound, measured, mbound := 0.0, time.Duration(0), 0.0
+	// workers. From the nominal work, and from the work as it takes here
+	// (measured again after each consumer's run: see Result).
+	bound, measured := 0.0, time.Duration(0)
 	if work.kind != "none" {
 		bound = s.bound(work.dur, c.Workers)
 		measured = work.measure()
-		mbound = s.bound(measured, c.Workers)
 	}
 	if c.CPUProfile != "" {
 		f, err := os.Create(c.CPUProfile)
@@ -361,9 +369,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "%d events, %d keys, hottest key %d events, %d partitions, work %s, %d workers\n",
 			len(events), s.keys, s.hottest, c.Partitions, c.Work, c.Workers)
 		if measured > 0 {
-			fmt.Fprintf(stdout, "one handler's work (%s) takes %v here when alone (mean of %d calls)\n", c.Work, measured.Round(time.Microsecond), work.measureCalls())
+			fmt.Fprintf(stdout, "one handler's work (%s) takes %v here when alone before the runs (the mean of calls for half a second); measured again after each run\n", c.Work, measured.Round(time.Microsecond))
 		}
-		fmt.Fprintln(tw, "consumer\tevents/s\tof bound\tof measured bound\tp99 µs\tseconds\tcpu ns/event\tfetched/event\torder violations\tduplicates\t")
+		fmt.Fprintln(tw, "consumer\tevents/s\tof bound\tof measured bound\tof bound measured before\tp99 µs\tseconds\tcpu ns/event\tfetched/event\torder violations\tduplicates\t")
 	}
 	results := map[string]Result{}
 	hot := map[string]*HotKeyGaps{}
@@ -376,7 +384,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 		r.Partitions, r.BoundEventsPerSec = c.Partitions, bound
-		r.MeasuredWorkUs, r.MeasuredBoundEventsPerSec = float64(measured)/1e3, mbound
+		if work.kind != "none" {
+			before := measured
+			measured = work.measure()
+			r.MeasuredWorkBeforeUs, r.MeasuredWorkAfterUs = float64(before)/1e3, float64(measured)/1e3
+			r.MeasuredWorkUs = (r.MeasuredWorkBeforeUs + r.MeasuredWorkAfterUs) / 2
+			r.MeasuredBoundEventsPerSec = s.bound(time.Duration(1e3*r.MeasuredWorkUs), c.Workers)
+		}
 		r.CPUNsPerEvent = 1e9 * r.CPUSeconds / float64(r.Events)
 		results[name] = r
 		if name == "ideal" {
@@ -389,12 +403,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 			b, _ := json.Marshal(r)
 			fmt.Fprintln(stdout, string(b))
 		} else {
-			of, ofm := "-", "-"
+			of, ofm, ofb := "-", "-", "-"
 			if bound > 0 {
 				of = fmt.Sprintf("%.0f%%", 100*r.EventsPerSec/bound)
-				ofm = fmt.Sprintf("%.0f%%", 100*r.EventsPerSec/mbound)
+				ofm = fmt.Sprintf("%.0f%%", 100*r.EventsPerSec/r.MeasuredBoundEventsPerSec)
+				ofb = fmt.Sprintf("%.0f%%", 100*r.EventsPerSec/s.bound(time.Duration(1e3*r.MeasuredWorkBeforeUs), c.Workers))
 			}
-			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%.0f\t%.2f\t%.0f\t%.2f\t%d\t%d\t\n", r.Consumer, r.EventsPerSec, of, ofm, r.P99us, r.Seconds,
+			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%.0f\t%.2f\t%.0f\t%.2f\t%d\t%d\t\n", r.Consumer, r.EventsPerSec, of, ofm, ofb, r.P99us, r.Seconds,
 				r.CPUNsPerEvent, float64(r.FetchedRecords)/float64(r.Events), r.OrderViolations, r.Duplicates)
 		}
 	}
@@ -425,7 +440,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		if bound > 0 {
 			fmt.Fprintf(stdout, "bound: %.0f events/s = events / max(hottest key's events x work, events x work / workers), work %v as given\n", bound, work.dur)
-			fmt.Fprintf(stdout, "measured bound: %.0f events/s, the same with the work as measured here (%v)\n", mbound, measured.Round(time.Microsecond))
+			for _, name := range c.Consumers {
+				r := results[name]
+				fmt.Fprintf(stdout, "%s: measured bound %.0f events/s, the same with the work as measured here alone around its run (%.3f ms: %.3f ms before, %.3f ms after)\n",
+					name, r.MeasuredBoundEventsPerSec, r.MeasuredWorkUs/1e3, r.MeasuredWorkBeforeUs/1e3, r.MeasuredWorkAfterUs/1e3)
+			}
 		}
 	}
 	return nil
@@ -438,20 +457,18 @@ func (s *stream) bound(w time.Duration, workers int) float64 {
 	return float64(len(s.events)) / secs
 }
 
-// measureCalls is how many sequential calls measure takes: about half a
-// second of nominal work, 20 to 2,000 calls.
-func (w workSpec) measureCalls() int {
-	return min(2000, max(20, int(500*time.Millisecond/max(w.dur, time.Nanosecond))))
-}
-
 // measure returns the mean duration of one call of the work, alone (calls
 // one after another on one goroutine): what a time.Sleep(1ms) costs here
 // (timer slack, scheduling on a loaded machine), not what it was asked for.
+// It calls the work for about half a second (20 to 2,000 calls): by the
+// clock, not by the nominal work, since a short sleep takes far longer than
+// asked (100µs takes about 1.1 ms here).
 func (w workSpec) measure() time.Duration {
-	n := w.measureCalls()
 	start := time.Now()
-	for range n {
+	n := 0
+	for n < 2000 && (n < 20 || time.Since(start) < 500*time.Millisecond) {
 		w.do()
+		n++
 	}
 	return time.Since(start) / time.Duration(n)
 }

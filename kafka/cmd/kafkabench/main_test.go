@@ -20,6 +20,7 @@ func TestTinyRun(t *testing.T) {
 	}
 	sc := bufio.NewScanner(&out)
 	var names []string
+	var after float64
 	for sc.Scan() {
 		var fields map[string]any
 		if err := json.Unmarshal(sc.Bytes(), &fields); err != nil {
@@ -27,13 +28,13 @@ func TestTinyRun(t *testing.T) {
 		}
 		for _, f := range []string{"consumer", "partitions", "events", "seconds", "events_per_sec", "bound_events_per_sec",
 			"p99_us", "order_violations", "duplicates", "measured_work_us", "measured_bound_events_per_sec",
-			"cpu_seconds", "cpu_ns_per_event", "fetch_requests", "fetched_records"} {
+			"cpu_seconds", "cpu_ns_per_event", "fetch_requests", "fetched_records", "measured_work_before_us", "measured_work_after_us"} {
 			if _, ok := fields[f]; !ok {
 				t.Errorf("line %q lacks %s", sc.Text(), f)
 			}
 		}
-		if len(fields) != 15 {
-			t.Errorf("line %q: %d fields, want 15", sc.Text(), len(fields))
+		if len(fields) != 17 {
+			t.Errorf("line %q: %d fields, want 17", sc.Text(), len(fields))
 		}
 		var r Result
 		_ = json.Unmarshal(sc.Bytes(), &r)
@@ -49,6 +50,15 @@ func TestTinyRun(t *testing.T) {
 		if want := r.BoundEventsPerSec * 100 / r.MeasuredWorkUs; math.Abs(r.MeasuredBoundEventsPerSec-want) > want/100 {
 			t.Errorf("measured bound %.0f, want %.0f (work %.1fµs)", r.MeasuredBoundEventsPerSec, want, r.MeasuredWorkUs)
 		}
+		// The work is measured around each run: before it (after the
+		// previous run) and after it; the bound is from their mean.
+		if r.MeasuredWorkBeforeUs < 100 || r.MeasuredWorkAfterUs < 100 ||
+			math.Abs(r.MeasuredWorkUs-(r.MeasuredWorkBeforeUs+r.MeasuredWorkAfterUs)/2) > 0.01 ||
+			(len(names) > 0 && r.MeasuredWorkBeforeUs != after) {
+			t.Errorf("measured work %.1fµs, before %.1fµs (the previous run's after: %.1fµs), after %.1fµs",
+				r.MeasuredWorkUs, r.MeasuredWorkBeforeUs, after, r.MeasuredWorkAfterUs)
+		}
+		after = r.MeasuredWorkAfterUs
 		names = append(names, r.Consumer)
 	}
 	if strings.Join(names, ",") != "keysched,plain,keysched-partition" {
