@@ -374,7 +374,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(tw, "consumer\tevents/s\tof bound\tof measured bound\tof bound measured before\tp99 µs\tseconds\tcpu ns/event\tfetched/event\torder violations\tduplicates\t")
 	}
 	results := map[string]Result{}
-	hot := map[string]*HotKeyGaps{}
+	type hotRun struct {
+		name string
+		h    *HotKeyGaps
+	}
+	var hot []hotRun        // in run order
 	var idealRuns []float64 // events/s of each ideal run
 	for i, name := range c.Consumers {
 		cpu0 := cpuTime()
@@ -397,7 +401,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 			idealRuns = append(idealRuns, r.EventsPerSec)
 		}
 		if c.HotKey && !c.JSON {
-			hot[name] = r.HotKey
+			hot = append(hot, hotRun{name, r.HotKey})
 		}
 		if c.JSON {
 			b, _ := json.Marshal(r)
@@ -415,10 +419,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if !c.JSON {
 		tw.Flush()
-		for _, name := range c.Consumers {
-			if h := hot[name]; h != nil {
-				printHotKey(stdout, name, h)
-			}
+		for _, hr := range hot {
+			printHotKey(stdout, hr.name, hr.h)
 		}
 		plain, okp := results["plain"]
 		for _, name := range []string{"keysched", "keysched-partition"} {
@@ -609,10 +611,13 @@ func (t *tally) OnFetchRecordUnbuffered(r *kgo.Record, polled bool) {
 	}
 }
 
-// OnFetchRecordBuffered is the franz-go hook: a fetched record enters the
-// client's buffer.
-func (t *tally) OnFetchRecordBuffered(r *kgo.Record) {
-	if !t.hot || len(r.Value) != 8 {
+// bufferedHook is the franz-go hook of --hot-key alone (no cost per
+// record without it): a fetched record enters the client's buffer.
+type bufferedHook struct{ t *tally }
+
+func (h bufferedHook) OnFetchRecordBuffered(r *kgo.Record) {
+	t := h.t
+	if len(r.Value) != 8 {
 		return
 	}
 	if seq := binary.BigEndian.Uint64(r.Value); seq < uint64(len(t.buffered)) {
@@ -691,6 +696,9 @@ func (s *stream) consume(name string, seeds []string, topic, group string, c *cl
 		kgo.SeedBrokers(seeds...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.WithHooks(t),
 		kgo.FetchMaxWait(10 * time.Millisecond),
+	}
+	if c.HotKey {
+		copts = append(copts, kgo.WithHooks(bufferedHook{t}))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.Timeout)
 	defer cancel()
