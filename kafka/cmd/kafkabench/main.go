@@ -380,6 +380,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	var hot []hotRun        // in run order
 	var idealRuns []float64 // events/s of each ideal run
+	var ran []Result        // every run, in order (results keeps a name's last)
 	for i, name := range c.Consumers {
 		cpu0 := cpuTime()
 		r, err := s.consume(name, seeds, topic, fmt.Sprintf("%s-g%d", topic, i), &c, work)
@@ -397,6 +398,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		r.CPUNsPerEvent = 1e9 * r.CPUSeconds / float64(r.Events)
 		results[name] = r
+		ran = append(ran, r)
 		if name == "ideal" {
 			idealRuns = append(idealRuns, r.EventsPerSec)
 		}
@@ -442,10 +444,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		if bound > 0 {
 			fmt.Fprintf(stdout, "bound: %.0f events/s = events / max(hottest key's events x work, events x work / workers), work %v as given\n", bound, work.dur)
-			for _, name := range c.Consumers {
-				r := results[name]
+			for _, r := range ran {
 				fmt.Fprintf(stdout, "%s: measured bound %.0f events/s, the same with the work as measured here alone around its run (%.3f ms: %.3f ms before, %.3f ms after)\n",
-					name, r.MeasuredBoundEventsPerSec, r.MeasuredWorkUs/1e3, r.MeasuredWorkBeforeUs/1e3, r.MeasuredWorkAfterUs/1e3)
+					r.Consumer, r.MeasuredBoundEventsPerSec, r.MeasuredWorkUs/1e3, r.MeasuredWorkBeforeUs/1e3, r.MeasuredWorkAfterUs/1e3)
 			}
 		}
 	}
