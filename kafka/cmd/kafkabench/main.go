@@ -68,14 +68,15 @@ type cli struct {
 	Limit     int     `default:"0" placeholder:"N" help:"Use only the first N events; 0: all (default ${default})."`
 	Rounds    int     `default:"1" placeholder:"R" help:"Produce the stream R times, one copy after another, keys prefixed with the round number (r/KEY): independent keys, a longer run (after --limit) (default ${default})."`
 
-	Work        string        `default:"io=1ms" placeholder:"SPEC" help:"Each handler's work: none; io=DUR (sleeps DUR, like a network call); cpu=DUR (a busy loop) (default ${default})."`
-	Workers     int           `default:"256" placeholder:"N" help:"The adapter's workers (keysched.WithWorkers) (default ${default})."`
-	MaxInFlight int           `default:"4096" placeholder:"N" help:"The adapter's per-partition bound, WithMaxInFlight (default ${default})."`
-	Consumers   []string      `default:"keysched,plain,keysched-partition" sep:"," placeholder:"NAME" help:"Consumers to run, in order: keysched, plain, keysched-partition, ideal (no broker: see runIdeal) (default ${default})."`
-	Timeout     time.Duration `default:"10m" help:"Give up on a consumer that has not handled every event after this long (default ${default})."`
-	JSON        bool          `name:"json" help:"One JSON object per consumer per line."`
-	CPUProfile  string        `name:"cpuprofile" placeholder:"FILE" help:"Write a CPU profile of the consumers' runs to FILE."`
-	HotKey      bool          `name:"hot-key" help:"After each consumer, print where the hottest key's time went: from the first polled record to its first record's start, its records' work, the gaps between them (split into: the next record not fetched yet, fetched but not polled, polled but not started) and the tail after its last record."`
+	Work         string        `default:"io=1ms" placeholder:"SPEC" help:"Each handler's work: none; io=DUR (sleeps DUR, like a network call); cpu=DUR (a busy loop) (default ${default})."`
+	Workers      int           `default:"256" placeholder:"N" help:"The adapter's workers (keysched.WithWorkers) (default ${default})."`
+	MaxInFlight  int           `default:"4096" placeholder:"N" help:"The adapter's per-partition bound, WithMaxInFlight (default ${default})."`
+	Consumers    []string      `default:"keysched,plain,keysched-partition" sep:"," placeholder:"NAME" help:"Consumers to run, in order: keysched, plain, keysched-partition, ideal (no broker: see runIdeal) (default ${default})."`
+	FetchMaxWait time.Duration `name:"fetch-max-wait" default:"10ms" help:"The consumers' kgo.FetchMaxWait: how long the broker holds a fetch with no new records (10ms or more; default ${default}). Short: every idle fetch round trip wakes the process (with --work io=1ms, 1s ran the adapter 0.91-1.24 of the ideal consumer where 10ms ran 0.77-0.99, nine alternating pairs on 2026-12-01); long: a resumed partition waits for the fetch in flight (--work none --rounds 20: 500ms was slower in three pairs of three)."`
+	Timeout      time.Duration `default:"10m" help:"Give up on a consumer that has not handled every event after this long (default ${default})."`
+	JSON         bool          `name:"json" help:"One JSON object per consumer per line."`
+	CPUProfile   string        `name:"cpuprofile" placeholder:"FILE" help:"Write a CPU profile of the consumers' runs to FILE."`
+	HotKey       bool          `name:"hot-key" help:"After each consumer, print where the hottest key's time went: from the first polled record to its first record's start, its records' work, the gaps between them (split into: the next record not fetched yet, fetched but not polled, polled but not started) and the tail after its last record."`
 }
 
 // Result is one consumer's run (the --json line).
@@ -309,6 +310,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if c.Partitions < 1 || c.Workers < 1 || c.MaxInFlight < 1 || c.Limit < 0 || c.Rounds < 1 {
 		return errors.New("--partitions, --workers, --max-in-flight and --rounds need at least 1, --limit 0 or more")
+	}
+	if c.FetchMaxWait < 10*time.Millisecond {
+		return fmt.Errorf("--fetch-max-wait %v: franz-go takes 10ms or more", c.FetchMaxWait)
 	}
 	for _, name := range c.Consumers {
 		if !slices.Contains([]string{"keysched", "plain", "keysched-partition", "ideal"}, name) {
@@ -696,7 +700,7 @@ func (s *stream) consume(name string, seeds []string, topic, group string, c *cl
 	copts := []kgo.Opt{
 		kgo.SeedBrokers(seeds...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.WithHooks(t),
-		kgo.FetchMaxWait(10 * time.Millisecond),
+		kgo.FetchMaxWait(c.FetchMaxWait),
 	}
 	if c.HotKey {
 		copts = append(copts, kgo.WithHooks(bufferedHook{t}))

@@ -73,6 +73,7 @@ func TestBadFlags(t *testing.T) {
 		{"--partitions", "0"},
 		{"--rounds", "0"},
 		{"--consumers", "nope"},
+		{"--fetch-max-wait", "5ms"},
 		{"--synthetic", "--trace", "x"},
 	} {
 		var out, errOut bytes.Buffer
