@@ -13,6 +13,13 @@
 //	go run ./db/cmd/outboxbench                                  # both databases, all systems
 //	go run ./db/cmd/outboxbench --db sqlite --events 20000 --json
 //	go run ./db/cmd/outboxbench --db postgres --dsn 'postgres://user@host/db' --systems keysched,river
+//	go run ./db/cmd/outboxbench --db postgres --systems keysched,watermill --only throughput --pgstats
+//
+// --pgstats prints, after each PostgreSQL run, what it cost the server per
+// event: WAL bytes (and records by type with the pg_walinspect extension),
+// WAL syncs, commits, the run's tables' tuple writes and where its backends
+// waited (pgstats.go). The WAL and commit figures are the whole server's:
+// run it on a server of its own.
 //
 // PostgreSQL is reached at --dsn (default: the local socket, database
 // keysched_test, as the OS user); it is skipped with a message when it cannot
