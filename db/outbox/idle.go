@@ -15,9 +15,11 @@ import (
 //
 // The relay writes the row when a poll had room and found no row to fetch,
 // then polls once more before it sleeps: a write committed before the row
-// was is found by that poll. A write whose inserting statement ran before
-// the row was committed (it saw no idle relay, so it notifies nobody) and
-// that commits after that second poll began is found by the next poll,
+// was is found by that poll. A write whose transaction's first inserting
+// statement ran before the row was committed (the trigger checks the idle
+// table once per transaction, there: it saw no idle relay, so the
+// transaction notifies nobody) and that commits after that second poll
+// began is found by the next poll,
 // WithPollInterval later at most: that is the price of the check, one poll
 // interval for a write racing the relay's going idle. The relay deletes the
 // row when a fetch finds rows (before it publishes them), when its LISTEN

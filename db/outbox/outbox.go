@@ -200,9 +200,12 @@ func WithTable(name string) Option {
 // once the rows it fetched have settled (at once after a full batch, after
 // WithPollInterval at most). A write whose insert ran before a relay went
 // idle and that commits after the relay's last look notifies nobody: the
-// relay's next poll finds it, WithPollInterval later at most. Each
-// inserting statement reads <table>_idle once (the writers' role needs
-// SELECT on it). See db/README.md, "NOTIFY and the write rate".
+// relay's next poll finds it, WithPollInterval later at most; "ran before"
+// means the transaction's first inserting statement: each transaction reads
+// <table>_idle once, there (the writers' role needs SELECT on it; a
+// transaction-local setting, keysched_notify.<table>, remembers the check
+// until the transaction ends). See db/README.md, "NOTIFY and the write
+// rate".
 //
 // Off, CreateSchema drops the trigger and its function if they are there
 // (both ways are idempotent: switching is one CreateSchema), writes send no

@@ -53,7 +53,11 @@ func (e *dbEnv) tableName(prefix string) string {
 
 // openSQL opens the run's database through database/sql: SQLite a new file
 // (sqldb.OpenSQLite: WAL, busy timeout 10 s, BEGIN IMMEDIATE), PostgreSQL
-// through pgx's database/sql driver with at most 32 connections.
+// through pgx's database/sql driver with at most 32 connections, all kept
+// open when idle (database/sql keeps 2 by default: a system whose consumers
+// hold more connections at once than the writers, as the outbox's relay does,
+// closed and reopened connections through the run, a new backend and its
+// prepared statements each time).
 func (e *dbEnv) openSQL(ctx context.Context) (*sql.DB, func(), error) {
 	if e.name == "sqlite" {
 		path := filepath.Join(e.dir, fmt.Sprintf("run%d.db", runs.Add(1)))
@@ -75,5 +79,6 @@ func (e *dbEnv) openSQL(ctx context.Context) (*sql.DB, func(), error) {
 		return nil, nil, err
 	}
 	db.SetMaxOpenConns(32)
+	db.SetMaxIdleConns(32)
 	return db, func() { db.Close() }, nil
 }

@@ -22,6 +22,9 @@ type system interface {
 	start(ctx context.Context, n int, deliver func(ctx context.Context, i int) error) (stop func(context.Context) error, err error)
 	// close drops the run's tables and closes its connections.
 	close()
+	// tables is a LIKE pattern on schemaname.relname matching the run's
+	// tables (--pgstats).
+	tables() string
 }
 
 // workload: events 0..events-1; event i has key i%keys and is that key's
@@ -120,16 +123,17 @@ type result struct {
 	DeliverRate float64 `json:"delivered_events_per_s"`
 	// OtherRate: the same over the events of keys other than key 0 (the
 	// failing one in a failing run).
-	OtherRate       float64 `json:"other_keys_events_per_s"`
-	P50ms           float64 `json:"commit_to_delivery_p50_ms"`
-	P99ms           float64 `json:"commit_to_delivery_p99_ms"`
-	Delivered       int     `json:"delivered"` // first deliveries
-	Awaited         int     `json:"awaited"`   // the events the run waits for: all, or the other keys' when key 0 fails
-	OrderViolations int64   `json:"order_violations"`
-	Duplicates      int64   `json:"duplicates"`
-	BadCalls        int64   `json:"failing_key_sink_calls"`
-	TimedOut        bool    `json:"timed_out"`
-	Load1           float64 `json:"load_avg_1m"`
+	OtherRate       float64  `json:"other_keys_events_per_s"`
+	P50ms           float64  `json:"commit_to_delivery_p50_ms"`
+	P99ms           float64  `json:"commit_to_delivery_p99_ms"`
+	Delivered       int      `json:"delivered"` // first deliveries
+	Awaited         int      `json:"awaited"`   // the events the run waits for: all, or the other keys' when key 0 fails
+	OrderViolations int64    `json:"order_violations"`
+	Duplicates      int64    `json:"duplicates"`
+	BadCalls        int64    `json:"failing_key_sink_calls"`
+	TimedOut        bool     `json:"timed_out"`
+	Load1           float64  `json:"load_avg_1m"`
+	PG              *pgDelta `json:"pgstats,omitempty"` // --pgstats
 }
 
 // run writes the workload in transactions of perTx events while n consumers

@@ -22,6 +22,7 @@ type outboxSystem struct {
 	keys  int
 	batch int
 	drop  func()
+	name  string
 }
 
 func newOutboxSystem(ctx context.Context, env *dbEnv, keys, batch int) (system, error) {
@@ -49,10 +50,12 @@ func newOutboxSystem(ctx context.Context, env *dbEnv, keys, batch int) (system, 
 		}
 		closeDB()
 	}
-	return &outboxSystem{ob: ob, keys: keys, batch: batch, drop: drop}, nil
+	return &outboxSystem{ob: ob, keys: keys, batch: batch, drop: drop, name: name}, nil
 }
 
 func (s *outboxSystem) close() { s.drop() }
+
+func (s *outboxSystem) tables() string { return "%." + s.name + "%" }
 
 func (s *outboxSystem) writeTx(ctx context.Context, idx []int) error {
 	tx, err := s.ob.DB().BeginTx(ctx, nil)

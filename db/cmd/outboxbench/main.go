@@ -13,6 +13,13 @@
 //	go run ./db/cmd/outboxbench                                  # both databases, all systems
 //	go run ./db/cmd/outboxbench --db sqlite --events 20000 --json
 //	go run ./db/cmd/outboxbench --db postgres --dsn 'postgres://user@host/db' --systems keysched,river
+//	go run ./db/cmd/outboxbench --db postgres --systems keysched,watermill --only throughput --pgstats
+//
+// --pgstats prints, after each PostgreSQL run, what it cost the server per
+// event: WAL bytes (and records by type with the pg_walinspect extension),
+// WAL syncs, commits, the run's tables' tuple writes and where its backends
+// waited (pgstats.go). The WAL and commit figures are the whole server's:
+// run it on a server of its own.
 //
 // PostgreSQL is reached at --dsn (default: the local socket, database
 // keysched_test, as the OS user); it is skipped with a message when it cannot
@@ -52,6 +59,7 @@ type config struct {
 	only         string
 	json         bool
 	notify       bool
+	pgstats      bool
 }
 
 func main() {
@@ -80,12 +88,13 @@ func mainErr(ctx context.Context, args []string, out io.Writer) error {
 		profile = fs.String("cpuprofile", "", "write a CPU profile to this file")
 		only    = fs.String("only", "", "run only the healthy (\"throughput\") or only the failing-key (\"isolation\") runs")
 		asJSON  = fs.Bool("json", false, "print one JSON object per run and per summary row, one a line, instead of the tables")
+		pgstats = fs.Bool("pgstats", false, "PostgreSQL: after each run, what it cost the server per event (WAL bytes and records, syncs, commits, the run's tables' tuple writes, where its backends waited); each run then waits 11 s more for the server's statistics (see pgstats.go)")
 		notify  = fs.Bool("notify", true, "keysched on PostgreSQL: the outbox's NOTIFY trigger and its relays' LISTEN (false: outbox.WithNotify(false), relays poll every 20 ms)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg := config{dsn: *dsn, rounds: *rounds, batch: *batch, isolation: *isolate, only: *only, json: *asJSON, notify: *notify,
+	cfg := config{dsn: *dsn, rounds: *rounds, batch: *batch, isolation: *isolate, only: *only, json: *asJSON, notify: *notify, pgstats: *pgstats,
 		wl: workload{events: *events, keys: *keys, perTx: *perTx, writers: *writers, backlog: *backlog, timeout: *timeout}}
 	switch {
 	case *events < 1, *keys < 2, *perTx < 1, *writers < 1, *rounds < 1, *batch < 1, *timeout <= 0:
@@ -184,6 +193,10 @@ func bench(ctx context.Context, cfg config, out io.Writer) error {
 			continue
 		}
 		env.noNotify = !cfg.notify
+		if cfg.pgstats && env.name == "postgres" {
+			// The runs' connections, told apart in pg_stat_activity.
+			env.dsn = appDSN(env.dsn, benchAppName())
+		}
 		for _, sysName := range cfg.systems {
 			for _, n := range cfg.consumers {
 				s, err := benchOne(ctx, cfg, env, sysName, n, out, enc)
@@ -246,7 +259,21 @@ func benchOne(ctx context.Context, cfg config, env *dbEnv, sysName string, n int
 			}
 			wl := cfg.wl
 			wl.failing = failing
+			var ps *pgStats
+			if cfg.pgstats && env.name == "postgres" {
+				if ps, err = startPGStats(ctx, cfg.dsn, benchAppName(), sys.tables()); err != nil {
+					sys.close()
+					return s, fmt.Errorf("pgstats: %w", err)
+				}
+			}
 			r, err := run(ctx, sys, wl, n)
+			if ps != nil {
+				d, perr := ps.finish(ctx, wl.events)
+				if err == nil && perr != nil {
+					err = fmt.Errorf("pgstats: %w", perr)
+				}
+				r.PG = d
+			}
 			sys.close()
 			if err != nil {
 				return s, err
@@ -264,6 +291,9 @@ func benchOne(ctx context.Context, cfg config, env *dbEnv, sysName string, n int
 				fmt.Fprintf(out, "%-8s %-16s %4d %-15s %5d %10.0f %10.0f %10.0f %8.1f %8.1f %6d %6d %5.1f%s\n",
 					r.DB, r.System, n, r.Scenario, round, r.WriteRate, r.DeliverRate, r.OtherRate, r.P50ms, r.P99ms,
 					r.OrderViolations, r.Duplicates, r.Load1, timedOut(r))
+				if r.PG != nil {
+					fmt.Fprint(out, r.PG.String())
+				}
 			}
 			s.Duplicates += r.Duplicates
 			if !failing {

@@ -128,6 +128,8 @@ func (s *riverSystem[TTx]) migrate(ctx context.Context) error {
 
 func (s *riverSystem[TTx]) close() { s.drop() }
 
+func (s *riverSystem[TTx]) tables() string { return s.schema + ".%" }
+
 // client is a River client; with deliver nil, one that only inserts.
 func (s *riverSystem[TTx]) client(deliver func(context.Context, int) error) (*river.Client[TTx], error) {
 	cfg := &river.Config{Schema: s.schema, Logger: quiet}

@@ -61,6 +61,8 @@ func newWatermillSystem(ctx context.Context, env *dbEnv, keys int) (system, erro
 
 func (s *watermillSystem) close() { s.drop() }
 
+func (s *watermillSystem) tables() string { return "%.watermill_%" + s.topic }
+
 func (s *watermillSystem) subscriber() (*wsql.Subscriber, error) {
 	return wsql.NewSubscriber(wsql.BeginnerFromStdSQL(s.db), wsql.SubscriberConfig{
 		SchemaAdapter:    s.schema,
