@@ -40,10 +40,13 @@ type group struct {
 	// before it is submitted, to the poll loop under p.mu; a handing-on
 	// predecessor under p.mu, which can only happen before this group
 	// starts).
-	items  []*item
-	one    [1]*item // items' first backing array (most groups hold one record)
-	cur    int      // the next record to run
-	failAt int      // the record the group's failed attempts were counted for; -1 none
+	items []*item
+	// one is items' first backing array (most groups hold one record);
+	// cleared with items when the group finishes: a finished group kept
+	// in p.last must keep no item's chunk (takeItem) reachable.
+	one    [1]*item
+	cur    int // the next record to run
+	failAt int // the record the group's failed attempts were counted for; -1 none
 
 	next     *group      // the key's next group (p.mu)
 	finished atomic.Bool // all its records finished or handed on
@@ -155,7 +158,7 @@ func (g *group) run(ctx context.Context) error {
 		return nil
 	}
 	returned = true
-	g.items = nil // let go of the records (a finished group may stay in p.last a while)
+	g.items, g.one[0] = nil, nil // let go of the records (a finished group may stay in p.last a while)
 	g.finished.Store(true)
 	if g.failAt >= 0 {
 		p.c.failed(g.key, g)
@@ -205,6 +208,7 @@ func (g *group) handOn(i int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	rest := g.items[i:]
+	defer func() { g.one[0] = nil }() // after rest is taken (it may be g.one)
 	g.items = nil
 	g.finished.Store(true)
 	if g.failAt >= 0 {
