@@ -226,9 +226,11 @@ const itemChunk = 32
 // its items itemChunk at a time, one allocation for them instead of one
 // each (an allocation per record was a good part of the adapter's cost per
 // record: its own, and the collections it made). An item kept keeps its
-// chunk reachable: at most itemChunk-1 finished items (about 2.5 KB; their
-// records are let go at finish) per unfinished one, so the memory stays
-// proportional to the unfinished records.
+// chunk reachable: at most itemChunk-1 finished items (80 bytes each; their
+// records are let go at finish) and their finished groups (176 bytes and a
+// scheduler task each; a finished group keeps neither its items nor its
+// key's next group, see group) per unfinished one, under 10 KB, so the
+// memory stays proportional to the unfinished records.
 func (p *partition) takeItem(r *kgo.Record) *item {
 	if len(p.slab) == 0 {
 		p.slab = make([]item, itemChunk)
