@@ -40,12 +40,19 @@ type group struct {
 	// before it is submitted, to the poll loop under p.mu; a handing-on
 	// predecessor under p.mu, which can only happen before this group
 	// starts).
-	items  []*item
-	one    [1]*item // items' first backing array (most groups hold one record)
-	cur    int      // the next record to run
-	failAt int      // the record the group's failed attempts were counted for; -1 none
+	items []*item
+	// one is items' first backing array (most groups hold one record);
+	// cleared with items when the group finishes: a finished group kept
+	// in p.last must keep no item's chunk (takeItem) reachable.
+	one    [1]*item
+	cur    int // the next record to run
+	failAt int // the record the group's failed attempts were counted for; -1 none
 
-	next     *group      // the key's next group (p.mu)
+	// next is the key's next group (set under p.mu), cleared when this
+	// group finishes: a group kept reachable (by p.last, by the
+	// scheduler's chain of the key) must not keep every later group of
+	// its key reachable through it, for as long as the key stays busy.
+	next     atomic.Pointer[group]
 	finished atomic.Bool // all its records finished or handed on
 	comp     atomic.Pointer[keysched.Completion]
 }
@@ -155,8 +162,9 @@ func (g *group) run(ctx context.Context) error {
 		return nil
 	}
 	returned = true
-	g.items = nil // let go of the records (a finished group may stay in p.last a while)
+	g.items, g.one[0] = nil, nil // let go of the records (a finished group may stay in p.last a while)
 	g.finished.Store(true)
+	g.next.Store(nil) // after finished: see addTo
 	if g.failAt >= 0 {
 		p.c.failed(g.key, g)
 	}
@@ -205,15 +213,18 @@ func (g *group) handOn(i int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	rest := g.items[i:]
+	next := g.next.Load()
+	defer func() { g.one[0] = nil }() // after rest is taken (it may be g.one)
 	g.items = nil
 	g.finished.Store(true)
+	g.next.Store(nil)
 	if g.failAt >= 0 {
 		c.failed(g.key, g)
 	}
 	if len(rest) == 0 || !p.active() {
 		return // nothing left, or not ours any more: the next owner handles them
 	}
-	if n := g.next; n != nil {
+	if n := next; n != nil {
 		items := make([]*item, 0, len(rest)+len(n.items))
 		n.items = append(append(items, rest...), n.items...)
 		for _, it := range rest {
@@ -290,7 +301,12 @@ func (c *Consumer) addTo(p *partition, groups []*group, it *item, r *kgo.Record)
 	}
 	ng := c.newGroupOf(p, k, null, ks, it)
 	if prev != nil && !prev.finished.Load() {
-		prev.next = ng
+		prev.next.Store(ng)
+		if prev.finished.Load() {
+			// It finished meanwhile, and may have cleared next
+			// before the store: a finished group keeps no next.
+			prev.next.CompareAndSwap(ng, nil)
+		}
 	}
 	p.setLast(null, ks, ng)
 	return append(groups, ng)

@@ -11,7 +11,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"weak"
 
+	"github.com/keysched/keysched"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -134,4 +136,91 @@ func TestStuckKeyBoundedMemory(t *testing.T) {
 		ps, _ := c.partStats("t", 0)
 		return ps.Frontier == int64(n) && ps.InFlight == 0
 	})
+}
+
+// Finished records must not stay reachable through the groups the
+// partition keeps: p.last keeps each key's last group (a partition with
+// fewer keys than its sweep threshold never forgets them), and the
+// scheduler's chain of a busy key keeps its first task, whose context is its
+// group. Here each of 50 polls of 1,000 records brings a key seen then and
+// never again, and two records of each of 500 other keys; every group is
+// made while its key's previous one is unfinished. Once all are finished,
+// no group of the 500 keys made between the first and the last poll may stay reachable: all
+// of them did through the next links, and, with items allocated in chunks
+// (takeItem), a once-seen key's group kept its poll's items and groups
+// through its first item.
+func TestFinishedGroupsKeepNoRecordsReachable(t *testing.T) {
+	const (
+		polls = 50
+		batch = 1000
+	)
+	c := &Consumer{cfg: defaultConfig(), parts: map[tp]*partition{}, runCtx: context.Background(), log: quiet}
+	c.cfg.maxInFlight = 1 << 30
+	s, err := keysched.New[schedKey](keysched.WithLogger(quiet), keysched.WithMaxKeyDepth(1<<30), keysched.WithMaxPending(1<<30))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Close(context.Background()) }()
+	c.sched = s
+	release := make(chan struct{})
+	c.h = func(ctx context.Context, r *kgo.Record) error {
+		<-release // every group unfinished while the next ones are made: each gets a next
+		return nil
+	}
+	p := newPartition(c, "t", 0, 1)
+	c.parts[tp{"t", 0}] = p
+	keys := make([][]byte, 500) // with the once-seen ones, fewer than 1024: p.last is never swept
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "k%d", i)
+	}
+	// The 500 keys' groups of every poll but the first (the scheduler may
+	// keep a key's first task, and with it its group, while the key's
+	// chain lives) and the last (in p.last).
+	var early []weak.Pointer[group]
+	for n := range polls {
+		rs := make([]*kgo.Record, 0, batch)
+		for i := range batch {
+			key := keys[i*263%len(keys)] // each key twice, spread over the poll
+			if i == batch-1 {
+				key = fmt.Appendf(nil, "once-%d", n) // its chunk holds second records: their groups' first items are in others
+			}
+			rs = append(rs, &kgo.Record{Topic: "t", Key: key, Offset: int64(n*batch + i)})
+		}
+		c.route(kgo.FetchTopicPartition{Topic: "t", FetchPartition: kgo.FetchPartition{Records: rs}})
+		if n > 0 && n < polls-1 {
+			p.mu.Lock()
+			seen := map[*group]bool{}
+			for _, it := range p.queue[len(p.queue)-batch : len(p.queue)-1] {
+				if !seen[it.g] {
+					seen[it.g] = true
+					early = append(early, weak.Make(it.g))
+				}
+			}
+			p.mu.Unlock()
+		}
+	}
+	close(release)
+	if err := s.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	if f, _, _ := p.frontier(); f != polls*batch {
+		t.Fatalf("frontier %d, want %d", f, polls*batch)
+	}
+	if len(p.last) != len(keys)+polls || len(early) != len(keys)*(polls-2) {
+		t.Fatalf("p.last holds %d keys, want %d; %d early groups, want %d: the test does not test what it says",
+			len(p.last), len(keys)+polls, len(early), len(keys)*(polls-2))
+	}
+	p.mu.Unlock()
+	runtime.GC()
+	alive := 0
+	for _, w := range early {
+		if w.Value() != nil {
+			alive++
+		}
+	}
+	runtime.KeepAlive(p) // the partition (its p.last) is what must not keep them
+	if alive > 0 {
+		t.Errorf("%d of the %d groups made between the first and the last poll, all finished, are still reachable", alive, len(early))
+	}
 }

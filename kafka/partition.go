@@ -49,6 +49,7 @@ type partition struct {
 	lastNil       *group            // the last group of the nil key (of the partition, under PartitionOrder)
 	lastSweep     int               // sweep p.last when it grows past this
 	scratch       []*group          // route's
+	slab          []item            // items not handed out yet (see takeItem)
 	holding       bool              // len(held) > 0, as counted in Consumer.holding
 	skip          []span            // offsets finished by an earlier owner (commit metadata)
 	metaWarned    bool
@@ -214,6 +215,29 @@ type item struct {
 
 func newItem(p *partition, r *kgo.Record) *item {
 	it := &item{p: p, off: r.Offset, epoch: r.LeaderEpoch}
+	it.rec.Store(r)
+	return it
+}
+
+// itemChunk is how many items route allocates at once (see takeItem).
+const itemChunk = 32
+
+// takeItem returns a new item for r from p's slab (p.mu held): route takes
+// its items itemChunk at a time, one allocation for them instead of one
+// each (an allocation per record was a good part of the adapter's cost per
+// record: its own, and the collections it made). An item kept keeps its
+// chunk reachable: at most itemChunk-1 finished items (80 bytes each; their
+// records are let go at finish) and their finished groups (176 bytes and a
+// scheduler task each; a finished group keeps neither its items nor its
+// key's next group, see group) per unfinished one, under 10 KB, so the
+// memory stays proportional to the unfinished records.
+func (p *partition) takeItem(r *kgo.Record) *item {
+	if len(p.slab) == 0 {
+		p.slab = make([]item, itemChunk)
+	}
+	it := &p.slab[0]
+	p.slab = p.slab[1:]
+	it.p, it.off, it.epoch = p, r.Offset, r.LeaderEpoch
 	it.rec.Store(r)
 	return it
 }

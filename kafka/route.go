@@ -52,7 +52,7 @@ func (c *Consumer) route(fp kgo.FetchTopicPartition) {
 		}
 		p.seen(r)
 		consumed++
-		it := newItem(p, r)
+		it := p.takeItem(r)
 		p.queue = append(p.queue, it)
 		groups = c.addTo(p, groups, it, r)
 	}
