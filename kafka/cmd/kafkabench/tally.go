@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"math"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// tally is one consumer run's bookkeeping.
+type tally struct {
+	s      *stream
+	work   workSpec
+	polled []atomic.Int64 // when each event was first polled, Unix ns
+	// With --hot-key alone (the time.Now calls cost a little): when each
+	// event was first fetched into the client's buffer, and when its
+	// (first) handler began and ended its work, Unix ns.
+	hot        bool
+	buffered   []atomic.Int64
+	began      []int64
+	ended      []int64
+	handled    []atomic.Bool
+	latency    []int64 // ns, first handling
+	last       []atomic.Int32
+	count      atomic.Int64
+	dups       atomic.Int64
+	violations atomic.Int64
+	start      atomic.Int64
+	end        atomic.Int64
+	all        chan struct{}
+
+	fetchReqs, fetchedRecs atomic.Int64 // see Result
+}
+
+func newTally(s *stream, work workSpec, hot bool) *tally {
+	t := &tally{s: s, work: work, polled: make([]atomic.Int64, len(s.events)), handled: make([]atomic.Bool, len(s.events)),
+		latency: make([]int64, len(s.events)), last: make([]atomic.Int32, s.keys), all: make(chan struct{})}
+	for i := range t.last {
+		t.last[i].Store(-1)
+	}
+	if hot {
+		t.hot, t.buffered, t.began, t.ended = true, make([]atomic.Int64, len(s.events)), make([]int64, len(s.events)), make([]int64, len(s.events))
+	}
+	return t
+}
+
+// OnFetchRecordUnbuffered is the franz-go hook: a record leaves the client
+// for the consumer.
+func (t *tally) OnFetchRecordUnbuffered(r *kgo.Record, polled bool) {
+	if !polled || len(r.Value) != 8 {
+		return
+	}
+	now := time.Now().UnixNano()
+	t.start.CompareAndSwap(0, now)
+	seq := binary.BigEndian.Uint64(r.Value)
+	if seq < uint64(len(t.polled)) {
+		t.polled[seq].CompareAndSwap(0, now)
+	}
+}
+
+// OnBrokerWrite is the franz-go hook: a request was written to a broker.
+func (t *tally) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if key == kmsg.Fetch.Int16() && err == nil {
+		t.fetchReqs.Add(1)
+	}
+}
+
+// OnFetchBatchRead is the franz-go hook: a fetched batch was decoded.
+func (t *tally) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m kgo.FetchBatchMetrics) {
+	t.fetchedRecs.Add(int64(m.NumRecords))
+}
+
+func (t *tally) handle(_ context.Context, r *kgo.Record) error {
+	if len(r.Value) != 8 {
+		return nil
+	}
+	seq := binary.BigEndian.Uint64(r.Value)
+	if seq >= uint64(len(t.s.events)) {
+		return nil
+	}
+	id, ord := t.s.ids[seq], t.s.ord[seq]
+	if last := t.last[id].Load(); ord > last+1 {
+		t.violations.Add(1) // an earlier event of the key has not finished
+	}
+	var began, ended int64
+	if t.hot {
+		began = time.Now().UnixNano()
+		t.work.do()
+		ended = time.Now().UnixNano()
+	} else {
+		t.work.do()
+	}
+	for {
+		last := t.last[id].Load()
+		if ord <= last || t.last[id].CompareAndSwap(last, ord) {
+			break
+		}
+	}
+	if t.handled[seq].Swap(true) {
+		t.dups.Add(1)
+		return nil
+	}
+	now := time.Now().UnixNano()
+	if t.hot {
+		t.began[seq], t.ended[seq] = began, ended
+	}
+	t.latency[seq] = now - t.polled[seq].Load()
+	if t.count.Add(1) == int64(len(t.s.events)) {
+		t.end.Store(now)
+		close(t.all)
+	}
+	return nil
+}
+
+func (t *tally) result(name string) Result {
+	n := len(t.s.events)
+	secs := float64(t.end.Load()-t.start.Load()) / 1e9
+	lat := slices.Clone(t.latency)
+	slices.Sort(lat)
+	p99 := lat[min(n-1, int(math.Ceil(0.99*float64(n)))-1)]
+	return Result{Consumer: name, Events: n, Seconds: secs, EventsPerSec: float64(n) / secs,
+		P99us: float64(p99) / 1e3, OrderViolations: t.violations.Load(), Duplicates: t.dups.Load(),
+		FetchRequests: t.fetchReqs.Load(), FetchedRecords: t.fetchedRecs.Load()}
+}
