@@ -536,10 +536,13 @@ func (r *Relay) checkSchema(ctx context.Context) error {
 // the relay is idle: it had room and found no row to fetch.
 func (r *Relay) poll(ctx context.Context) (full, idle bool) {
 	r.st.polls.Add(1)
-	r.releaseEnded(ctx)
 	r.mu.Lock()
 	room := r.cfg.batch - r.inflight
-	held := len(r.keys)
+	r.mu.Unlock()
+	r.releaseEnded(ctx, room <= 0)
+	r.mu.Lock()
+	room = r.cfg.batch - r.inflight
+	held := len(r.keys) - len(r.lingering(nil))
 	r.settled = 0
 	r.mu.Unlock()
 	if room > 0 {
@@ -551,7 +554,7 @@ func (r *Relay) poll(ctx context.Context) (full, idle bool) {
 		}
 		n := r.fetch(ctx, room)
 		full, idle = n == room, n == 0
-		r.releaseEnded(ctx)
+		r.releaseEnded(ctx, n == room)
 	}
 	if r.cfg.retention > 0 && r.mono()-r.lastClean >= int64(max(r.cfg.poll*10, time.Second)) {
 		r.cleanup(ctx)

@@ -22,6 +22,11 @@ const (
 	MaxLeaseDuration = 24 * time.Hour
 )
 
+// lingerPolls is how long a relay keeps the lease of a key it found drained
+// (nothing pending, nothing in flight), in poll intervals (WithPollInterval),
+// at most a third of the lease: see Relay.
+const lingerPolls = 10
+
 // minLeaseDuration is WithLeaseDuration's lower bound.
 const minLeaseDuration = 30 * time.Millisecond
 
@@ -71,6 +76,7 @@ type relayConfig struct {
 	maxKeys     int
 	poll        time.Duration
 	lease       time.Duration
+	linger      time.Duration // how long a drained key's lease is kept (lingerPolls polls, at most lease/3)
 	retention   time.Duration
 	listen      bool
 	logger      *slog.Logger
@@ -128,6 +134,7 @@ func newRelayConfig(opts []RelayOption) (relayConfig, error) {
 		c.lease = atLeast(c.lease, c.taskTimeout, 2)
 	}
 	c.poll = min(c.poll, c.lease/3)
+	c.linger = min(lingerPolls*c.poll, c.lease/3)
 	if c.taskTimeout > c.lease/2 {
 		if !c.leaseSet {
 			return c, refused(optcheck.Refuse("WithSinkTimeout", c.taskTimeout,
