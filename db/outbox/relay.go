@@ -62,6 +62,7 @@ type Relay struct {
 
 	okCalls   atomic.Uint64 // successful database calls (walks, fetches, renewals, marks)
 	lastClean int64         // loop goroutine only
+	lastRows  int64         // loop goroutine only: r.mono() at the end of the last poll that found rows (0: none yet)
 	cursor    string        // loop goroutine only: where the next key walk starts
 	fetchStmt *sql.Stmt
 
@@ -454,8 +455,19 @@ func (r *Relay) loop(ctx, runCtx context.Context) error {
 		}
 		fails, oks := r.health.total.Load(), r.okCalls.Load()
 		full, idle := r.poll(ctx)
-		if idle && r.health.total.Load() == fails && r.goIdle(ctx) {
-			continue // just told writers to notify: look once more before sleeping
+		wait := r.cfg.poll
+		if !idle {
+			r.lastRows = r.mono()
+		} else if r.health.total.Load() == fails {
+			if since := time.Duration(r.mono() - r.lastRows); r.lastRows != 0 && since < idleConfirm {
+				// Rows were found just before: a steady stream between
+				// two of its rows, not an idle relay. Look again soon
+				// rather than make writers notify (each notifying
+				// commit serialises with every other).
+				wait = min(wait, idleConfirm-since)
+			} else if r.goIdle(ctx) {
+				continue // just told writers to notify: look once more before sleeping
+			}
 		}
 		if r.health.total.Load() == fails && r.okCalls.Load() != oks {
 			r.dbOK(groupPoll)
@@ -465,7 +477,7 @@ func (r *Relay) loop(ctx, runCtx context.Context) error {
 		if full {
 			continue // a full batch: there may be more at once
 		}
-		timer.Reset(r.cfg.poll)
+		timer.Reset(wait)
 		select {
 		case <-runCtx.Done():
 			return runCtx.Err()
@@ -476,6 +488,12 @@ func (r *Relay) loop(ctx, runCtx context.Context) error {
 		}
 	}
 }
+
+// idleConfirm is how long a relay must have found no row before it tells
+// writers to notify it (goIdle): a poll finding nothing sooner after one
+// that found rows is followed by another poll when this has passed (or
+// WithPollInterval, if shorter), without the idle row.
+const idleConfirm = 25 * time.Millisecond
 
 // checkSchema checks, before Run claims anything, that the outbox and lease
 // tables exist and have the columns the relay uses. A database that does not
