@@ -65,8 +65,11 @@ func TestDrainedKeyLingersThenIsReleased(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
 		ob := newOutbox(t, db)
 		s := newClaimSink()
-		const poll = 150 * time.Millisecond // linger: 1.5 s
-		r, _ := startRelay(t, ob, s.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(poll))
+		// Linger: 1.5 s. The hour's lease keeps the key from being let go
+		// for having been fetched from for a lease (draining).
+		const poll = 150 * time.Millisecond
+		r, _ := startRelay(t, ob, s.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(poll),
+			outbox.WithLeaseDuration(time.Hour))
 		commitEvent(t, ob, "k", "0")
 		e0 := s.wait(t, "0", 30*time.Second)
 		waitUntil(t, "row 0 marked", func() bool { return len(counts(t, ob)) == 0 })
