@@ -22,6 +22,21 @@ import (
 // Close. Several relays (in one process or several) may run on one outbox:
 // each key is published by one relay at a time (see the package doc).
 //
+// What a relay holds, and for how long: the lease of each key it claimed
+// (at most WithMaxKeys), renewed every third of WithLeaseDuration while it
+// holds the key. It lets a key go (deletes its lease row) when the key has
+// had nothing pending and nothing in flight for ten poll intervals
+// (WithPollInterval; at most a third of the lease): the key lingers
+// meanwhile, and a row written to it then is published under the same
+// claim, with no release and no new claim (each a commit). It lets a
+// drained key go at once when its batch is full (WithBatchSize: it could
+// not fetch the key's next rows) or when it holds WithMaxKeys keys and
+// another key with pending rows waits for a slot; a key it has fetched
+// from for a lease is let go once its rows in flight settle (see the
+// package doc); a key whose lease was lost, or that it parked, is let go
+// once its rows in flight are given back. Close, and the end of Run, let
+// every key go.
+//
 // The zero Relay is not usable: use Outbox.NewRelay. The methods of a nil or
 // zero Relay return ErrZeroRelay (those with an error result) or zero
 // values, and do nothing else.

@@ -245,7 +245,9 @@ func WithKeyBatch(n int) RelayOption {
 }
 
 // WithMaxKeys bounds how many keys the relay leases at once (default: the
-// batch size). n >= 1.
+// batch size). A relay at the bound gives the slot of a key that lingers
+// (drained, nothing in flight: see Relay) to a key with pending rows that
+// waits. n >= 1.
 func WithMaxKeys(n int) RelayOption {
 	return func(c *relayConfig) error {
 		if r := optcheck.AtLeast("WithMaxKeys", n, 1); r != nil {
@@ -262,8 +264,11 @@ func WithMaxKeys(n int) RelayOption {
 // raises the lease to 3d: see RelayOption). On PostgreSQL a NOTIFY from a committed Write wakes an idle
 // relay sooner (see WithListen and WithNotify); a relay that found rows is
 // busy, is not notified, and polls again once its rows have settled, or
-// after d. A write racing a relay's going idle waits up to d. A full batch
-// is followed by the next poll at once.
+// after d; a relay that found rows less than 25 ms before is still busy
+// (it looks again then, or after d if shorter). A write racing a relay's
+// going idle waits up to d. A full batch is followed by the next poll at
+// once. A drained key's lease is kept for ten poll intervals (at most a
+// third of the lease: see Relay).
 // d > 0.
 func WithPollInterval(d time.Duration) RelayOption {
 	return func(c *relayConfig) error {
