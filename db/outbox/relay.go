@@ -66,6 +66,9 @@ type Relay struct {
 	// beforeFetch, for tests, is called by each poll between claiming
 	// and fetching (a slow database or a starved process).
 	beforeFetch func()
+	// afterPoll, for tests, is called by the loop after each poll with
+	// when it began (r.mono()) and its result.
+	afterPoll func(began int64, full, idle bool)
 
 	// idle: the relay's row in <table>_idle is live (PostgreSQL, with the
 	// NOTIFY trigger and LISTEN): writers notify it. Written by the loop
@@ -469,7 +472,11 @@ func (r *Relay) loop(ctx, runCtx context.Context) error {
 		default:
 		}
 		fails, oks := r.health.total.Load(), r.okCalls.Load()
+		began := r.mono()
 		full, idle := r.poll(ctx)
+		if r.afterPoll != nil {
+			r.afterPoll(began, full, idle)
+		}
 		wait := r.cfg.poll
 		if !idle {
 			r.lastRows = r.mono()
@@ -499,10 +506,32 @@ func (r *Relay) loop(ctx, runCtx context.Context) error {
 		case <-r.closing:
 			return nil
 		case <-r.wake:
+			// Woken by rows settling while busy: the next poll comes
+			// no sooner than pollPace after this one began.
+			if d := time.Duration(began + int64(min(pollPace, r.cfg.poll)) - r.mono()); !idle && d > 0 {
+				timer.Stop()
+				timer.Reset(d)
+				select {
+				case <-runCtx.Done():
+					return runCtx.Err()
+				case <-r.closing:
+					return nil
+				case <-timer.C:
+				}
+			}
 		case <-timer.C:
 		}
 	}
 }
+
+// pollPace is the shortest time between the starts of two polls of a busy
+// relay (one that found rows) that did not fill its batch, or
+// WithPollInterval if shorter. Each mark of published rows wakes the relay
+// (its rows settled); without the pace, a relay keeping up with a steady
+// stream polled after every mark, a few milliseconds apart, each poll a
+// walk and a fetch (reads) and a mark (a commit) for the few rows that came
+// in between. A full batch is followed by the next poll at once.
+const pollPace = 10 * time.Millisecond
 
 // idleConfirm is how long a relay must have found no row before it tells
 // writers to notify it (goIdle): a poll finding nothing sooner after one

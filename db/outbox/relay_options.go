@@ -263,8 +263,9 @@ func WithMaxKeys(n int) RelayOption {
 // WithLeaseDuration; given alone above a third of DefaultLeaseDuration it
 // raises the lease to 3d: see RelayOption). On PostgreSQL a NOTIFY from a committed Write wakes an idle
 // relay sooner (see WithListen and WithNotify); a relay that found rows is
-// busy, is not notified, and polls again once its rows have settled, or
-// after d; a relay that found rows less than 25 ms before is still busy
+// busy, is not notified, and polls again once its rows have settled (10 ms
+// after its last poll began at the soonest, or d if shorter), or after d;
+// a relay that found rows less than 25 ms before is still busy
 // (it looks again then, or after d if shorter). A write racing a relay's
 // going idle waits up to d. A full batch is followed by the next poll at
 // once. A drained key's lease is kept for ten poll intervals (at most a
