@@ -88,9 +88,14 @@
 //     in seq order, beyond the last one it took, and submits them to its
 //     keysched scheduler under the key: one at a time per key, in order.
 //     Published rows are marked sent (or deleted) in batches.
-//   - A key with nothing left in flight and nothing pending is released
+//   - A key with nothing left in flight and nothing pending lingers: the
+//     relay keeps (and renews) its lease and looks for its rows at every
+//     poll, for ten poll intervals (WithPollInterval; at most a third of
+//     the lease), so that a key whose rows come in bursts is not released
+//     and claimed again (a commit each) between them. Then it is released
 //     (its lease row deleted), so another relay can take it when new rows
-//     arrive. A key fetched from for longer than a lease duration (counted
+//     arrive; at once if the relay's batch is full or if it holds
+//     WithMaxKeys keys and another key waits. A key fetched from for longer than a lease duration (counted
 //     from its first fetched row, not from the claim) stops fetching,
 //     and is released once its rows in flight are settled, then claimed
 //     afresh (by any relay) from its oldest pending row: that spreads busy

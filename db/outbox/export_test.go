@@ -26,3 +26,10 @@ func Idle(r *Relay) bool { return r.idleRow.Load() }
 // and fetching their rows, as a slow database or a starved process would.
 // Call before Run.
 func DelayFetch(r *Relay, d time.Duration) { r.beforeFetch = func() { time.Sleep(d) } }
+
+// OnPoll makes the relay's loop call f after each poll with when the poll
+// began (time since the relay was made) and whether it filled the batch
+// (full) or found no row (idle). Call before Run.
+func OnPoll(r *Relay, f func(began time.Duration, full, idle bool)) {
+	r.afterPoll = func(began int64, full, idle bool) { f(time.Duration(began), full, idle) }
+}

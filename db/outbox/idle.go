@@ -14,7 +14,9 @@ import (
 // notifyTrigger).
 //
 // The relay writes the row when a poll had room and found no row to fetch,
-// then polls once more before it sleeps: a write committed before the row
+// and no poll found rows in the last idleConfirm (25 ms; a steady stream
+// seen between two of its rows is not idleness: the relay looks again
+// then), then polls once more before it sleeps: a write committed before the row
 // was is found by that poll. A write whose transaction's first inserting
 // statement ran before the row was committed (the trigger checks the idle
 // table once per transaction, there: it saw no idle relay, so the

@@ -37,6 +37,16 @@ type tenure struct {
 	firstRow int64
 	inflight int  // rows of this tenure not settled (r.mu)
 	fetched  bool // rows fetched in the current poll (r.mu)
+	// drainedAt: r.mono() when a poll first found the key drained
+	// (nothing in flight and nothing fetched), 0 while it is not (r.mu).
+	// A drained key lingers: its lease is kept (and renewed) and it is
+	// fetched at every poll, so that a key whose next row comes soon is
+	// not released and claimed again (a commit each) for every burst. It
+	// is released once it has stayed drained for the linger (cfg.linger),
+	// or at once when the relay has no room to fetch (a full batch) or
+	// needs its slot for a key waiting (WithMaxKeys): a relay never holds
+	// a key it cannot serve.
+	drainedAt int64
 	// draining: the tenure has been fetching for longer than a lease
 	// (since firstRow); it fetches nothing more
 	// and is released once its rows settle, so that the key is claimed
@@ -120,15 +130,40 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 	var cands []string
 	seen := map[string]bool{}
 	r.mu.Lock()
+	// A held key the walk found with pending rows is served by this
+	// poll's fetch: it does not give its slot away.
+	for _, k := range found {
+		seen[k] = true
+	}
+	lingering := r.lingering(seen)
 	// A key claimed without a slot to fill would only be released again.
-	limit := min(r.cfg.maxKeys-len(r.keys), room)
+	// A lingering key (drained, nothing in flight) gives its slot to a key
+	// that waits: the relay never holds keys it cannot serve while others
+	// wait for them.
+	free := r.cfg.maxKeys - len(r.keys)
+	limit := min(free+len(lingering), room)
+	clear(seen)
 	for _, k := range found {
 		if !seen[k] && r.keys[k] == nil && len(cands) < limit {
 			seen[k] = true
 			cands = append(cands, k)
 		}
 	}
+	var evicted []claimed
+	if n := len(cands) - max(free, 0); n > 0 {
+		// The keys drained longest first.
+		sort.Slice(lingering, func(i, j int) bool { return lingering[i].drainedAt < lingering[j].drainedAt })
+		for _, t := range lingering[:n] {
+			t.cancel()
+			delete(r.keys, t.key)
+			evicted = append(evicted, claimed{t.key, t.epoch})
+		}
+		r.st.keysHeld.Store(int64(len(r.keys)))
+	}
 	r.mu.Unlock()
+	if len(evicted) > 0 {
+		r.release(ctx, evicted)
+	}
 	if len(cands) == 0 {
 		return
 	}
@@ -315,13 +350,39 @@ func (r *Relay) queryClaims(ctx context.Context, q interface {
 	return keys, rows.Err()
 }
 
-// releaseEnded forgets tenures with nothing in flight that are lost or found
-// idle, and deletes their lease rows (those still ours).
-func (r *Relay) releaseEnded(ctx context.Context) {
+// lingering returns the tenures that linger (drained, nothing in flight, not
+// lost nor draining) whose keys are not in busy. r.mu held.
+func (r *Relay) lingering(busy map[string]bool) []*tenure {
+	var ts []*tenure
+	for k, t := range r.keys {
+		if t.inflight == 0 && t.drainedAt != 0 && !t.lost.Load() && !t.draining && !busy[k] {
+			ts = append(ts, t)
+		}
+	}
+	return ts
+}
+
+// releaseEnded forgets tenures with nothing in flight that are lost,
+// draining, or drained (found with nothing to fetch) for longer than the
+// linger (at once when the relay has no room: full is true), and deletes
+// their lease rows (those still ours). A drained key within its linger is
+// kept: see tenure.drainedAt.
+func (r *Relay) releaseEnded(ctx context.Context, full bool) {
 	var ended []claimed
+	now := r.mono()
 	r.mu.Lock()
 	for k, t := range r.keys {
-		if t.inflight == 0 && (t.lost.Load() || !t.fetched || t.draining) {
+		if t.inflight != 0 {
+			t.drainedAt = 0
+			continue
+		}
+		drained := !t.fetched
+		if drained && t.drainedAt == 0 {
+			t.drainedAt = max(now, 1)
+		} else if !drained {
+			t.drainedAt = 0
+		}
+		if t.lost.Load() || t.draining || (drained && (full || now-t.drainedAt >= int64(r.cfg.linger))) {
 			t.cancel()
 			delete(r.keys, k)
 			ended = append(ended, claimed{k, t.epoch})
@@ -329,6 +390,14 @@ func (r *Relay) releaseEnded(ctx context.Context) {
 	}
 	r.st.keysHeld.Store(int64(len(r.keys)))
 	r.mu.Unlock()
+	r.release(ctx, ended)
+}
+
+// release deletes the lease rows of the claims given, if still this
+// relay's (their tenures already forgotten). On failure the leases expire
+// by themselves (the renewer no longer renews them): the keys are only
+// delayed.
+func (r *Relay) release(ctx context.Context, ended []claimed) {
 	if len(ended) == 0 {
 		return
 	}
@@ -351,7 +420,6 @@ func (r *Relay) releaseEnded(ctx context.Context) {
 		}
 	}
 	if err != nil {
-		// The leases expire by themselves; the keys are only delayed.
 		r.dbError("release leases", err)
 	}
 }

@@ -197,7 +197,8 @@ func WithTable(name string) Option {
 // and an expiry, a lease from then), polls once more, and sleeps until a
 // notification or its next poll; it deletes the row when a fetch finds rows,
 // before publishing them. A busy relay is not notified: it polls again
-// once the rows it fetched have settled (at once after a full batch, after
+// once the rows it fetched have settled (at once after a full batch,
+// otherwise 10 ms after its last poll began at the soonest, after
 // WithPollInterval at most). A write whose insert ran before a relay went
 // idle and that commits after the relay's last look notifies nobody: the
 // relay's next poll finds it, WithPollInterval later at most; "ran before"

@@ -122,6 +122,12 @@ func TestSameOwnerKeyHandoff(t *testing.T) {
 				defer rec.mu.Unlock()
 				return len(rec.ids) >= (j+1)*keys
 			}, 30*time.Second, time.Millisecond, "wave %d not delivered", j)
+			// A drained key lingers with its relay (ten poll intervals):
+			// wait until both have let their keys go, so that the next
+			// wave's keys are claimed afresh, by either relay.
+			require.Eventually(t, func() bool {
+				return a.Stats().KeysHeld == 0 && b.Stats().KeysHeld == 0
+			}, 30*time.Second, time.Millisecond, "keys still held after wave %d", j)
 		}
 		rec.wait(t, 30*time.Second)
 		stopA()

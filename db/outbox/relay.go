@@ -22,6 +22,21 @@ import (
 // Close. Several relays (in one process or several) may run on one outbox:
 // each key is published by one relay at a time (see the package doc).
 //
+// What a relay holds, and for how long: the lease of each key it claimed
+// (at most WithMaxKeys), renewed every third of WithLeaseDuration while it
+// holds the key. It lets a key go (deletes its lease row) when the key has
+// had nothing pending and nothing in flight for ten poll intervals
+// (WithPollInterval; at most a third of the lease): the key lingers
+// meanwhile, and a row written to it then is published under the same
+// claim, with no release and no new claim (each a commit). It lets a
+// drained key go at once when its batch is full (WithBatchSize: it could
+// not fetch the key's next rows) or when it holds WithMaxKeys keys and
+// another key with pending rows waits for a slot; a key it has fetched
+// from for a lease is let go once its rows in flight settle (see the
+// package doc); a key whose lease was lost, or that it parked, is let go
+// once its rows in flight are given back. Close, and the end of Run, let
+// every key go.
+//
 // The zero Relay is not usable: use Outbox.NewRelay. The methods of a nil or
 // zero Relay return ErrZeroRelay (those with an error result) or zero
 // values, and do nothing else.
@@ -51,6 +66,9 @@ type Relay struct {
 	// beforeFetch, for tests, is called by each poll between claiming
 	// and fetching (a slow database or a starved process).
 	beforeFetch func()
+	// afterPoll, for tests, is called by the loop after each poll with
+	// when it began (r.mono()) and its result.
+	afterPoll func(began int64, full, idle bool)
 
 	// idle: the relay's row in <table>_idle is live (PostgreSQL, with the
 	// NOTIFY trigger and LISTEN): writers notify it. Written by the loop
@@ -62,6 +80,7 @@ type Relay struct {
 
 	okCalls   atomic.Uint64 // successful database calls (walks, fetches, renewals, marks)
 	lastClean int64         // loop goroutine only
+	lastRows  int64         // loop goroutine only: r.mono() at the end of the last poll that found rows (0: none yet)
 	cursor    string        // loop goroutine only: where the next key walk starts
 	fetchStmt *sql.Stmt
 
@@ -453,9 +472,24 @@ func (r *Relay) loop(ctx, runCtx context.Context) error {
 		default:
 		}
 		fails, oks := r.health.total.Load(), r.okCalls.Load()
+		began := r.mono()
 		full, idle := r.poll(ctx)
-		if idle && r.health.total.Load() == fails && r.goIdle(ctx) {
-			continue // just told writers to notify: look once more before sleeping
+		if r.afterPoll != nil {
+			r.afterPoll(began, full, idle)
+		}
+		wait := r.cfg.poll
+		if !idle {
+			r.lastRows = r.mono()
+		} else if r.health.total.Load() == fails {
+			if since := time.Duration(r.mono() - r.lastRows); r.lastRows != 0 && since < idleConfirm {
+				// Rows were found just before: a steady stream between
+				// two of its rows, not an idle relay. Look again soon
+				// rather than make writers notify (each notifying
+				// commit serialises with every other).
+				wait = min(wait, idleConfirm-since)
+			} else if r.goIdle(ctx) {
+				continue // just told writers to notify: look once more before sleeping
+			}
 		}
 		if r.health.total.Load() == fails && r.okCalls.Load() != oks {
 			r.dbOK(groupPoll)
@@ -465,17 +499,45 @@ func (r *Relay) loop(ctx, runCtx context.Context) error {
 		if full {
 			continue // a full batch: there may be more at once
 		}
-		timer.Reset(r.cfg.poll)
+		timer.Reset(wait)
 		select {
 		case <-runCtx.Done():
 			return runCtx.Err()
 		case <-r.closing:
 			return nil
 		case <-r.wake:
+			// Woken by rows settling while busy: the next poll comes
+			// no sooner than pollPace after this one began.
+			if d := time.Duration(began + int64(min(pollPace, r.cfg.poll)) - r.mono()); !idle && d > 0 {
+				timer.Stop()
+				timer.Reset(d)
+				select {
+				case <-runCtx.Done():
+					return runCtx.Err()
+				case <-r.closing:
+					return nil
+				case <-timer.C:
+				}
+			}
 		case <-timer.C:
 		}
 	}
 }
+
+// pollPace is the shortest time between the starts of two polls of a busy
+// relay (one that found rows) that did not fill its batch, or
+// WithPollInterval if shorter. Each mark of published rows wakes the relay
+// (its rows settled); without the pace, a relay keeping up with a steady
+// stream polled after every mark, a few milliseconds apart, each poll a
+// walk and a fetch (reads) and a mark (a commit) for the few rows that came
+// in between. A full batch is followed by the next poll at once.
+const pollPace = 10 * time.Millisecond
+
+// idleConfirm is how long a relay must have found no row before it tells
+// writers to notify it (goIdle): a poll finding nothing sooner after one
+// that found rows is followed by another poll when this has passed (or
+// WithPollInterval, if shorter), without the idle row.
+const idleConfirm = 25 * time.Millisecond
 
 // checkSchema checks, before Run claims anything, that the outbox and lease
 // tables exist and have the columns the relay uses. A database that does not
@@ -536,10 +598,13 @@ func (r *Relay) checkSchema(ctx context.Context) error {
 // the relay is idle: it had room and found no row to fetch.
 func (r *Relay) poll(ctx context.Context) (full, idle bool) {
 	r.st.polls.Add(1)
-	r.releaseEnded(ctx)
 	r.mu.Lock()
 	room := r.cfg.batch - r.inflight
-	held := len(r.keys)
+	r.mu.Unlock()
+	r.releaseEnded(ctx, room <= 0)
+	r.mu.Lock()
+	room = r.cfg.batch - r.inflight
+	held := len(r.keys) - len(r.lingering(nil))
 	r.settled = 0
 	r.mu.Unlock()
 	if room > 0 {
@@ -551,7 +616,7 @@ func (r *Relay) poll(ctx context.Context) (full, idle bool) {
 		}
 		n := r.fetch(ctx, room)
 		full, idle = n == room, n == 0
-		r.releaseEnded(ctx)
+		r.releaseEnded(ctx, n == room)
 	}
 	if r.cfg.retention > 0 && r.mono()-r.lastClean >= int64(max(r.cfg.poll*10, time.Second)) {
 		r.cleanup(ctx)

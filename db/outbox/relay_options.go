@@ -22,6 +22,11 @@ const (
 	MaxLeaseDuration = 24 * time.Hour
 )
 
+// lingerPolls is how long a relay keeps the lease of a key it found drained
+// (nothing pending, nothing in flight), in poll intervals (WithPollInterval),
+// at most a third of the lease: see Relay.
+const lingerPolls = 10
+
 // minLeaseDuration is WithLeaseDuration's lower bound.
 const minLeaseDuration = 30 * time.Millisecond
 
@@ -71,6 +76,7 @@ type relayConfig struct {
 	maxKeys     int
 	poll        time.Duration
 	lease       time.Duration
+	linger      time.Duration // how long a drained key's lease is kept (lingerPolls polls, at most lease/3)
 	retention   time.Duration
 	listen      bool
 	logger      *slog.Logger
@@ -128,6 +134,7 @@ func newRelayConfig(opts []RelayOption) (relayConfig, error) {
 		c.lease = atLeast(c.lease, c.taskTimeout, 2)
 	}
 	c.poll = min(c.poll, c.lease/3)
+	c.linger = min(lingerPolls*c.poll, c.lease/3)
 	if c.taskTimeout > c.lease/2 {
 		if !c.leaseSet {
 			return c, refused(optcheck.Refuse("WithSinkTimeout", c.taskTimeout,
@@ -238,7 +245,9 @@ func WithKeyBatch(n int) RelayOption {
 }
 
 // WithMaxKeys bounds how many keys the relay leases at once (default: the
-// batch size). n >= 1.
+// batch size). A relay at the bound gives the slot of a key that lingers
+// (drained, nothing in flight: see Relay) to a key with pending rows that
+// waits. n >= 1.
 func WithMaxKeys(n int) RelayOption {
 	return func(c *relayConfig) error {
 		if r := optcheck.AtLeast("WithMaxKeys", n, 1); r != nil {
@@ -254,9 +263,13 @@ func WithMaxKeys(n int) RelayOption {
 // WithLeaseDuration; given alone above a third of DefaultLeaseDuration it
 // raises the lease to 3d: see RelayOption). On PostgreSQL a NOTIFY from a committed Write wakes an idle
 // relay sooner (see WithListen and WithNotify); a relay that found rows is
-// busy, is not notified, and polls again once its rows have settled, or
-// after d. A write racing a relay's going idle waits up to d. A full batch
-// is followed by the next poll at once.
+// busy, is not notified, and polls again once its rows have settled (10 ms
+// after its last poll began at the soonest, or d if shorter), or after d;
+// a relay that found rows less than 25 ms before is still busy
+// (it looks again then, or after d if shorter). A write racing a relay's
+// going idle waits up to d. A full batch is followed by the next poll at
+// once. A drained key's lease is kept for ten poll intervals (at most a
+// third of the lease: see Relay).
 // d > 0.
 func WithPollInterval(d time.Duration) RelayOption {
 	return func(c *relayConfig) error {
