@@ -21,6 +21,10 @@ type dbEnv struct {
 	// noNotify: the outbox's schema without its NOTIFY trigger and its
 	// relays without LISTEN (outbox.WithNotify(false)).
 	noNotify bool
+	// retention: the outbox's relays keep published rows this long
+	// (outbox.WithRetention: marked sent by an UPDATE instead of deleted);
+	// 0 deletes them (the default).
+	retention time.Duration
 }
 
 var runs atomic.Int64

@@ -18,11 +18,12 @@ var quiet = slog.New(slog.DiscardHandler)
 // outboxSystem is keysched's outbox: outbox.Write in the application's
 // transaction, relays publishing to the sink.
 type outboxSystem struct {
-	ob    *outbox.Outbox
-	keys  int
-	batch int
-	drop  func()
-	name  string
+	ob     *outbox.Outbox
+	retain time.Duration
+	keys   int
+	batch  int
+	drop   func()
+	name   string
 }
 
 func newOutboxSystem(ctx context.Context, env *dbEnv, keys, batch int) (system, error) {
@@ -50,7 +51,7 @@ func newOutboxSystem(ctx context.Context, env *dbEnv, keys, batch int) (system, 
 		}
 		closeDB()
 	}
-	return &outboxSystem{ob: ob, keys: keys, batch: batch, drop: drop, name: name}, nil
+	return &outboxSystem{ob: ob, retain: env.retention, keys: keys, batch: batch, drop: drop, name: name}, nil
 }
 
 func (s *outboxSystem) close() { s.drop() }
@@ -86,7 +87,7 @@ func (s *outboxSystem) start(ctx context.Context, n int, deliver func(context.Co
 		// The failing key is retried for the whole run (no dead letter),
 		// every 10 ms to 100 ms.
 		r, err := s.ob.NewRelay(sink, outbox.WithLogger(quiet), outbox.WithBatchSize(s.batch),
-			outbox.WithPollInterval(20*time.Millisecond),
+			outbox.WithPollInterval(20*time.Millisecond), outbox.WithRetention(s.retain),
 			outbox.WithRetry(keysched.RetryPolicy{MaxAttempts: 1 << 30, InitialBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond}))
 		if err != nil {
 			return nil, err

@@ -41,6 +41,15 @@ func TestEverySystemDeliversEveryEventOnce(t *testing.T) {
 	if !bytes.Contains(backlog.Bytes(), []byte(`"delivered":100,`)) {
 		t.Errorf("--backlog: not every event delivered:\n%s", backlog.String())
 	}
+	// Relays that keep published rows (marked sent by an UPDATE).
+	var retained bytes.Buffer
+	if err := mainErr(context.Background(), []string{"--json", "--db", "sqlite", "--systems", "keysched", "--retention", "1h", "--events", "100",
+		"--keys", "10", "--relays", "1", "--rounds", "1", "--only", "throughput"}, &retained); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(retained.Bytes(), []byte(`"delivered":100,`)) {
+		t.Errorf("--retention: not every event delivered:\n%s", retained.String())
+	}
 	if dbs != "sqlite" {
 		// The outbox without its NOTIFY trigger: relays poll only.
 		var polled bytes.Buffer
@@ -107,7 +116,7 @@ func TestEverySystemDeliversEveryEventOnce(t *testing.T) {
 
 // TestBadFlagsAreRefused: a bad flag is an error, not a run.
 func TestBadFlagsAreRefused(t *testing.T) {
-	for _, args := range [][]string{{"--systems", "kafka"}, {"--relays", "0"}, {"--keys", "1"}, {"--only", "both"}} {
+	for _, args := range [][]string{{"--systems", "kafka"}, {"--relays", "0"}, {"--keys", "1"}, {"--only", "both"}, {"--retention", "-1s"}} {
 		if err := mainErr(context.Background(), args, &bytes.Buffer{}); err == nil {
 			t.Errorf("%v: no error", args)
 		}
