@@ -138,8 +138,10 @@
 // Order is seq order, which is insert order. On PostgreSQL two transactions
 // writing events of one key at once insert in one order and may commit in
 // the other; the relay could then see (and publish) the later seq first, and
-// the earlier one when it next reads the key from its oldest pending row
-// (within about a lease duration). Make a key's transactions serialise on
+// the earlier one when it next reads the key from its oldest pending row:
+// at its first fetch of the key with nothing of it in flight (a key with
+// nothing in flight, lingering or not, is read from its oldest pending row),
+// within about a lease duration on a key that never drains. Make a key's transactions serialise on
 // that key, as state changes usually do (update the entity's row, which locks
 // it, before Write). On SQLite writers are serialised anyway.
 //

@@ -14,6 +14,7 @@ func (r *Relay) fetch(ctx context.Context, room int) int {
 	type want struct {
 		t     *tenure
 		limit int
+		after int64 // fetch the key's pending rows beyond this seq
 	}
 	var wants []want
 	now := r.mono()
@@ -27,7 +28,18 @@ func (r *Relay) fetch(ctx context.Context, room int) int {
 			continue
 		}
 		if l := r.cfg.keyBatch - t.inflight; l > 0 {
-			wants = append(wants, want{t, l})
+			// With nothing of the key in flight, every row the tenure
+			// submitted is settled (marked, or dead: not pending), so
+			// the key is read from its oldest pending row, as a fresh
+			// claim would: a row that is pending below the cursor (one
+			// committed after a later row of its key, one recovered or
+			// resumed) goes out at this fetch, not once the key's linger
+			// has ended (up to ten poll intervals, plus a poll).
+			after := t.after
+			if t.inflight == 0 {
+				after = 0
+			}
+			wants = append(wants, want{t, l, after})
 		}
 	}
 	r.mu.Unlock()
@@ -47,7 +59,7 @@ func (r *Relay) fetch(ctx context.Context, room int) int {
 		afters := make([]int64, len(wants))
 		epochs := make([]int64, len(wants))
 		for i, w := range wants {
-			keys[i], afters[i], epochs[i] = w.t.key, w.t.after, w.t.epoch
+			keys[i], afters[i], epochs[i] = w.t.key, w.after, w.t.epoch
 		}
 		evs, err = r.scanEvents(r.o.db.QueryContext(ctx, fetchQ, keys, afters, r.cfg.keyBatch, room, epochs, r.cfg.owner, r.token))
 	} else {
@@ -58,7 +70,7 @@ func (r *Relay) fetch(ctx context.Context, room int) int {
 			}
 			var rows *sql.Rows
 			var e error
-			args := []any{w.t.key, w.t.after, r.cfg.owner, r.token, w.t.epoch, min(w.limit, left)}
+			args := []any{w.t.key, w.after, r.cfg.owner, r.token, w.t.epoch, min(w.limit, left)}
 			if r.fetchStmt != nil {
 				rows, e = r.fetchStmt.QueryContext(ctx, args...)
 			} else {
