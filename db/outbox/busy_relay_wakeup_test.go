@@ -10,13 +10,13 @@ import (
 )
 
 // A relay whose only row in flight is a slow sink call, with nothing else to
-// fetch, still finds a row written to another key soon: it must either poll
-// again or tell writers to notify it (its idle row). The relay polls every
-// hour. Exposed, not fixed: the relay that fetched the slow row is busy (it
-// deleted its idle row, so writers do not notify it) and sleeps until that
-// row settles or a poll interval has passed, so the other key's row waits
-// for the slow call (here until the test ends; up to the sink timeout, or a
-// poll interval, in general). Before the idle table every write notified.
+// fetch, still finds a row written to another key soon: it polls again within
+// idleConfirm of the poll that found rows, and that poll, finding nothing,
+// makes it idle, so that writers notify it. The relay polls every hour.
+// Without the look within idleConfirm, the relay (busy: it deleted its idle
+// row when it fetched, so writers did not notify it) slept until the slow
+// row settled or a poll interval passed, and the other key's row waited
+// (here until the test's end). Found 2026-12-01 by an attack on the linger.
 func TestBusyRelayWithSlowRowFindsOtherKeysRow(t *testing.T) {
 	db := dbtest.Postgres(t)
 	ob := newOutbox(t, db)

@@ -480,6 +480,12 @@ func (r *Relay) loop(ctx, runCtx context.Context) error {
 		wait := r.cfg.poll
 		if !idle {
 			r.lastRows = r.mono()
+			// Its rows may take long to settle (a slow sink), and a busy
+			// relay is not notified: look again within idleConfirm, so
+			// that a poll finding nothing then makes the relay idle
+			// (writers notify it) instead of sleeping a poll interval
+			// while other keys' rows wait.
+			wait = min(wait, idleConfirm)
 		} else if r.health.total.Load() == fails {
 			if since := time.Duration(r.mono() - r.lastRows); r.lastRows != 0 && since < idleConfirm {
 				// Rows were found just before: a steady stream between
