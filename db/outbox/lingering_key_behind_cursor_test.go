@@ -65,6 +65,16 @@ func TestRecoveredRowOnLingeringKeyGoesOutWhenRecovered(t *testing.T) {
 		ctx := context.Background()
 		ob := newOutbox(t, db)
 		s := newClaimSink()
+		// Written before the relay starts: its first poll finds them (on
+		// SQLite nothing wakes a relay polling hourly; CI once saw the
+		// first poll run before the commit, and nothing for 30 s).
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		for _, p := range []string{"0", "1"} {
+			_, err = ob.Write(ctx, tx, outbox.Event{Key: "k", Payload: []byte(p)})
+			require.NoError(t, err)
+		}
+		require.NoError(t, tx.Commit())
 		var fail atomic.Bool
 		fail.Store(true)
 		r, _ := startRelay(t, ob, func(ctx context.Context, e outbox.Event) error {
@@ -74,13 +84,6 @@ func TestRecoveredRowOnLingeringKeyGoesOutWhenRecovered(t *testing.T) {
 			return s.sink(ctx, e)
 		}, outbox.WithLogger(quiet), outbox.WithPollInterval(time.Hour),
 			outbox.WithFailurePolicy(keysched.Continue), outbox.WithRetry(keysched.RetryPolicy{MaxAttempts: 1}))
-		tx, err := db.BeginTx(ctx, nil)
-		require.NoError(t, err)
-		for _, p := range []string{"0", "1"} {
-			_, err = ob.Write(ctx, tx, outbox.Event{Key: "k", Payload: []byte(p)})
-			require.NoError(t, err)
-		}
-		require.NoError(t, tx.Commit())
 		s.wait(t, "1", 30*time.Second)
 		waitUntil(t, "0 dead, 1 marked, the key lingering", func() bool {
 			st := r.Stats()
