@@ -86,7 +86,7 @@ func TestBusyPartitionAtItsBoundDoesNotStarveAnother(t *testing.T) {
 			busyAtOther.Store(busyHandled.Load())
 			return nil
 		}
-		time.Sleep(time.Millisecond) // busy: its keys keep the partition at its bound
+		time.Sleep(2 * time.Millisecond) // busy: its keys keep the partition at its bound
 		busyHandled.Add(1)
 		return nil
 	}, WithLogger(quiet), WithMaxInFlight(bound), WithMaxPollRecords(poll),
@@ -94,7 +94,12 @@ func TestBusyPartitionAtItsBoundDoesNotStarveAnother(t *testing.T) {
 	eventually(t, "the busy partition's records handled", func() bool { return busyHandled.Load() >= 1000 })
 	tc.produce(t, rec("t", 1, "other", "x"))
 	eventually(t, "the other partition's record handled", func() bool { return busyAtOther.Load() >= 0 })
-	if got := busyAtOther.Load(); got >= n*3/4 {
+	// Without the pause after roomWait the other record waits for the
+	// busy partition's whole fetch: 19,966 to 20,000 of its records first.
+	// With it, about roomWait and a fetch; a loaded machine handles more of
+	// the busy partition's records meanwhile (CI: 17,138 once, at 1 ms
+	// each), hence the margin.
+	if got := busyAtOther.Load(); got >= n-1000 {
 		t.Errorf("the other partition's record was handled after %d of the busy partition's %d: it waited behind the busy partition's fetch", got, n)
 	} else {
 		t.Logf("the other partition's record was handled after %d of the busy partition's %d", got, n)
