@@ -264,9 +264,10 @@ func WithMaxKeys(n int) RelayOption {
 // raises the lease to 3d: see RelayOption). On PostgreSQL a NOTIFY from a committed Write wakes an idle
 // relay sooner (see WithListen and WithNotify); a relay that found rows is
 // busy, is not notified, and polls again once its rows have settled (10 ms
-// after its last poll began at the soonest, or d if shorter), or after d;
-// a relay that found rows less than 25 ms before is still busy
-// (it looks again then, or after d if shorter). A write racing a relay's
+// after its last poll began at the soonest, or d if shorter), and in any
+// case 25 ms after that poll (or d if shorter); a relay that found rows
+// less than 25 ms before is still busy (it looks again then), and a poll
+// finding nothing after that makes it idle (writers notify it). A write racing a relay's
 // going idle waits up to d. A full batch is followed by the next poll at
 // once. A drained key's lease is kept for ten poll intervals (at most a
 // third of the lease: see Relay).
