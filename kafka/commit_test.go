@@ -117,7 +117,7 @@ func TestTrackerFrontier(t *testing.T) {
 	}
 	var items []*item
 	for _, off := range []int64{3, 4, 7, 20, 21} {
-		it := newItem(p, &kgo.Record{Offset: off, LeaderEpoch: 1})
+		it := p.takeItem(&kgo.Record{Offset: off, LeaderEpoch: 1})
 		p.seen(it.record())
 		p.add(it)
 		items = append(items, it)
@@ -154,7 +154,7 @@ func TestTrackerFrontier(t *testing.T) {
 func TestTrackerCompacts(t *testing.T) {
 	p := &partition{c: &Consumer{}, committed: -1, hwm: -1}
 	for off := range int64(100000) {
-		it := newItem(p, &kgo.Record{Offset: off})
+		it := p.takeItem(&kgo.Record{Offset: off})
 		p.seen(it.record())
 		p.add(it)
 		if off > 0 {

@@ -190,7 +190,7 @@ func TestMetadataFrontierFinishedMeanwhile(t *testing.T) {
 	p := newPartition(c, "t", 0, 1)
 	defer p.cancel()
 	for off := int64(10); off <= 20; off++ {
-		it := newItem(p, &kgo.Record{Offset: off})
+		it := p.takeItem(&kgo.Record{Offset: off})
 		p.add(it)
 		p.seen(&kgo.Record{Offset: off})
 		if off != 12 && off != 15 && off != 10 {

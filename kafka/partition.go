@@ -213,12 +213,6 @@ type item struct {
 	lastErr     atomic.Pointer[error] // parked: the last attempt's error
 }
 
-func newItem(p *partition, r *kgo.Record) *item {
-	it := &item{p: p, off: r.Offset, epoch: r.LeaderEpoch}
-	it.rec.Store(r)
-	return it
-}
-
 // itemChunk is how many items route allocates at once (see takeItem).
 const itemChunk = 32
 
