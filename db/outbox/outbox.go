@@ -198,8 +198,9 @@ func WithTable(name string) Option {
 // notification or its next poll; it deletes the row when a fetch finds rows,
 // before publishing them. A busy relay is not notified: it polls again
 // once the rows it fetched have settled (at once after a full batch,
-// otherwise 10 ms after its last poll began at the soonest, after
-// WithPollInterval at most). A write whose insert ran before a relay went
+// otherwise 10 ms after its last poll began at the soonest, and 25 ms
+// after a poll that found rows in any case, or WithPollInterval if
+// shorter; a poll finding nothing then makes it idle). A write whose insert ran before a relay went
 // idle and that commits after the relay's last look notifies nobody: the
 // relay's next poll finds it, WithPollInterval later at most; "ran before"
 // means the transaction's first inserting statement: each transaction reads
