@@ -61,7 +61,7 @@ func runAdapter(ctx context.Context, copts []kgo.Opt, t *tally, order kafka.Orde
 	select {
 	case <-t.all:
 	case <-ctx.Done():
-		werr = fmt.Errorf("handled %d of %d events before --timeout", t.count.Load(), len(t.s.events))
+		werr = fmt.Errorf("handled %d of %d events before --timeout", t.count.Load(), t.s.n)
 	}
 	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer ccancel()
@@ -93,13 +93,13 @@ func runIdeal(ctx context.Context, t *tally, workers int) error {
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
-			return fmt.Errorf("handled %d of %d events before --timeout", t.count.Load(), len(t.s.events))
+			return fmt.Errorf("handled %d of %d events before --timeout", t.count.Load(), t.s.n)
 		}
 		go func() {
 			defer func() { <-sem }()
 			for _, seq := range chain {
 				r := &kgo.Record{Value: binary.BigEndian.AppendUint64(nil, uint64(seq))}
-				t.polled[seq].Store(t.start.Load())
+				t.ev[seq].polled.Store(t.start.Load())
 				if t.hot {
 					t.buffered[seq].Store(t.start.Load())
 				}
@@ -111,7 +111,7 @@ func runIdeal(ctx context.Context, t *tally, workers int) error {
 	case <-t.all:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("handled %d of %d events before --timeout", t.count.Load(), len(t.s.events))
+		return fmt.Errorf("handled %d of %d events before --timeout", t.count.Load(), t.s.n)
 	}
 }
 
@@ -184,6 +184,6 @@ func runPlain(ctx context.Context, copts []kgo.Opt, t *tally) error {
 	case <-t.all:
 		return nil
 	default:
-		return fmt.Errorf("handled %d of %d events before --timeout", t.count.Load(), len(t.s.events))
+		return fmt.Errorf("handled %d of %d events before --timeout", t.count.Load(), t.s.n)
 	}
 }

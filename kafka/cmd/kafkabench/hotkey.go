@@ -73,7 +73,7 @@ func (t *tally) hotKey() *HotKeyGaps {
 	// split adds the wait from prev (ns) until seq's start to the three
 	// parts: until fetched, until polled, until started.
 	split := func(prev int64, seq int, f, p, s *float64) (fetched, polled bool) {
-		b, pl, st := t.buffered[seq].Load(), t.polled[seq].Load(), t.began[seq]
+		b, pl, st := t.buffered[seq].Load(), t.ev[seq].polled.Load(), t.began[seq]
 		b = max(b, prev)
 		pl = max(pl, b)
 		*f += ms(b - prev)

@@ -64,6 +64,7 @@ type cli struct {
 	Timeout      time.Duration `default:"10m" help:"Give up on a consumer that has not handled every event after this long (default ${default})."`
 	JSON         bool          `name:"json" help:"One JSON object per consumer per line."`
 	CPUProfile   string        `name:"cpuprofile" placeholder:"FILE" help:"Write a CPU profile of the consumers' runs to FILE."`
+	MemProfile   string        `name:"memprofile" placeholder:"FILE" help:"Write an allocation profile of the whole process (producing the stream included) to FILE after the runs."`
 	HotKey       bool          `name:"hot-key" help:"After each consumer, print where the hottest key's time went: from the first polled record to its first record's start, its records' work, the gaps between them (split into: the next record not fetched yet, fetched but not polled, polled but not started) and the tail after its last record."`
 }
 
@@ -189,10 +190,22 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if c.MemProfile != "" {
+		f, err := os.Create(c.MemProfile)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+				fmt.Fprintln(os.Stderr, "kafkabench: --memprofile:", err)
+			}
+			f.Close()
+		}()
+	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	if !c.JSON {
 		fmt.Fprintf(stdout, "%d events, %d keys, hottest key %d events, %d partitions, work %s, %d workers\n",
-			len(events), s.keys, s.hottest, c.Partitions, c.Work, c.Workers)
+			s.n, s.keys, s.hottest, c.Partitions, c.Work, c.Workers)
 		if measured > 0 {
 			fmt.Fprintf(stdout, "one handler's work (%s) takes %v here when alone before the runs (the mean of calls for half a second); measured again after each run\n", c.Work, measured.Round(time.Microsecond))
 		}
