@@ -44,7 +44,7 @@ func (c *Consumer) deadLetter(dl keysched.DeadLetter[schedKey]) {
 		return // not a failure of a running group (a revoke cancelled it while queued)
 	}
 	it := g.current() // the record the failed attempts were counted for (see group)
-	if it == nil || it.interrupted.Load() {
+	if it == nil || it.wasInterrupted() {
 		return
 	}
 	p := it.p

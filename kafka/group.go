@@ -116,7 +116,7 @@ func (g *group) run(ctx context.Context) error {
 		var err error
 		called := it.stash == nil
 		if !called {
-			err, it.stash = it.stash, nil // the failure a predecessor saw: this attempt
+			err, it.stash = *it.stash, nil // the failure a predecessor saw: this attempt
 		} else {
 			it.attempts.Add(1)
 			if m := p.c.metrics; m != nil {
@@ -138,7 +138,7 @@ func (g *group) run(ctx context.Context) error {
 		}
 		if errors.Is(ctx.Err(), context.Canceled) {
 			// Interrupted (revoke timeout, Close gave up): not a failure.
-			it.interrupted.Store(true)
+			it.interrupt()
 			p.c.fail(g)
 			returned = true
 			return err
@@ -156,7 +156,7 @@ func (g *group) run(ctx context.Context) error {
 			returned = true
 			return err
 		}
-		it.stash = err
+		it.stash = &err
 		returned = true
 		g.handOn(g.cur)
 		return nil

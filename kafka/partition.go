@@ -109,7 +109,7 @@ func (p *partition) seen(r *kgo.Record) {
 
 // trim lets go of the finished records at the front (p.mu held).
 func (p *partition) trim() {
-	for p.head < len(p.queue) && p.queue[p.head].done.Load() {
+	for p.head < len(p.queue) && p.queue[p.head].isDone() {
 		p.queue[p.head] = nil
 		p.head++
 	}
@@ -129,7 +129,7 @@ func (p *partition) compact() {
 	p.trim()
 	q := p.queue[:0]
 	for _, it := range p.queue[p.head:] {
-		if !it.done.Load() {
+		if !it.isDone() {
 			it.detach()
 			q = append(q, it)
 		}
@@ -158,7 +158,7 @@ func (p *partition) frontier() (off int64, epoch int32, ok bool) {
 func (p *partition) unfinished(limit int) []int64 {
 	var out []int64
 	for _, it := range p.queue[p.head:] {
-		if !it.done.Load() {
+		if !it.isDone() {
 			out = append(out, it.off)
 			if len(out) > limit {
 				break
@@ -199,19 +199,39 @@ func (p *partition) leave() {
 }
 
 // item is one fetched record on its way through the scheduler, in a group.
+//
+// It is 64 bytes, one cache line of its slab (takeItem): route writes it on
+// the poll loop's core and a worker on another core reads and finishes it,
+// so each field beyond a line would cost every record a second line moved
+// between the cores (an 88-byte item did; TestItemIsOneCacheLine). Fields of
+// the failure paths are pointers for that reason.
 type item struct {
-	p           *partition
-	g           *group                     // its group (p.mu; it changes when a group hands it on)
-	rec         atomic.Pointer[kgo.Record] // see detach
-	off         int64                      // the record's offset
-	epoch       int32                      // and leader epoch
-	detached    bool                       // rec is a copy of its own (p.mu)
-	done        atomic.Bool                // finished: handled, or dead-lettered
-	interrupted atomic.Bool                // an attempt was cancelled (revoke timeout, Close gave up)
-	attempts    atomic.Int32
-	stash       error                 // a failed attempt made in an earlier group (see group)
-	lastErr     atomic.Pointer[error] // parked: the last attempt's error
+	p        *partition
+	g        *group                     // its group (p.mu; it changes when a group hands it on)
+	rec      atomic.Pointer[kgo.Record] // see detach
+	off      int64                      // the record's offset
+	epoch    int32                      // and leader epoch
+	flags    atomic.Uint32              // itemDone, itemInterrupted
+	attempts atomic.Int32
+	detached bool                  // rec is a copy of its own (p.mu)
+	stash    *error                // a failed attempt made in an earlier group (see group); nil: none
+	lastErr  atomic.Pointer[error] // parked: the last attempt's error
 }
+
+// An item's flags.
+const (
+	itemDone        = 1 << iota // finished: handled, or dead-lettered
+	itemInterrupted             // an attempt was cancelled (revoke timeout, Close gave up)
+)
+
+func (it *item) isDone() bool { return it.flags.Load()&itemDone != 0 }
+
+// markDone sets itemDone; false if it was set already.
+func (it *item) markDone() bool { return it.flags.Or(itemDone)&itemDone == 0 }
+
+func (it *item) interrupt() { it.flags.Or(itemInterrupted) }
+
+func (it *item) wasInterrupted() bool { return it.flags.Load()&itemInterrupted != 0 }
 
 // itemChunk is how many items route allocates at once (see takeItem).
 const itemChunk = 32
@@ -220,7 +240,7 @@ const itemChunk = 32
 // its items itemChunk at a time, one allocation for them instead of one
 // each (an allocation per record was a good part of the adapter's cost per
 // record: its own, and the collections it made). An item kept keeps its
-// chunk reachable: at most itemChunk-1 finished items (80 bytes each; their
+// chunk reachable: at most itemChunk-1 finished items (64 bytes each; their
 // records are let go at finish) and their finished groups (176 bytes and a
 // scheduler task each; a finished group keeps neither its items nor its
 // key's next group, see group) per unfinished one, under 10 KB, so the
@@ -269,7 +289,7 @@ func (it *item) detach() {
 
 // finish marks the record finished: it now counts toward the frontier.
 func (it *item) finish() {
-	if !it.done.CompareAndSwap(false, true) {
+	if !it.markDone() {
 		return
 	}
 	it.rec.Store(nil) // its bytes (and its fetch's buffer) need not wait for the tracker

@@ -142,7 +142,7 @@ func (c *Consumer) interrupt(ps []*partition) {
 		p.cancel()
 		var last *group
 		for _, it := range p.queue[p.head:] {
-			if !it.done.Load() && it.g != nil && it.g != last {
+			if !it.isDone() && it.g != nil && it.g != last {
 				last = it.g
 				if comp := last.comp.Load(); comp != nil {
 					comp.Cancel()
