@@ -156,7 +156,8 @@ func (g *group) run(ctx context.Context) error {
 			returned = true
 			return err
 		}
-		it.stash = &err
+		it.stash = new(error) // not &err: err would move to the heap for every record
+		*it.stash = err
 		returned = true
 		g.handOn(g.cur)
 		return nil
