@@ -197,7 +197,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		defer func() {
 			if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
-				fmt.Fprintln(os.Stderr, "kafkabench: --memprofile:", err)
+				fmt.Fprintln(stderr, "kafkabench: --memprofile:", err)
 			}
 			f.Close()
 		}()

@@ -3,8 +3,12 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
+	"io"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -117,5 +121,31 @@ func TestHotKeyAndIdealRun(t *testing.T) {
 	if err := run([]string{"--synthetic", "--events", "20", "--keys", "5", "--work", "io=1ms", "--partitions", "1",
 		"--consumers", "ideal", "--hot-key"}, &out, &errOut); err != nil || !strings.Contains(out.String(), "ideal, hottest key (") {
 		t.Errorf("table output: %v\n%s", err, out.String())
+	}
+}
+
+// --memprofile writes an allocation profile that pprof reads.
+func TestMemProfileIsWritten(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "mem.prof")
+	var out, errOut bytes.Buffer
+	if err := run([]string{"--synthetic", "--events", "20", "--keys", "5", "--work", "none", "--partitions", "1",
+		"--consumers", "keysched", "--memprofile", f}, &out, &errOut); err != nil {
+		t.Fatalf("run: %v\n%s", err, errOut.String())
+	}
+	b, err := os.ReadFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A pprof profile is a gzipped protobuf that names its sample types.
+	zr, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		t.Fatalf("--memprofile wrote no gzipped profile (%d bytes): %v", len(b), err)
+	}
+	raw, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(raw, []byte("alloc_space")) {
+		t.Fatalf("not an allocation profile (%d bytes)", len(raw))
 	}
 }
