@@ -45,6 +45,19 @@ func TestBusyRelayPollsAtMostEveryPace(t *testing.T) {
 		commitEvent(t, ob, key(i%5), strconv.Itoa(i))
 	}
 	rec.wait(t, 30*time.Second)
+	// On a loaded machine the relay's first look may come after every row
+	// was committed, and one poll take them all: wait for the poll after
+	// it (a busy relay looks again within 25 ms).
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for i := 1; i < len(polls); i++ {
+			if p := polls[i-1]; !p.idle && !p.full {
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 5*time.Millisecond, "no poll followed one that found rows")
 	mu.Lock()
 	defer mu.Unlock()
 	busy := 0
