@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -61,7 +60,7 @@ func runAdapter(ctx context.Context, copts []kgo.Opt, t *tally, order kafka.Orde
 	select {
 	case <-t.all:
 	case <-ctx.Done():
-		werr = fmt.Errorf("handled %d of %d events before --timeout", t.count.Load(), t.s.n)
+		werr = fmt.Errorf("handled %d of %d events before --timeout", t.count(), t.s.n)
 	}
 	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer ccancel()
@@ -93,13 +92,13 @@ func runIdeal(ctx context.Context, t *tally, workers int) error {
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
-			return fmt.Errorf("handled %d of %d events before --timeout", t.count.Load(), t.s.n)
+			return fmt.Errorf("handled %d of %d events before --timeout", t.count(), t.s.n)
 		}
 		go func() {
 			defer func() { <-sem }()
 			for _, seq := range chain {
-				r := &kgo.Record{Value: binary.BigEndian.AppendUint64(nil, uint64(seq))}
-				t.ev[seq].polled.Store(t.start.Load())
+				r := &kgo.Record{Value: encodeValue(seq, t.s.ids[seq], t.s.ord[seq])}
+				t.markPolled(seq, t.start.Load())
 				if t.hot {
 					t.buffered[seq].Store(t.start.Load())
 				}
@@ -111,7 +110,7 @@ func runIdeal(ctx context.Context, t *tally, workers int) error {
 	case <-t.all:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("handled %d of %d events before --timeout", t.count.Load(), t.s.n)
+		return fmt.Errorf("handled %d of %d events before --timeout", t.count(), t.s.n)
 	}
 }
 
@@ -184,6 +183,6 @@ func runPlain(ctx context.Context, copts []kgo.Opt, t *tally) error {
 	case <-t.all:
 		return nil
 	default:
-		return fmt.Errorf("handled %d of %d events before --timeout", t.count.Load(), t.s.n)
+		return fmt.Errorf("handled %d of %d events before --timeout", t.count(), t.s.n)
 	}
 }

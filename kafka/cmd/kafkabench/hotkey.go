@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/binary"
 	"fmt"
 	"io"
 	"strings"
@@ -72,8 +71,9 @@ func (t *tally) hotKey() *HotKeyGaps {
 	h := &HotKeyGaps{Records: len(seqs)}
 	// split adds the wait from prev (ns) until seq's start to the three
 	// parts: until fetched, until polled, until started.
+	// (With --hot-key every event is sampled: t.polled is by seq.)
 	split := func(prev int64, seq int, f, p, s *float64) (fetched, polled bool) {
-		b, pl, st := t.buffered[seq].Load(), t.ev[seq].polled.Load(), t.began[seq]
+		b, pl, st := t.buffered[seq].Load(), t.polled[seq].Load(), t.began[seq]
 		b = max(b, prev)
 		pl = max(pl, b)
 		*f += ms(b - prev)
@@ -150,10 +150,7 @@ type bufferedHook struct{ t *tally }
 
 func (h bufferedHook) OnFetchRecordBuffered(r *kgo.Record) {
 	t := h.t
-	if len(r.Value) != 8 {
-		return
-	}
-	if seq := binary.BigEndian.Uint64(r.Value); seq < uint64(len(t.buffered)) {
+	if seq, _, _, ok := decodeValue(r.Value); ok && seq < len(t.buffered) {
 		t.buffered[seq].CompareAndSwap(0, time.Now().UnixNano())
 	}
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,10 +83,8 @@ func produce(seeds []string, topic string, s *stream) error {
 	var first atomic.Pointer[error]
 	var wg sync.WaitGroup
 	for i := range s.events {
-		v := make([]byte, 8)
-		binary.BigEndian.PutUint64(v, uint64(i))
 		wg.Add(1)
-		cl.Produce(context.Background(), &kgo.Record{Key: []byte(s.events[i].Key), Value: v}, func(_ *kgo.Record, err error) {
+		cl.Produce(context.Background(), &kgo.Record{Key: []byte(s.events[i].Key), Value: encodeValue(i, s.ids[i], s.ord[i])}, func(_ *kgo.Record, err error) {
 			if err != nil {
 				first.CompareAndSwap(nil, &err)
 			}
