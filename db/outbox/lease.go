@@ -228,6 +228,41 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 	}
 	r.st.keysHeld.Store(int64(len(r.keys)))
 	r.mu.Unlock()
+	r.checkClaimTime(time.Duration(r.mono()-start), len(got))
+}
+
+// leaseWarnEvery is how often at most a relay logs each of its warnings
+// that the lease is short for its database (see checkClaimTime).
+const leaseWarnEvery = time.Minute
+
+// checkClaimTime warns when a claim of n keys took a third of the lease or
+// more. A tenure's lease runs from when its claim was sent, and the relay
+// still has to fetch the key's rows, call the sink and mark them within it
+// (renewing every third of it): with a database that far away, or that
+// slow, leases end before their rows are published, the rows are left
+// for the next claim, and a relay whose round trips take longer than the
+// lease publishes nothing at all.
+func (r *Relay) checkClaimTime(took time.Duration, n int) {
+	if n == 0 || took*3 < r.cfg.lease {
+		return
+	}
+	r.st.slowClaims.Add(1)
+	if r.leaseWarn.allow(r.mono(), leaseWarnEvery) {
+		r.log.Warn("outbox relay: claiming keys took a third of the lease or more: leases may end before their rows are published; raise WithLeaseDuration well above the database's round trips",
+			"table", r.o.table, "took", took, "lease", r.cfg.lease, "keys", n)
+	}
+}
+
+// A rateLimit lets an event through at most once per interval.
+type rateLimit struct{ last atomic.Int64 } // mono ns of the last let through; 0: none
+
+// allow reports whether an event at now (mono ns) may pass, every apart.
+func (l *rateLimit) allow(now int64, every time.Duration) bool {
+	last := l.last.Load()
+	if last != 0 && now-last < int64(every) {
+		return false
+	}
+	return l.last.CompareAndSwap(last, max(now, 1))
 }
 
 // renewer renews the relay's leases every third of the lease duration, on

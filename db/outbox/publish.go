@@ -42,9 +42,14 @@ func (r *Relay) runJob(ctx context.Context, j *job) error {
 		return nil
 	}
 	dl := t.deadline.Load()
-	if r.mono() >= dl {
+	if now := r.mono(); now >= dl {
 		if !t.lost.Swap(true) {
 			r.st.leasesLost.Add(1)
+		}
+		r.st.lapsedBeforeSink.Add(1)
+		if r.lapseWarn.allow(now, leaseWarnEvery) {
+			r.log.Warn("outbox relay: a key's lease ended before its row was published (the row is left for the key's next claim); if this repeats, the lease is short for this database or machine: raise WithLeaseDuration",
+				"table", r.o.table, "key", t.key, "seq", j.e.Seq, "lease", r.cfg.lease)
 		}
 		r.abandon(j)
 		return nil

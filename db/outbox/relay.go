@@ -104,8 +104,11 @@ type Relay struct {
 	// rows, releasing the leases) failed with; set before done is closed.
 	shutdownErr error
 
+	leaseWarn, lapseWarn rateLimit // see checkClaimTime and runJob
+
 	st struct {
 		published, sinkErrors, marked, dead, abandoned, leasesLost atomic.Uint64
+		slowClaims, lapsedBeforeSink                               atomic.Uint64
 		polls, notifications, dbErrors                             atomic.Uint64
 		keysHeld                                                   atomic.Int64
 		listening                                                  atomic.Bool

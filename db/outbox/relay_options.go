@@ -289,7 +289,11 @@ func WithPollInterval(d time.Duration) RelayOption {
 // relay dies, its keys are taken over by another relay after at most this
 // long. Choose it well above your sink's longest call and your database's
 // longest stall: at least twice WithSinkTimeout, or NewRelay fails (see
-// RelayOption).
+// RelayOption). A claim that takes a third of the lease or more, or a row
+// whose lease ends before its sink call starts, is counted
+// (RelayStats.SlowClaims, LapsedBeforeSink) and logged at Warn (each at
+// most once a minute): a relay whose database round trips take longer than
+// the lease publishes nothing, and these say so.
 func WithLeaseDuration(d time.Duration) RelayOption {
 	return func(c *relayConfig) error {
 		if r := optcheck.Within("WithLeaseDuration", d, minLeaseDuration, MaxLeaseDuration); r != nil {

@@ -1,0 +1,156 @@
+package dbtest
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/keysched/keysched/db/sqldb"
+)
+
+// A LatencyProxy stands between clients and a Server: a Unix socket of its
+// own that forwards every connection to the server's, holding each chunk of
+// bytes a client sends for the delay before passing it on (the server's
+// answers pass at once). Every round trip to the server takes the delay
+// longer, as with a database in another zone or region; the bytes keep
+// their order and nothing is lost. SetDelay changes it at any time, for the
+// bytes read from then on.
+type LatencyProxy struct {
+	srv   *Server
+	dir   string
+	ln    net.Listener
+	delay atomic.Int64 // ns
+
+	mu    sync.Mutex
+	conns []net.Conn
+	wg    sync.WaitGroup
+}
+
+// LatencyProxy starts a proxy to s with the given delay, stopped (every
+// connection through it closed) when t ends.
+func (s *Server) LatencyProxy(t testing.TB, delay time.Duration) *LatencyProxy {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "keysched-pgproxy-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The socket's name is the one libpq and pgx derive from the port.
+	ln, err := net.Listen("unix", filepath.Join(dir, fmt.Sprintf(".s.PGSQL.%d", s.port)))
+	if err != nil {
+		os.RemoveAll(dir)
+		t.Fatal(err)
+	}
+	p := &LatencyProxy{srv: s, dir: dir, ln: ln}
+	p.delay.Store(int64(delay))
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(func() {
+		ln.Close()
+		p.mu.Lock()
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+		os.RemoveAll(dir)
+	})
+	return p
+}
+
+// SetDelay sets the delay of the bytes clients send from now on.
+func (p *LatencyProxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
+
+// DSN returns the server's DSN with the proxy's socket in place of the
+// server's.
+func (p *LatencyProxy) DSN() string {
+	return strings.Replace(p.srv.DSN(), "host="+p.srv.sock, "host="+p.dir, 1)
+}
+
+// Open opens a *sql.DB through the proxy (the DSN plus extra key=value
+// settings), closed when t ends.
+func (p *LatencyProxy) Open(t testing.TB, extra ...string) *sql.DB {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db, err := sqldb.OpenPostgres(ctx, strings.Join(append([]string{p.DSN()}, extra...), " "))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func (p *LatencyProxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return // closed
+		}
+		s, err := net.Dial("unix", filepath.Join(p.srv.sock, fmt.Sprintf(".s.PGSQL.%d", p.srv.port)))
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, s)
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go func() {
+			defer p.wg.Done()
+			p.delayed(s, c)
+			s.Close()
+			c.Close()
+		}()
+		go func() {
+			defer p.wg.Done()
+			_, _ = io.Copy(c, s)
+			s.Close()
+			c.Close()
+		}()
+	}
+}
+
+// chunk is bytes read from a client, due to the server at a time.
+type chunk struct {
+	due  time.Time
+	data []byte
+}
+
+// delayed copies src to dst, each chunk p's delay after it was read.
+func (p *LatencyProxy) delayed(dst io.Writer, src io.Reader) {
+	q := make(chan chunk, 1024)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for c := range q {
+			time.Sleep(time.Until(c.due))
+			if _, err := dst.Write(c.data); err != nil {
+				for range q { // drain: the reader ends when the client's side closes
+				}
+				return
+			}
+		}
+	}()
+	for {
+		buf := make([]byte, 32<<10)
+		n, err := src.Read(buf)
+		if n > 0 {
+			q <- chunk{due: time.Now().Add(time.Duration(p.delay.Load())), data: buf[:n]}
+		}
+		if err != nil {
+			break
+		}
+	}
+	close(q)
+	<-done
+}
