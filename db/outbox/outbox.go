@@ -255,6 +255,10 @@ func WithNotify(on bool) Option {
 // Write's own INSERT ran before the relay's idle row was committed; such a
 // write is found by the relay's next poll, as with the trigger.
 //
+// Write then reads <table>_idle, which CreateSchema (and Schema) create: on a
+// schema made before that table, Write fails with the database's error
+// (the relation does not exist) until CreateSchema has run.
+//
 // The trigger is the table's: give every process that runs CreateSchema on
 // the table, and every process that writes to it, the same setting (an
 // Outbox without this option writing to a table whose trigger another
