@@ -171,3 +171,27 @@ func TestNotifyFromWriteSwitchesTheTriggerOff(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit())
 }
+
+// Under WithNotifyFromWrite, Write reads the idle table: on a schema without
+// it (made before it existed) Write fails with the database's error, and
+// works once CreateSchema has created it.
+func TestNotifyFromWriteNeedsTheIdleTable(t *testing.T) {
+	db := dbtest.Postgres(t)
+	ctx := context.Background()
+	ob := newOutboxNotifyFromWrite(t, db)
+	_, err := db.ExecContext(ctx, `DROP TABLE `+ob.Table()+`_idle`)
+	require.NoError(t, err)
+	write := func() error {
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		defer tx.Rollback()
+		if _, err := ob.Write(ctx, tx, outbox.Event{Key: "k"}); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}
+	err = write()
+	require.ErrorContains(t, err, ob.Table()+"_idle")
+	require.NoError(t, ob.CreateSchema(ctx))
+	require.NoError(t, write())
+}
