@@ -347,9 +347,9 @@ func (o *Outbox) zero() bool { return o == nil || o.db == nil }
 // and (on PostgreSQL) the trigger that notifies idle relays of new rows, with
 // the table of idle relays it reads (<table>_idle, see WithNotify), in order
 // (with WithNotify(false) or WithNotifyFromWrite: statements that drop that
-// trigger and its function instead). Each is idempotent (IF NOT EXISTS, OR REPLACE, IF
-// EXISTS). Use it to put the schema
-// into your own migrations. It returns nil for a nil or zero Outbox.
+// trigger and its function instead). Each is idempotent (IF NOT EXISTS, OR
+// REPLACE, IF EXISTS). Use it to put the schema into your own migrations. It
+// returns nil for a nil or zero Outbox.
 //
 // Upgrading: PostgreSQL's schema gained <table>_idle, and the trigger's
 // function now reads it (created before the function, so running Schema's
