@@ -49,6 +49,8 @@
 // a poll finds nothing, deleted when a fetch finds rows): an idle relay that
 // LISTENs is woken when a transaction that wrote events commits; a busy one
 // polls, and writes while no relay is idle notify nobody (see WithNotify).
+// Under WithNotifyFromWrite there is no trigger: Write's INSERT statement
+// sends the same notification itself, so only Write's rows wake a relay.
 //
 // # How a relay claims a key, and why rows are not claimed one by one
 //

@@ -146,7 +146,10 @@ type Outbox struct {
 	dialect Dialect
 	table   string
 	notify  bool
-	q       queries
+	// notifyWrite: Write's INSERT queues the notification itself (no
+	// trigger); see WithNotifyFromWrite.
+	notifyWrite bool
+	q           queries
 }
 
 // An Option configures New. A bad one makes New fail with a
@@ -224,6 +227,52 @@ func WithNotify(on bool) Option {
 	}
 }
 
+// WithNotifyFromWrite makes Write send the notification itself, instead of
+// the schema's trigger (PostgreSQL; no effect on SQLite). CreateSchema then
+// drops the NOTIFY trigger and its function (as WithNotify(false) does; both
+// ways are idempotent, switching is one CreateSchema), and Write's INSERT is
+// one statement that also queues a NOTIFY, delivered on commit, while a relay
+// is idle:
+//
+//	WITH ins AS (INSERT INTO <table> ...) SELECT pg_notify('<table>', '')
+//	FROM <table>_idle WHERE until > now() LIMIT 1
+//
+// PostgreSQL runs the INSERT to completion whether or not the SELECT returns
+// a row. No extra round trip; relays LISTEN and go idle as with the trigger
+// (see WithNotify), and an idle relay is woken at once by a committed Write.
+//
+// What it saves: the trigger's PL/pgSQL call at the end of every inserting
+// statement; the idle table is read by the INSERT's own plan instead (a
+// one-page table). See db/README.md, "NOTIFY and the write rate", for what
+// it was measured to change.
+//
+// The trade-off: only Write notifies. Rows inserted into the table by other
+// SQL (a migration, an INSERT ... SELECT, a writer in another language)
+// wake nobody: an idle relay finds them at its next poll, WithPollInterval
+// (default DefaultPollInterval) later at most. Every Write checks the idle
+// table (the trigger checks once per transaction, at its first inserting
+// statement), so a Write racing a relay's going idle notifies it unless the
+// Write's own INSERT ran before the relay's idle row was committed; such a
+// write is found by the relay's next poll, as with the trigger.
+//
+// Write then reads <table>_idle, which CreateSchema (and Schema) create: on a
+// schema made before that table, Write fails with the database's error
+// (the relation does not exist) until CreateSchema has run.
+//
+// The trigger is the table's: give every process that runs CreateSchema on
+// the table, and every process that writes to it, the same setting (an
+// Outbox without this option writing to a table whose trigger another
+// process dropped notifies nobody: idle relays then find its rows by
+// polling). Given with WithNotify(false), whatever the order, it is refused
+// with a *keysched.OptionError naming both: no notification and
+// notifications from Write cannot both hold.
+func WithNotifyFromWrite() Option {
+	return func(o *Outbox) error {
+		o.notifyWrite = true
+		return nil
+	}
+}
+
 // New returns an Outbox on db. It does not touch the database: create the
 // tables once with CreateSchema (or with the SQL that Schema returns, in your
 // own migrations). A nil db or a bad option is an error wrapping
@@ -250,12 +299,19 @@ func New(db *sql.DB, opts ...Option) (*Outbox, error) {
 			return nil, err
 		}
 	}
+	if o.notifyWrite && !o.notify {
+		return nil, refused(optcheck.Conflict("WithNotifyFromWrite", "WithNotify",
+			"given with WithNotify(false): no notification and notifications from Write cannot both hold"))
+	}
 	d, err := sqldb.Resolve(db, o.dialect)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
 	}
 	o.dialect = d
 	o.q = newQueries(d, o.table)
+	if o.notifyWrite && d == Postgres {
+		o.q.insert = o.q.insertNotify
+	}
 	return o, nil
 }
 
@@ -290,10 +346,10 @@ func (o *Outbox) zero() bool { return o == nil || o.db == nil }
 // Schema returns the SQL statements that create the outbox's tables, indexes
 // and (on PostgreSQL) the trigger that notifies idle relays of new rows, with
 // the table of idle relays it reads (<table>_idle, see WithNotify), in order
-// (with WithNotify(false): statements that drop that trigger and its
-// function instead). Each is idempotent (IF NOT EXISTS, OR REPLACE, IF
-// EXISTS). Use it to put the schema
-// into your own migrations. It returns nil for a nil or zero Outbox.
+// (with WithNotify(false) or WithNotifyFromWrite: statements that drop that
+// trigger and its function instead). Each is idempotent (IF NOT EXISTS, OR
+// REPLACE, IF EXISTS). Use it to put the schema into your own migrations. It
+// returns nil for a nil or zero Outbox.
 //
 // Upgrading: PostgreSQL's schema gained <table>_idle, and the trigger's
 // function now reads it (created before the function, so running Schema's
@@ -317,7 +373,8 @@ func (o *Outbox) Schema() []string {
 	if o.zero() {
 		return nil
 	}
-	return schema(o.dialect, o.table, o.notify)
+	// Under WithNotifyFromWrite, Write notifies: no trigger.
+	return schema(o.dialect, o.table, o.notify && !o.notifyWrite)
 }
 
 // CreateSchema runs Schema's statements in one transaction. It is
@@ -374,8 +431,9 @@ func (o *Outbox) CreateSchema(ctx context.Context) error {
 // transaction: the row becomes visible to relays when, and only if, tx
 // commits. It is one INSERT and no other write (on PostgreSQL the schema's
 // statement trigger, unless WithNotify(false), queues a NOTIFY, delivered
-// on commit, when a relay is idle: see WithNotify). It returns the
-// event's ID (generated when e.ID is empty).
+// on commit, when a relay is idle: see WithNotify; under
+// WithNotifyFromWrite, the INSERT's statement queues it itself, still one
+// statement). It returns the event's ID (generated when e.ID is empty).
 //
 // Order: a key's events are published in insert order (Seq). On PostgreSQL,
 // two transactions that write events of one key concurrently are ordered by

@@ -171,7 +171,10 @@ type queries struct {
 	d     Dialect
 	table string
 
-	insert, listDead, parkedKeys, moveDead, hasDead, countStates string
+	insert       string
+	insertNotify string // Postgres, WithNotifyFromWrite: insert, notifying while a relay is idle
+
+	listDead, parkedKeys, moveDead, hasDead, countStates string
 
 	// relay. Every statement on a claim names it by its key and epoch
 	// (with the relay's owner name and token) and affects nothing under
@@ -200,6 +203,14 @@ func newQueries(d Dialect, t string) queries {
 	l := t + "_lease"
 	q := queries{d: d, table: t}
 	q.insert = r(`INSERT INTO ` + t + ` (id, key, type, payload, headers, created_at) VALUES (?, ?, ?, ?, ?, ?)`)
+	// WithNotifyFromWrite (PostgreSQL): the INSERT, and a notification
+	// queued while a relay is idle, in one statement. A data-modifying CTE
+	// runs to completion whether or not the outer SELECT reads it or
+	// returns a row (TestNotifyFromWriteInsertsWhenNoRelayIsIdle). pg_notify
+	// runs at most once (LIMIT 1), and a transaction's identical
+	// notifications are folded into one anyway.
+	q.insertNotify = `WITH ins AS (INSERT INTO ` + t + ` (id, key, type, payload, headers, created_at) VALUES ($1, $2, $3, $4, $5, $6))
+SELECT pg_notify('` + t + `', '') FROM ` + t + `_idle WHERE until > now() LIMIT 1`
 	q.listDead = r(`SELECT seq, id, key, type, payload, headers, created_at, attempts, last_error, done_at FROM ` + t + ` WHERE state = 2 ORDER BY seq LIMIT ?`)
 	q.parkedKeys = `SELECT DISTINCT key FROM ` + t + ` WHERE state = 2 ORDER BY key`
 	q.moveDead = r(`UPDATE ` + t + ` SET state = ? WHERE seq = (SELECT MIN(seq) FROM ` + t + ` WHERE key = ? AND state = 2) AND key = ? AND state = 2 RETURNING id`)

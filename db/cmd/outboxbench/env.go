@@ -21,6 +21,9 @@ type dbEnv struct {
 	// noNotify: the outbox's schema without its NOTIFY trigger and its
 	// relays without LISTEN (outbox.WithNotify(false)).
 	noNotify bool
+	// notifyWrite: the outbox's Write notifies idle relays itself, no
+	// trigger (outbox.WithNotifyFromWrite).
+	notifyWrite bool
 	// retention: the outbox's relays keep published rows this long
 	// (outbox.WithRetention: marked sent by an UPDATE instead of deleted);
 	// 0 deletes them (the default).

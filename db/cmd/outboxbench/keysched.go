@@ -32,7 +32,11 @@ func newOutboxSystem(ctx context.Context, env *dbEnv, keys, batch int) (system, 
 		return nil, err
 	}
 	name := env.tableName("outbox")
-	ob, err := outbox.New(db, outbox.WithTable(name), outbox.WithNotify(!env.noNotify))
+	opts := []outbox.Option{outbox.WithTable(name), outbox.WithNotify(!env.noNotify)}
+	if env.notifyWrite {
+		opts = append(opts, outbox.WithNotifyFromWrite())
+	}
+	ob, err := outbox.New(db, opts...)
 	if err != nil {
 		closeDB()
 		return nil, err

@@ -24,6 +24,10 @@
 // --retention d runs the outbox's relays with outbox.WithRetention(d): they
 // mark published rows sent (an UPDATE) instead of deleting them.
 //
+// --notify=false runs the outbox without its NOTIFY trigger (relays poll
+// only); --notify-from-write runs it with outbox.WithNotifyFromWrite (no
+// trigger: Write's INSERT notifies idle relays itself).
+//
 // PostgreSQL is reached at --dsn (default: the local socket, database
 // keysched_test, as the OS user); it is skipped with a message when it cannot
 // be reached. SQLite is a fresh WAL file per run in a temporary directory.
@@ -62,6 +66,7 @@ type config struct {
 	only         string
 	json         bool
 	notify       bool
+	notifyWrite  bool
 	pgstats      bool
 	retention    time.Duration
 }
@@ -95,15 +100,18 @@ func mainErr(ctx context.Context, args []string, out io.Writer) error {
 		pgstats = fs.Bool("pgstats", false, "PostgreSQL: after each run, what it cost the server per event (WAL bytes and records, syncs, commits, the run's tables' tuple writes, where its backends waited); each run then waits 11 s more for the server's statistics (see pgstats.go)")
 		retain  = fs.Duration("retention", 0, "keysched: outbox.WithRetention for the relays (published rows marked sent by an UPDATE and kept this long; 0: deleted when published, the default)")
 		notify  = fs.Bool("notify", true, "keysched on PostgreSQL: the outbox's NOTIFY trigger and its relays' LISTEN (false: outbox.WithNotify(false), relays poll every 20 ms)")
+		fromW   = fs.Bool("notify-from-write", false, "keysched on PostgreSQL: outbox.WithNotifyFromWrite (no trigger: Write's INSERT notifies idle relays itself; relays LISTEN); not with --notify=false")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg := config{dsn: *dsn, rounds: *rounds, batch: *batch, isolation: *isolate, only: *only, json: *asJSON, notify: *notify, pgstats: *pgstats, retention: *retain,
+	cfg := config{dsn: *dsn, rounds: *rounds, batch: *batch, isolation: *isolate, only: *only, json: *asJSON, notify: *notify, notifyWrite: *fromW, pgstats: *pgstats, retention: *retain,
 		wl: workload{events: *events, keys: *keys, perTx: *perTx, writers: *writers, backlog: *backlog, timeout: *timeout}}
 	switch {
 	case *events < 1, *keys < 2, *perTx < 1, *writers < 1, *rounds < 1, *batch < 1, *timeout <= 0, *retain < 0:
 		return errors.New("--events, --per-tx, --writers, --rounds and --batch must be at least 1, --keys at least 2, --timeout positive, --retention not negative")
+	case *fromW && !*notify:
+		return errors.New("--notify-from-write: not with --notify=false (no notification at all)")
 	case *only != "" && *only != "throughput" && *only != "isolation":
 		return fmt.Errorf("--only: %q is neither throughput nor isolation", *only)
 	}
@@ -181,11 +189,15 @@ func bench(ctx context.Context, cfg config, out io.Writer) error {
 	var sums []summary
 	if !cfg.json {
 		shape := "written while the consumers run"
+		fromWrite := ""
+		if cfg.notifyWrite {
+			fromWrite = " (from Write, no trigger)"
+		}
 		if cfg.wl.backlog {
 			shape = "written before the consumers start (--backlog)"
 		}
-		fmt.Fprintf(out, "outboxbench: %d events on %d keys, %d per transaction, %d writers, %s; consumers %v, %d rounds; outbox notify %v, retention %v; load average %s\n",
-			cfg.wl.events, cfg.wl.keys, cfg.wl.perTx, cfg.wl.writers, shape, cfg.consumers, cfg.rounds, cfg.notify, cfg.retention, loadavg())
+		fmt.Fprintf(out, "outboxbench: %d events on %d keys, %d per transaction, %d writers, %s; consumers %v, %d rounds; outbox notify %v%s, retention %v; load average %s\n",
+			cfg.wl.events, cfg.wl.keys, cfg.wl.perTx, cfg.wl.writers, shape, cfg.consumers, cfg.rounds, cfg.notify, fromWrite, cfg.retention, loadavg())
 		fmt.Fprintf(out, "%-8s %-16s %4s %-15s %5s %10s %10s %10s %8s %8s %6s %6s %5s\n",
 			"db", "system", "cons", "scenario", "round", "write/s", "deliv/s", "others/s", "p50 ms", "p99 ms", "viol", "dups", "load")
 	}
@@ -198,6 +210,7 @@ func bench(ctx context.Context, cfg config, out io.Writer) error {
 			continue
 		}
 		env.noNotify = !cfg.notify
+		env.notifyWrite = cfg.notifyWrite
 		env.retention = cfg.retention
 		if cfg.pgstats && env.name == "postgres" {
 			// The runs' connections, told apart in pg_stat_activity.

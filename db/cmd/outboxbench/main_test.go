@@ -60,6 +60,15 @@ func TestEverySystemDeliversEveryEventOnce(t *testing.T) {
 		if !bytes.Contains(polled.Bytes(), []byte(`"delivered":100,`)) {
 			t.Errorf("--notify=false: not every event delivered:\n%s", polled.String())
 		}
+		// Write notifies, no trigger.
+		var fromWrite bytes.Buffer
+		if err := mainErr(context.Background(), append(common, "--db", "postgres", "--systems", "keysched", "--notify-from-write",
+			"--only", "throughput", "--timeout", "60s"), &fromWrite); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(fromWrite.Bytes(), []byte(`"delivered":100,`)) {
+			t.Errorf("--notify-from-write: not every event delivered:\n%s", fromWrite.String())
+		}
 	}
 	if err := mainErr(context.Background(), append(common, "--only", "isolation", "--timeout", "60s", "--systems", "keysched"), &out); err != nil {
 		t.Fatal(err)
