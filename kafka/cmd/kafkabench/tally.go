@@ -43,11 +43,14 @@ func decodeValue(v []byte) (seq int, id, ord int32, ok bool) {
 	return int(s), int32(binary.BigEndian.Uint32(v[8:])), int32(binary.BigEndian.Uint32(v[12:])), true
 }
 
-// latencyEvery samples the latency: every latencyEvery-th event of the
-// stream (all of them with --hot-key). A time stamp per event at poll and
-// at handling costs two clock reads and two random writes per event;
-// 15,625 samples of a million events give the p99 as well.
-const latencyEvery = 64
+// latencySamples is how many events' latency a run samples at least: every
+// event of a stream of up to that many, else about that many, picked by a
+// hash of their position (a fixed stride would pick the same positions of
+// every round of a --rounds stream, and a trace's periodic structure with
+// them). A time stamp at poll and at handling for every event of a million
+// costs two clock reads and two random writes each; 100,000 samples give
+// the p99 as well. With --hot-key every event is sampled.
+const latencySamples = 100_000
 
 // countShards is how many counters the handled events are counted in (by
 // key id): one counter written by every handler on every core would move
@@ -62,11 +65,12 @@ type countShard struct {
 
 // tally is one consumer run's bookkeeping.
 type tally struct {
-	s      *stream
-	work   workSpec
-	sample int // latency of every sample-th event (see latencyEvery)
+	s     *stream
+	work  workSpec
+	every uint64 // one event in every samples its latency (see latencySamples, sampled)
 	// polled is when each sampled event was first polled, latency the ns
-	// from then to the end of its first handling (index seq/sample).
+	// from then to the end of its first handling (by position in the
+	// stream; 0 for the events not sampled).
 	polled  []atomic.Int64
 	latency []int64
 	handled []atomic.Uint64 // a bit per event: handled once
@@ -91,14 +95,13 @@ type tally struct {
 }
 
 func newTally(s *stream, work workSpec, hot bool) *tally {
-	t := &tally{s: s, work: work, sample: latencyEvery, last: make([]atomic.Int32, s.keys),
-		handled: make([]atomic.Uint64, (s.n+63)/64), all: make(chan struct{})}
+	t := &tally{s: s, work: work, every: uint64(max(1, s.n/latencySamples)), last: make([]atomic.Int32, s.keys),
+		handled: make([]atomic.Uint64, (s.n+63)/64), all: make(chan struct{}),
+		polled: make([]atomic.Int64, s.n), latency: make([]int64, s.n)}
 	if hot {
-		t.sample = 1
+		t.every = 1
 		t.hot, t.buffered, t.began, t.ended = true, make([]atomic.Int64, s.n), make([]int64, s.n), make([]int64, s.n)
 	}
-	samples := (s.n + t.sample - 1) / t.sample
-	t.polled, t.latency = make([]atomic.Int64, samples), make([]int64, samples)
 	for i := range t.last {
 		t.last[i].Store(-1)
 	}
@@ -125,11 +128,17 @@ func (t *tally) count() int64 {
 	return n
 }
 
+// sampled reports whether event seq's latency is sampled: one in t.every,
+// by a multiplicative hash of seq.
+func (t *tally) sampled(seq int) bool {
+	return t.every == 1 || (uint64(seq)*0x9E3779B97F4A7C15>>32)%t.every == 0
+}
+
 // markPolled notes that event seq was polled at now (Unix ns), if it is
 // sampled and not polled before.
 func (t *tally) markPolled(seq int, now int64) {
-	if seq%t.sample == 0 {
-		t.polled[seq/t.sample].CompareAndSwap(0, now)
+	if t.sampled(seq) {
+		t.polled[seq].CompareAndSwap(0, now)
 	}
 }
 
@@ -146,8 +155,8 @@ func (t *tally) OnFetchRecordUnbuffered(r *kgo.Record, polled bool) {
 	if t.start.Load() == 0 { // a load, not a CAS per record: the line stays shared
 		t.start.CompareAndSwap(0, time.Now().UnixNano())
 	}
-	if seq%t.sample == 0 {
-		t.markPolled(seq, time.Now().UnixNano())
+	if t.sampled(seq) { // the clock is read for the sampled events alone
+		t.polled[seq].CompareAndSwap(0, time.Now().UnixNano())
 	}
 }
 
@@ -197,8 +206,8 @@ func (t *tally) handle(_ context.Context, r *kgo.Record) error {
 	if t.hot {
 		t.began[seq], t.ended[seq] = began, ended
 	}
-	if seq%t.sample == 0 {
-		t.latency[seq/t.sample] = time.Now().UnixNano() - t.polled[seq/t.sample].Load()
+	if t.sampled(seq) {
+		t.latency[seq] = time.Now().UnixNano() - t.polled[seq].Load()
 	}
 	if sh := &t.shards[id%countShards]; sh.n.Add(1) == sh.want && t.remaining.Add(-1) == 0 {
 		t.end.Store(time.Now().UnixNano())
@@ -210,7 +219,12 @@ func (t *tally) handle(_ context.Context, r *kgo.Record) error {
 func (t *tally) result(name string) Result {
 	n := t.s.n
 	secs := float64(t.end.Load()-t.start.Load()) / 1e9
-	lat := slices.Clone(t.latency)
+	lat := make([]int64, 0, n/int(t.every)+1)
+	for seq, l := range t.latency {
+		if t.sampled(seq) {
+			lat = append(lat, l)
+		}
+	}
 	slices.Sort(lat)
 	var p99 int64
 	if len(lat) > 0 {

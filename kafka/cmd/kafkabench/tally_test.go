@@ -58,32 +58,63 @@ func TestTallyIgnoresForeignRecords(t *testing.T) {
 	}
 }
 
-// The latency is sampled: every latencyEvery-th event (every one with
-// --hot-key), from its first poll to the end of its handling.
-func TestTallySamplesLatency(t *testing.T) {
-	evs := make([]trace.Event, 2*latencyEvery+1)
+// The latency is sampled: every event of a stream of up to latencySamples
+// events (and every one with --hot-key), from its first poll to the end of
+// its handling.
+func TestTallySamplesEveryEventOfAShortStream(t *testing.T) {
+	evs := make([]trace.Event, 1000)
 	for i := range evs {
 		evs[i].Key = "k"
 	}
 	s := newStream(evs)
-	for _, hot := range []bool{false, true} {
-		ty := newTally(s, workSpec{kind: "none"}, hot)
-		want := 3 // seq 0, 64 and 128
-		if hot {
-			want = len(evs)
+	ty := newTally(s, workSpec{kind: "none"}, false)
+	for seq := range evs {
+		r := &kgo.Record{Value: encodeValue(seq, s.ids[seq], s.ord[seq])}
+		ty.OnFetchRecordUnbuffered(r, true)
+		_ = ty.handle(context.Background(), r)
+	}
+	for seq, l := range ty.latency {
+		if l <= 0 || ty.polled[seq].Load() == 0 {
+			t.Fatalf("event %d: latency %d ns, polled at %d", seq, l, ty.polled[seq].Load())
 		}
-		if len(ty.latency) != want {
-			t.Fatalf("hot %v: %d latency samples, want %d", hot, len(ty.latency), want)
+	}
+	if r := ty.result("x"); r.P99us <= 0 {
+		t.Fatalf("p99 %v µs", r.P99us)
+	}
+}
+
+// Of a longer stream, about latencySamples events are sampled, spread over
+// it: not a fixed stride, which would pick the same positions in every
+// round of a --rounds stream.
+func TestTallySamplesSpreadOverALongStream(t *testing.T) {
+	const rounds, round = 50, 20_000 // --rounds 50 of the sample
+	ty := &tally{every: uint64(max(1, rounds*round/latencySamples))}
+	if ty.every < 2 {
+		t.Fatalf("every %d: the stream is not long enough to sample", ty.every)
+	}
+	n := 0
+	var first []int // the sampled positions of the first round
+	same := 0       // sampled positions of later rounds that the first round sampled too
+	inFirst := map[int]bool{}
+	for seq := range rounds * round {
+		if !ty.sampled(seq) {
+			continue
 		}
-		for seq := range evs {
-			r := &kgo.Record{Value: encodeValue(seq, s.ids[seq], s.ord[seq])}
-			ty.OnFetchRecordUnbuffered(r, true)
-			_ = ty.handle(context.Background(), r)
+		n++
+		if seq < round {
+			first = append(first, seq)
+			inFirst[seq] = true
+		} else if inFirst[seq%round] {
+			same++
 		}
-		for i, l := range ty.latency {
-			if l <= 0 || ty.polled[i].Load() == 0 {
-				t.Fatalf("hot %v: sample %d: latency %d ns, polled at %d", hot, i, l, ty.polled[i].Load())
-			}
-		}
+	}
+	want := rounds * round / int(ty.every)
+	if n < want*9/10 || n > want*11/10 {
+		t.Fatalf("%d events sampled of %d, want about %d", n, rounds*round, want)
+	}
+	// A stride would repeat the first round's positions in each later
+	// round; a hash repeats about 1 in every of them.
+	if repeat := float64(same) / float64(len(first)*(rounds-1)); repeat > 2/float64(ty.every) {
+		t.Fatalf("%.0f%% of the later rounds' samples at the first round's positions", 100*repeat)
 	}
 }
