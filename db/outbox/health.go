@@ -54,6 +54,15 @@ func (r *Relay) dbError(what string, err error) {
 		// The relay cancelled its own call: it is shutting down.
 		return
 	}
+	if !r.stopping.Load() && r.runCtx != nil && r.runCtx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		// Run's context ended (its deadline, or its caller cancelled it)
+		// during one of the poll loop's calls (on contexts of Run's): the
+		// relay is stopping. A call's own bound (callTimeout) ending
+		// while Run's context is live is a failure, and so is one of
+		// Run's last calls (stopping: marks and releases on contexts of
+		// their own, bounded by callTimeout).
+		return
+	}
 	h := &r.health
 	k := sqldb.Classify(err)
 	h.kinds[k].Add(1)

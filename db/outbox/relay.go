@@ -56,6 +56,11 @@ type Relay struct {
 	started  atomic.Bool
 	stopping atomic.Bool
 
+	// runCtx is Run's context, set once at its start, before any
+	// database call: a call that fails because it ended is the relay
+	// stopping, not the database failing (dbError).
+	runCtx context.Context
+
 	closeOnce sync.Once
 	closeCtx  context.Context // set before closing is closed
 	crash     bool            // tests: leave leases and marks as a crash would
@@ -255,6 +260,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
 		return ErrClosed
 	}
+	r.runCtx = ctx // before any call: see dbError
 	defer close(r.done)
 	doneCtx, cancelDone := context.WithCancel(context.Background())
 	cancelDone()
