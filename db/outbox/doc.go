@@ -41,9 +41,12 @@
 //
 // with partial indexes on the pending rows (key, seq), the dead rows and the
 // sent rows, and a lease table (keysched_outbox_lease: key, owner,
-// expires_at, token: the holding relay's name and fencing token; see
-// WithOwner). CreateSchema adds the token column to a lease table created by
-// an older version; a relay refuses to run without it (ErrSchemaOutdated). On PostgreSQL a statement-level AFTER INSERT trigger
+// expires_at, token, epoch: the holding relay's name and fencing token, see
+// WithOwner, and the claim's epoch, see ClaimFrom) with the epochs' source
+// (keysched_outbox_lease_epoch: a sequence on PostgreSQL, a one-row table
+// and two triggers on SQLite). CreateSchema adds the token and epoch
+// columns to a lease table created by an older version; a relay refuses to
+// run without them (ErrSchemaOutdated). On PostgreSQL a statement-level AFTER INSERT trigger
 // calls pg_notify with the table's name as the channel while a relay is idle
 // (it has a live row in the unlogged table keysched_outbox_idle, written when
 // a poll finds nothing, deleted when a fetch finds rows): an idle relay that

@@ -173,7 +173,7 @@ func TestNotifyFromWriteSwitchesTheTriggerOff(t *testing.T) {
 }
 
 // Under WithNotifyFromWrite, Write reads the idle table: on a schema without
-// it (made before it existed) Write fails with the database's error, and
+// it (made before it existed) Write fails with ErrNoSchema and the database's error, and
 // works once CreateSchema has created it.
 func TestNotifyFromWriteNeedsTheIdleTable(t *testing.T) {
 	db := dbtest.Postgres(t)
@@ -192,6 +192,7 @@ func TestNotifyFromWriteNeedsTheIdleTable(t *testing.T) {
 	}
 	err = write()
 	require.ErrorContains(t, err, ob.Table()+"_idle")
+	require.ErrorIs(t, err, outbox.ErrNoSchema, "Write says to run CreateSchema")
 	require.NoError(t, ob.CreateSchema(ctx))
 	require.NoError(t, write())
 }

@@ -73,7 +73,8 @@ var (
 	// this package): run CreateSchema (or see Schema) first.
 	ErrSchemaOutdated = errors.New("outbox: lease table has no token or epoch column: run CreateSchema")
 	// ErrNoSchema is wrapped by Run's error when the outbox table or its
-	// lease table does not exist: run CreateSchema (or see Schema) first.
+	// lease table does not exist, and by Write's when its INSERT finds a
+	// table or column missing: run CreateSchema (or see Schema) first.
 	// Run checks before it claims anything and returns at once.
 	ErrNoSchema = errors.New("outbox: table missing: run CreateSchema")
 	// ErrDatabaseUnavailable is wrapped by Run's error when every poll
@@ -173,7 +174,12 @@ func WithDialect(d Dialect) Option {
 
 // WithTable names the outbox table (default DefaultTable): lower-case
 // letters, digits and underscores, starting with a letter or underscore, at
-// most 48 bytes. The lease table is name+"_lease".
+// most 48 bytes. The outbox's other objects are named after it:
+// name+"_lease" (the lease table), and on PostgreSQL name+"_idle" (idle
+// relays), name+"_lease_epoch" (the claims' epoch sequence) and the NOTIFY
+// trigger and function name+"_notify"; on SQLite name+"_lease_epoch" is a
+// table, with two triggers on the lease table. Schema lists them all; to
+// remove an outbox, drop them.
 func WithTable(name string) Option {
 	return func(o *Outbox) error {
 		if !sqldb.ValidIdent(name) {
@@ -256,7 +262,8 @@ func WithNotify(on bool) Option {
 // write is found by the relay's next poll, as with the trigger.
 //
 // Write then reads <table>_idle, which CreateSchema (and Schema) create: on a
-// schema made before that table, Write fails with the database's error
+// schema made before that table, Write fails with an error wrapping
+// ErrNoSchema (and the database's)
 // (the relation does not exist) until CreateSchema has run.
 //
 // The trigger is the table's: give every process that runs CreateSchema on
@@ -444,7 +451,9 @@ func (o *Outbox) CreateSchema(ctx context.Context) error {
 // order is commit order.
 //
 // Errors: ErrZeroOutbox, ErrNilContext, ErrNilTx, ErrInvalidEvent (wrapped),
-// ErrDuplicateID (wrapped), ctx's error, or the database's. The first four
+// ErrDuplicateID (wrapped), ErrNoSchema (wrapped, with the database's
+// error: a table or column missing, CreateSchema not run), ctx's error, or
+// the database's. The first four
 // are returned before any SQL and leave tx untouched: it can go on (write a
 // corrected event) and commit. The others come from the INSERT (ctx ending
 // during it included): on PostgreSQL they abort tx (roll it back); on SQLite
@@ -487,6 +496,9 @@ func (o *Outbox) Write(ctx context.Context, tx *sql.Tx, e Event) (id string, err
 	if _, err = tx.ExecContext(ctx, o.q.insert, e.ID, e.Key, e.Type, payload, headers, o.q.timeArg(e.CreatedAt)); err != nil {
 		if sqldb.IsUniqueViolation(err) {
 			return "", fmt.Errorf("%w: %q: %w", ErrDuplicateID, e.ID, err)
+		}
+		if sqldb.Classify(err) == sqldb.KindSchema {
+			return "", fmt.Errorf("%w (table %s, its columns, or %s_idle under WithNotifyFromWrite): write event %q: %w", ErrNoSchema, o.table, o.table, e.ID, err)
 		}
 		return "", fmt.Errorf("outbox: write event %q: %w", e.ID, err)
 	}

@@ -328,8 +328,10 @@ func WithListen(on bool) RelayOption {
 	return func(c *relayConfig) error { c.listen = on; return nil }
 }
 
-// WithLogger sets where the relay logs database errors, lost leases and dead
-// rows (default slog.Default()). nil is an error.
+// WithLogger sets where the relay logs (default slog.Default()): database
+// errors (one line per change of state), lost leases, dead rows, and the
+// warnings that its lease is short for the database (see
+// WithLeaseDuration). nil is an error.
 func WithLogger(l *slog.Logger) RelayOption {
 	return func(c *relayConfig) error {
 		if r := optcheck.Logger("WithLogger", l); r != nil {

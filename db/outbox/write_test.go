@@ -161,3 +161,25 @@ func TestWriteInvalidUTF8(t *testing.T) {
 		}
 	})
 }
+
+// Write before CreateSchema (the first call most programs make) fails with
+// an error wrapping ErrNoSchema, which says to run CreateSchema and names
+// the table, with the database's error; the transaction's state is the
+// database's (PostgreSQL aborts it).
+func TestWriteBeforeCreateSchemaSaysSo(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ctx := context.Background()
+		table := dbtest.Table(t, db, "nosch")
+		ob, err := outbox.New(db, outbox.WithTable(table))
+		require.NoError(t, err)
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		defer tx.Rollback()
+		_, err = ob.Write(ctx, tx, outbox.Event{Key: "k", Payload: []byte("x")})
+		require.ErrorIs(t, err, outbox.ErrNoSchema)
+		require.ErrorContains(t, err, "run CreateSchema")
+		require.ErrorContains(t, err, table)
+		require.NotErrorIs(t, err, outbox.ErrDuplicateID)
+		t.Log(err)
+	})
+}
