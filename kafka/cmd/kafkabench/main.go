@@ -33,8 +33,10 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"runtime/pprof"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -60,7 +62,7 @@ type cli struct {
 	Work         string        `default:"io=1ms" placeholder:"SPEC" help:"Each handler's work: none; io=DUR (sleeps DUR, like a network call); cpu=DUR (a busy loop) (default ${default})."`
 	Workers      int           `default:"256" placeholder:"N" help:"The adapter's workers (keysched.WithWorkers) (default ${default})."`
 	MaxInFlight  int           `default:"4096" placeholder:"N" help:"The adapter's per-partition bound, WithMaxInFlight (default ${default})."`
-	Consumers    []string      `default:"keysched,plain,keysched-partition" sep:"," placeholder:"NAME" help:"Consumers to run, in order: keysched, plain, keysched-partition, ideal (no broker: see runIdeal) (default ${default})."`
+	Consumers    []string      `default:"keysched,plain,keysched-partition" sep:"," placeholder:"NAME" help:"Consumers to run, in order: keysched, plain, keysched-partition, ideal (no broker, no adapter: every record at hand, each key's records back to back on one of --workers goroutines) (default ${default})."`
 	FetchMaxWait time.Duration `name:"fetch-max-wait" default:"10ms" help:"The consumers' kgo.FetchMaxWait: how long the broker holds a fetch with no new records (10ms or more; default ${default}). Short: every idle fetch round trip wakes the process (with --work io=1ms, 1s ran the adapter 0.91-1.24 of the ideal consumer where 10ms ran 0.77-0.99, nine alternating pairs on 2026-12-01); long: a resumed partition waits for the fetch in flight (--work none --rounds 20: 500ms was slower in three pairs of three)."`
 	Timeout      time.Duration `default:"10m" help:"Give up on a consumer that has not handled every event after this long (default ${default})."`
 	JSON         bool          `name:"json" help:"One JSON object per consumer per line."`
@@ -205,8 +207,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	if !c.JSON {
-		fmt.Fprintf(stdout, "%d events, %d keys, hottest key %d events, %d partitions, work %s, %d workers\n",
-			s.n, s.keys, s.hottest, c.Partitions, c.Work, c.Workers)
+		fmt.Fprintf(stdout, "%d events (%s), %d keys, hottest key %d events, %d partitions, work %s, %d workers\n",
+			s.n, streamName(&c), s.keys, s.hottest, c.Partitions, c.Work, c.Workers)
+		if work.kind == "none" {
+			fmt.Fprintln(stdout, "no work: no bound (the bound columns are -); compare the consumers' events/s and CPU per event")
+		}
 		if measured > 0 {
 			fmt.Fprintf(stdout, "one handler's work (%s) takes %v here when alone before the runs (the mean of calls for half a second); measured again after each run\n", c.Work, measured.Round(time.Microsecond))
 		}
@@ -290,4 +295,24 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// streamName says which stream the run produced, for the header.
+func streamName(c *cli) string {
+	var b strings.Builder
+	switch {
+	case c.Trace != "":
+		b.WriteString(filepath.Base(c.Trace))
+	case c.Synthetic:
+		fmt.Fprintf(&b, "synthetic: %d keys, Zipf %g, seed %d", c.Keys, c.Zipf, c.Seed)
+	default:
+		b.WriteString("the embedded sample of the git/git history")
+	}
+	if c.Limit > 0 {
+		fmt.Fprintf(&b, ", first %d", c.Limit)
+	}
+	if c.Rounds > 1 {
+		fmt.Fprintf(&b, ", %d rounds", c.Rounds)
+	}
+	return b.String()
 }
