@@ -1,0 +1,99 @@
+package dbtest
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeServer is a Server whose socket is a plain Unix listener (no
+// PostgreSQL): each connection is handed to serve. The listener and the
+// connections are closed when t ends.
+func fakeServer(t *testing.T, serve func(net.Conn)) *Server {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "keysched-fakepg-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const port = 5999
+	ln, err := net.Listen("unix", filepath.Join(dir, fmt.Sprintf(".s.PGSQL.%d", port)))
+	if err != nil {
+		os.RemoveAll(dir)
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				serve(c)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		wg.Wait()
+		os.RemoveAll(dir)
+	})
+	return &Server{t: t, dir: dir, sock: dir, port: port}
+}
+
+// recordingTB is a testing.TB whose Cleanup functions are kept for the test
+// to run itself.
+type recordingTB struct {
+	testing.TB
+	cleanups []func()
+}
+
+func (r *recordingTB) Cleanup(f func()) { r.cleanups = append(r.cleanups, f) }
+
+func (r *recordingTB) runCleanups() {
+	for i := len(r.cleanups) - 1; i >= 0; i-- {
+		r.cleanups[i]()
+	}
+}
+
+// A proxy holding a client's bytes for a long delay (a stalled database, as
+// a test of timeouts makes one with SetDelay(time.Hour)) stops at once when
+// its test ends: the bytes held are dropped, not waited for.
+func TestLatencyProxyStopsWithBytesHeld(t *testing.T) {
+	accepted := make(chan struct{}, 1)
+	srv := fakeServer(t, func(c net.Conn) {
+		accepted <- struct{}{}
+		_, _ = c.Read(make([]byte, 1))
+	})
+	rec := &recordingTB{TB: t}
+	p := srv.LatencyProxy(rec, time.Hour)
+	c, err := net.Dial("unix", filepath.Join(p.dir, fmt.Sprintf(".s.PGSQL.%d", srv.port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	<-accepted
+	if _, err := c.Write([]byte("held for an hour")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the proxy reads them and holds them
+	stopped := make(chan struct{})
+	go func() {
+		rec.runCleanups()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the proxy's cleanup still waits, 5 s on, for bytes it holds for an hour")
+	}
+}
