@@ -28,7 +28,8 @@ type LatencyProxy struct {
 	srv   *Server
 	dir   string
 	ln    net.Listener
-	delay atomic.Int64 // ns
+	delay atomic.Int64  // ns
+	stop  chan struct{} // closed when the proxy stops: bytes held are dropped
 
 	mu    sync.Mutex
 	conns []net.Conn
@@ -49,11 +50,12 @@ func (s *Server) LatencyProxy(t testing.TB, delay time.Duration) *LatencyProxy {
 		os.RemoveAll(dir)
 		t.Fatal(err)
 	}
-	p := &LatencyProxy{srv: s, dir: dir, ln: ln}
+	p := &LatencyProxy{srv: s, dir: dir, ln: ln, stop: make(chan struct{})}
 	p.delay.Store(int64(delay))
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(func() {
+		close(p.stop) // the bytes held are not waited for
 		ln.Close()
 		p.mu.Lock()
 		for _, c := range p.conns {
@@ -126,15 +128,25 @@ type chunk struct {
 	data []byte
 }
 
-// delayed copies src to dst, each chunk p's delay after it was read.
+// delayed copies src to dst, each chunk p's delay after it was read (or
+// never, once the proxy stops).
 func (p *LatencyProxy) delayed(dst io.Writer, src io.Reader) {
 	q := make(chan chunk, 1024)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		timer := time.NewTimer(0)
+		defer timer.Stop()
 		for c := range q {
-			time.Sleep(time.Until(c.due))
-			if _, err := dst.Write(c.data); err != nil {
+			timer.Reset(time.Until(c.due))
+			var err error
+			select {
+			case <-timer.C:
+				_, err = dst.Write(c.data)
+			case <-p.stop:
+				err = io.ErrClosedPipe
+			}
+			if err != nil {
 				for range q { // drain: the reader ends when the client's side closes
 				}
 				return
