@@ -2,6 +2,7 @@ package dbtest
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -95,5 +96,37 @@ func TestLatencyProxyStopsWithBytesHeld(t *testing.T) {
 	case <-stopped:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the proxy's cleanup still waits, 5 s on, for bytes it holds for an hour")
+	}
+}
+
+// A client that sends its request and then closes its side for writing
+// (shutdown(SHUT_WR)) still gets the server's answer through the proxy:
+// the client's end of stream is passed on to the server after the bytes
+// before it, and the answer comes back before the proxy closes the
+// connection.
+func TestLatencyProxyPassesTheAnswerToAHalfClosedClient(t *testing.T) {
+	srv := fakeServer(t, func(c net.Conn) {
+		b, err := io.ReadAll(c) // the request, up to the client's end of stream
+		if err != nil {
+			return
+		}
+		_, _ = c.Write(append([]byte("answer to "), b...))
+	})
+	p := srv.LatencyProxy(t, 10*time.Millisecond)
+	c, err := net.Dial("unix", filepath.Join(p.dir, fmt.Sprintf(".s.PGSQL.%d", srv.port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("request")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.(*net.UnixConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(c)
+	if string(got) != "answer to request" {
+		t.Fatalf("the half-closed client read %q (%v), want %q", got, err, "answer to request")
 	}
 }
