@@ -109,7 +109,14 @@ func (p *LatencyProxy) accept() {
 		p.wg.Add(2)
 		go func() {
 			defer p.wg.Done()
-			p.delayed(s, c)
+			if p.delayed(s, c) {
+				// The client's end of stream, after its bytes: the
+				// server answers them and ends the connection (the
+				// copy below then closes both sides).
+				if err := s.(*net.UnixConn).CloseWrite(); err == nil {
+					return
+				}
+			}
 			s.Close()
 			c.Close()
 		}()
@@ -129,10 +136,12 @@ type chunk struct {
 }
 
 // delayed copies src to dst, each chunk p's delay after it was read (or
-// never, once the proxy stops).
-func (p *LatencyProxy) delayed(dst io.Writer, src io.Reader) {
+// never, once the proxy stops). It reports whether it copied all of src, up
+// to its end (io.EOF).
+func (p *LatencyProxy) delayed(dst io.Writer, src io.Reader) (all bool) {
 	q := make(chan chunk, 1024)
 	done := make(chan struct{})
+	written := false // every chunk of q written (read after done)
 	go func() {
 		defer close(done)
 		timer := time.NewTimer(0)
@@ -152,7 +161,9 @@ func (p *LatencyProxy) delayed(dst io.Writer, src io.Reader) {
 				return
 			}
 		}
+		written = true
 	}()
+	var rerr error
 	for {
 		buf := make([]byte, 32<<10)
 		n, err := src.Read(buf)
@@ -160,9 +171,11 @@ func (p *LatencyProxy) delayed(dst io.Writer, src io.Reader) {
 			q <- chunk{due: time.Now().Add(time.Duration(p.delay.Load())), data: buf[:n]}
 		}
 		if err != nil {
+			rerr = err
 			break
 		}
 	}
 	close(q)
 	<-done
+	return written && rerr == io.EOF
 }
