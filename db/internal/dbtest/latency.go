@@ -104,6 +104,14 @@ func (p *LatencyProxy) accept() {
 			continue
 		}
 		p.mu.Lock()
+		select {
+		case <-p.stop: // accepted as the proxy stops: the stop has closed the others
+			p.mu.Unlock()
+			s.Close()
+			c.Close()
+			return
+		default:
+		}
 		p.conns = append(p.conns, c, s)
 		p.mu.Unlock()
 		p.wg.Add(2)
