@@ -22,7 +22,8 @@ import (
 // bytes a client sends for the delay before passing it on (the server's
 // answers pass at once). Every round trip to the server takes the delay
 // longer, as with a database in another zone or region; the bytes keep
-// their order and nothing is lost. SetDelay changes it at any time, for the
+// their order and nothing is lost (a client's end of stream is passed on
+// after its bytes, and the server's answer still comes back). SetDelay changes it at any time, for the
 // bytes read from then on.
 type LatencyProxy struct {
 	srv   *Server
@@ -36,8 +37,9 @@ type LatencyProxy struct {
 	wg    sync.WaitGroup
 }
 
-// LatencyProxy starts a proxy to s with the given delay, stopped (every
-// connection through it closed) when t ends.
+// LatencyProxy starts a proxy to s with the given delay, stopped when t
+// ends: every connection through it closed (one accepted meanwhile too), the
+// bytes it still holds dropped, not waited for.
 func (s *Server) LatencyProxy(t testing.TB, delay time.Duration) *LatencyProxy {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "keysched-pgproxy-")
@@ -68,7 +70,9 @@ func (s *Server) LatencyProxy(t testing.TB, delay time.Duration) *LatencyProxy {
 	return p
 }
 
-// SetDelay sets the delay of the bytes clients send from now on.
+// SetDelay sets the delay of the bytes clients send from now on. They keep
+// their order: after a shorter delay, a connection's new bytes still follow
+// the bytes it holds from before.
 func (p *LatencyProxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
 
 // DSN returns the server's DSN with the proxy's socket in place of the
