@@ -23,8 +23,8 @@ import (
 // answers pass at once). Every round trip to the server takes the delay
 // longer, as with a database in another zone or region; the bytes keep
 // their order and nothing is lost (a client's end of stream is passed on
-// after its bytes, and the server's answer still comes back). SetDelay changes it at any time, for the
-// bytes read from then on.
+// after its bytes, and the server's answer still comes back). SetDelay
+// changes it at any time, for the bytes read from then on.
 type LatencyProxy struct {
 	srv   *Server
 	dir   string
