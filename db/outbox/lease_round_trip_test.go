@@ -14,7 +14,8 @@ import (
 // A database whose round trips take longer than the relay's lease (a proxy
 // in front of a private PostgreSQL holds every request 80 ms; the lease is
 // 60 ms): the relay publishes nothing, and says why, once in its log (Warn)
-// however long it lasts, and in Stats.SlowClaims. Before, it claimed and
+// however long it lasts, and in Stats.SlowClaims and LapsedBeforeSink (every
+// row fetched whose lease had ended: 4 a tenure, not only each tenure's first). Before, it claimed and
 // lost its keys at every poll, silently (Stats showed only LeasesLost and
 // Abandoned growing, as they do when another relay takes keys over). Once the latency is gone, it
 // publishes every row, in order.
@@ -32,6 +33,14 @@ func TestLeaseShorterThanRoundTripIsReported(t *testing.T) {
 		outbox.WithPollInterval(10*time.Millisecond), outbox.WithListen(false))
 	require.Eventually(t, func() bool { return r.Stats().SlowClaims >= 3 }, 30*time.Second, 5*time.Millisecond,
 		"claims through the proxy take longer than the lease")
+	// Every row fetched whose lease had ended is counted, not only a
+	// tenure's first: each tenure here fetched its key's 4 rows.
+	for st, end := r.Stats(), time.Now().Add(30*time.Second); st.LeasesLost < 2 || st.LapsedBeforeSink < 2*st.LeasesLost; st = r.Stats() {
+		if time.Now().After(end) {
+			t.Fatalf("LapsedBeforeSink does not count every row whose lease had ended (4 a tenure): %+v", st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	st := r.Stats()
 	t.Logf("with 80 ms per round trip: %+v", st)
 	require.Zero(t, st.Published, "no row can be published within a lease shorter than a round trip")

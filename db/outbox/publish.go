@@ -37,12 +37,14 @@ func (r *Relay) runJob(ctx context.Context, j *job) error {
 	r.beginTask()
 	defer r.endTask()
 	t := j.t
-	if t.lost.Load() || r.stopping.Load() {
+	if r.stopping.Load() {
 		r.abandon(j)
 		return nil
 	}
 	dl := t.deadline.Load()
 	if now := r.mono(); now >= dl {
+		// Every row of the tenure that comes here after its lease ended
+		// is counted, not only the first (which marks the tenure lost).
 		if !t.lost.Swap(true) {
 			r.st.leasesLost.Add(1)
 		}
@@ -51,6 +53,10 @@ func (r *Relay) runJob(ctx context.Context, j *job) error {
 			r.log.Warn("outbox relay: a key's lease ended before its row was published (the row is left for the key's next claim); if this repeats, the lease is short for this database or machine: raise WithLeaseDuration",
 				"table", r.o.table, "key", t.key, "seq", j.e.Seq, "lease", r.cfg.lease)
 		}
+		r.abandon(j)
+		return nil
+	}
+	if t.lost.Load() {
 		r.abandon(j)
 		return nil
 	}

@@ -22,21 +22,24 @@ import (
 // bytes a client sends for the delay before passing it on (the server's
 // answers pass at once). Every round trip to the server takes the delay
 // longer, as with a database in another zone or region; the bytes keep
-// their order and nothing is lost. SetDelay changes it at any time, for the
-// bytes read from then on.
+// their order and nothing is lost (a client's end of stream is passed on
+// after its bytes, and the server's answer still comes back). SetDelay
+// changes it at any time, for the bytes read from then on.
 type LatencyProxy struct {
 	srv   *Server
 	dir   string
 	ln    net.Listener
-	delay atomic.Int64 // ns
+	delay atomic.Int64  // ns
+	stop  chan struct{} // closed when the proxy stops: bytes held are dropped
 
 	mu    sync.Mutex
 	conns []net.Conn
 	wg    sync.WaitGroup
 }
 
-// LatencyProxy starts a proxy to s with the given delay, stopped (every
-// connection through it closed) when t ends.
+// LatencyProxy starts a proxy to s with the given delay, stopped when t
+// ends: every connection through it closed (one accepted meanwhile too), the
+// bytes it still holds dropped, not waited for.
 func (s *Server) LatencyProxy(t testing.TB, delay time.Duration) *LatencyProxy {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "keysched-pgproxy-")
@@ -49,11 +52,12 @@ func (s *Server) LatencyProxy(t testing.TB, delay time.Duration) *LatencyProxy {
 		os.RemoveAll(dir)
 		t.Fatal(err)
 	}
-	p := &LatencyProxy{srv: s, dir: dir, ln: ln}
+	p := &LatencyProxy{srv: s, dir: dir, ln: ln, stop: make(chan struct{})}
 	p.delay.Store(int64(delay))
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(func() {
+		close(p.stop) // the bytes held are not waited for
 		ln.Close()
 		p.mu.Lock()
 		for _, c := range p.conns {
@@ -66,7 +70,9 @@ func (s *Server) LatencyProxy(t testing.TB, delay time.Duration) *LatencyProxy {
 	return p
 }
 
-// SetDelay sets the delay of the bytes clients send from now on.
+// SetDelay sets the delay of the bytes clients send from now on. They keep
+// their order: after a shorter delay, a connection's new bytes still follow
+// the bytes it holds from before.
 func (p *LatencyProxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
 
 // DSN returns the server's DSN with the proxy's socket in place of the
@@ -102,12 +108,27 @@ func (p *LatencyProxy) accept() {
 			continue
 		}
 		p.mu.Lock()
+		select {
+		case <-p.stop: // accepted as the proxy stops: the stop has closed the others
+			p.mu.Unlock()
+			s.Close()
+			c.Close()
+			return
+		default:
+		}
 		p.conns = append(p.conns, c, s)
 		p.mu.Unlock()
 		p.wg.Add(2)
 		go func() {
 			defer p.wg.Done()
-			p.delayed(s, c)
+			if p.delayed(s, c) {
+				// The client's end of stream, after its bytes: the
+				// server answers them and ends the connection (the
+				// copy below then closes both sides).
+				if err := s.(*net.UnixConn).CloseWrite(); err == nil {
+					return
+				}
+			}
 			s.Close()
 			c.Close()
 		}()
@@ -126,21 +147,35 @@ type chunk struct {
 	data []byte
 }
 
-// delayed copies src to dst, each chunk p's delay after it was read.
-func (p *LatencyProxy) delayed(dst io.Writer, src io.Reader) {
+// delayed copies src to dst, each chunk p's delay after it was read (or
+// never, once the proxy stops). It reports whether it copied all of src, up
+// to its end (io.EOF).
+func (p *LatencyProxy) delayed(dst io.Writer, src io.Reader) (all bool) {
 	q := make(chan chunk, 1024)
 	done := make(chan struct{})
+	written := false // every chunk of q written (read after done)
 	go func() {
 		defer close(done)
+		timer := time.NewTimer(0)
+		defer timer.Stop()
 		for c := range q {
-			time.Sleep(time.Until(c.due))
-			if _, err := dst.Write(c.data); err != nil {
+			timer.Reset(time.Until(c.due))
+			var err error
+			select {
+			case <-timer.C:
+				_, err = dst.Write(c.data)
+			case <-p.stop:
+				err = io.ErrClosedPipe
+			}
+			if err != nil {
 				for range q { // drain: the reader ends when the client's side closes
 				}
 				return
 			}
 		}
+		written = true
 	}()
+	var rerr error
 	for {
 		buf := make([]byte, 32<<10)
 		n, err := src.Read(buf)
@@ -148,9 +183,11 @@ func (p *LatencyProxy) delayed(dst io.Writer, src io.Reader) {
 			q <- chunk{due: time.Now().Add(time.Duration(p.delay.Load())), data: buf[:n]}
 		}
 		if err != nil {
+			rerr = err
 			break
 		}
 	}
 	close(q)
 	<-done
+	return written && rerr == io.EOF
 }
