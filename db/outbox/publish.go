@@ -50,7 +50,7 @@ func (r *Relay) runJob(ctx context.Context, j *job) error {
 		}
 		r.st.lapsedBeforeSink.Add(1)
 		if r.lapseWarn.allow(now, leaseWarnEvery) {
-			r.log.Warn("outbox relay: a key's lease ended before its row was published (the row is left for the key's next claim); if this repeats, the lease is short for this database or machine: raise WithLeaseDuration",
+			r.log.Warn("outbox relay: a key's lease ended before its row was published (the row is left for the key's next claim): its renewals failed (see the database's errors), or, if this repeats while the database answers, the lease is short for this database or machine: raise WithLeaseDuration",
 				"table", r.o.table, "key", t.key, "seq", j.e.Seq, "lease", r.cfg.lease)
 		}
 		r.abandon(j)
