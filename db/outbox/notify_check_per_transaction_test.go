@@ -3,9 +3,7 @@ package outbox_test
 import (
 	"context"
 	"testing"
-	"time"
 
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keysched/keysched/db/internal/dbtest"
@@ -22,14 +20,7 @@ func TestNotifyTriggerChecksTheIdleTableOncePerTransaction(t *testing.T) {
 	db := dbtest.Postgres(t)
 	ctx := context.Background()
 	ob := newOutbox(t, db)
-	listener, err := db.Conn(ctx)
-	require.NoError(t, err)
-	defer listener.Close()
-	require.NoError(t, listener.Raw(func(dc any) error {
-		_, err := dc.(*stdlib.Conn).Conn().Exec(ctx, `LISTEN "`+ob.Table()+`"`)
-		return err
-	}))
-	defer listener.ExecContext(ctx, `UNLISTEN *`)
+	listener := listenTo(t, db, ob)
 	writer, err := db.Conn(ctx) // one session for every transaction below
 	require.NoError(t, err)
 	defer writer.Close()
@@ -55,25 +46,9 @@ func TestNotifyTriggerChecksTheIdleTableOncePerTransaction(t *testing.T) {
 	}
 	require.NoError(t, tx.Commit())
 
-	// Notifications arrive in commit order: had the first transaction
-	// notified, a second would come right after the first.
-	got := 0
-	err = listener.Raw(func(dc any) error {
-		pc := dc.(*stdlib.Conn).Conn()
-		for {
-			wait := time.Second
-			if got == 0 {
-				wait = 30 * time.Second
-			}
-			wctx, cancel := context.WithTimeout(ctx, wait)
-			_, err := pc.WaitForNotification(wctx)
-			cancel()
-			if err != nil {
-				return err
-			}
-			got++
-		}
-	})
+	// Had the first transaction notified, a second notification would
+	// come right after the first.
+	got, err := notifications(listener)
 	require.NotZero(t, got, "no notification from the transaction that saw an idle relay: %v", err)
 	require.Equal(t, 1, got, "notifications: only the second transaction's")
 }

@@ -2,28 +2,16 @@ package outbox_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keysched/keysched/db/internal/dbtest"
 	"github.com/keysched/keysched/db/outbox"
 	"github.com/keysched/keysched/internal/opttest"
 )
-
-// newOutboxNotifyFromWrite makes an outbox WithNotifyFromWrite on a fresh
-// table of db, with its schema.
-func newOutboxNotifyFromWrite(t *testing.T, db *sql.DB) *outbox.Outbox {
-	t.Helper()
-	ob, err := outbox.New(db, outbox.WithTable(dbtest.Table(t, db, "ob")), outbox.WithNotifyFromWrite())
-	require.NoError(t, err)
-	require.NoError(t, ob.CreateSchema(context.Background()))
-	return ob
-}
 
 // Under WithNotifyFromWrite there is no trigger: Write's statement notifies.
 // An idle relay (poll interval an hour) is woken by each committed Write and
@@ -50,53 +38,6 @@ func TestNotifyFromWriteWakesAnIdleRelay(t *testing.T) {
 		}
 	}
 	require.Eventually(t, func() bool { return r.Stats().Notifications >= 2 }, 30*time.Second, time.Millisecond)
-}
-
-// Write's statement notifies only while a relay is idle (a live row in the
-// idle table), as the trigger does.
-func TestNotifyFromWriteNotifiesOnlyWhileARelayIsIdle(t *testing.T) {
-	db := dbtest.Postgres(t)
-	ctx := context.Background()
-	ob := newOutboxNotifyFromWrite(t, db)
-	conn, err := db.Conn(ctx)
-	require.NoError(t, err)
-	defer conn.Close()
-	require.NoError(t, conn.Raw(func(dc any) error {
-		_, err := dc.(*stdlib.Conn).Conn().Exec(ctx, `LISTEN "`+ob.Table()+`"`)
-		return err
-	}))
-	defer conn.ExecContext(ctx, `UNLISTEN *`)
-	commitEvent(t, ob, "k", "no idle relay")
-	_, err = db.ExecContext(ctx, `INSERT INTO `+ob.Table()+`_idle (token, until) VALUES ('expired', now() - interval '1 second')`)
-	require.NoError(t, err)
-	commitEvent(t, ob, "k", "an expired idle row")
-	_, err = db.ExecContext(ctx, `INSERT INTO `+ob.Table()+`_idle (token, until) VALUES ('live', now() + interval '1 minute')`)
-	require.NoError(t, err)
-	commitEvent(t, ob, "k", "an idle relay")
-	// Notifications arrive in commit order: had an earlier write notified,
-	// a second notification would follow the first at once.
-	got := 0
-	err = conn.Raw(func(dc any) error {
-		pc := dc.(*stdlib.Conn).Conn()
-		for {
-			wait := time.Second
-			if got == 0 {
-				wait = 30 * time.Second
-			}
-			wctx, cancel := context.WithTimeout(ctx, wait)
-			_, err := pc.WaitForNotification(wctx)
-			cancel()
-			if err != nil {
-				return err
-			}
-			got++
-		}
-	})
-	require.NotZero(t, got, "no notification: %v", err)
-	require.Equal(t, 1, got, "notifications: only the write made while a relay was idle notifies")
-	var n int
-	require.NoError(t, db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+ob.Table()).Scan(&n))
-	require.Equal(t, 3, n, "rows written")
 }
 
 // Write's INSERT runs whether or not its statement notifies (the

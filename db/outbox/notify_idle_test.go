@@ -6,69 +6,46 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keysched/keysched/db/internal/dbtest"
 	"github.com/keysched/keysched/db/outbox"
 )
 
-// commitEvent writes one event of key k in a transaction of its own.
-func commitEvent(t *testing.T, ob *outbox.Outbox, k, payload string) {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := ob.DB().BeginTx(ctx, nil)
-	require.NoError(t, err)
-	_, err = ob.Write(ctx, tx, outbox.Event{Key: k, Payload: []byte(payload)})
-	require.NoError(t, err)
-	require.NoError(t, tx.Commit())
-}
-
-// The trigger notifies only while a relay is idle (a live row in the idle
-// table): a write with no idle relay, or with an expired row, notifies
-// nobody, so its commit does not take PostgreSQL's server-wide notify lock.
+// The trigger, and Write's statement under WithNotifyFromWrite, notify only
+// while a relay is idle (a live row in the idle table): a write with no idle
+// relay, or with an expired row, notifies nobody, so its commit does not
+// take PostgreSQL's server-wide notify lock; every row is written.
 func TestWritersNotifyOnlyWhileARelayIsIdle(t *testing.T) {
-	db := dbtest.Postgres(t)
-	ctx := context.Background()
-	ob := newOutbox(t, db)
-	conn, err := db.Conn(ctx)
-	require.NoError(t, err)
-	defer conn.Close()
-	require.NoError(t, conn.Raw(func(dc any) error {
-		pc := dc.(*stdlib.Conn).Conn()
-		_, err := pc.Exec(ctx, `LISTEN "`+ob.Table()+`"`)
-		return err
-	}))
-	defer conn.ExecContext(ctx, `UNLISTEN *`)
-	commitEvent(t, ob, "k", "no idle relay")
-	_, err = db.ExecContext(ctx, `INSERT INTO `+ob.Table()+`_idle (token, until) VALUES ('expired', now() - interval '1 second')`)
-	require.NoError(t, err)
-	commitEvent(t, ob, "k", "an expired idle row")
-	_, err = db.ExecContext(ctx, `INSERT INTO `+ob.Table()+`_idle (token, until) VALUES ('live', now() + interval '1 minute')`)
-	require.NoError(t, err)
-	commitEvent(t, ob, "k", "an idle relay")
-	// Notifications arrive in commit order: had either earlier write
-	// notified, the second notification would be the last write's, which
-	// surely comes.
-	got := 0
-	err = conn.Raw(func(dc any) error {
-		pc := dc.(*stdlib.Conn).Conn()
-		for {
-			wait := time.Second // for a second notification, which would come right after the first
-			if got == 0 {
-				wait = 30 * time.Second
-			}
-			wctx, cancel := context.WithTimeout(ctx, wait)
-			_, err := pc.WaitForNotification(wctx)
-			cancel()
-			if err != nil {
-				return err // the wait's end, once one has come
-			}
-			got++
-		}
-	})
-	require.NotZero(t, got, "no notification: %v", err)
-	require.Equal(t, 1, got, "notifications: only the write made while a relay was idle notifies")
+	for _, c := range []struct {
+		name string
+		make func(*testing.T, *sql.DB) *outbox.Outbox
+	}{
+		{"trigger", newOutbox},
+		{"from Write", newOutboxNotifyFromWrite}, // Write's statement notifies, as the trigger does
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			db := dbtest.Postgres(t)
+			ctx := context.Background()
+			ob := c.make(t, db)
+			conn := listenTo(t, db, ob)
+			commitEvent(t, ob, "k", "no idle relay")
+			_, err := db.ExecContext(ctx, `INSERT INTO `+ob.Table()+`_idle (token, until) VALUES ('expired', now() - interval '1 second')`)
+			require.NoError(t, err)
+			commitEvent(t, ob, "k", "an expired idle row")
+			_, err = db.ExecContext(ctx, `INSERT INTO `+ob.Table()+`_idle (token, until) VALUES ('live', now() + interval '1 minute')`)
+			require.NoError(t, err)
+			commitEvent(t, ob, "k", "an idle relay")
+			// Had either earlier write notified, the second notification
+			// would be the last write's, which surely comes.
+			got, err := notifications(conn)
+			require.NotZero(t, got, "no notification: %v", err)
+			require.Equal(t, 1, got, "notifications: only the write made while a relay was idle notifies")
+			var n int
+			require.NoError(t, db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+ob.Table()).Scan(&n))
+			require.Equal(t, 3, n, "rows written")
+		})
+	}
 }
 
 // idleRows counts the live rows of the relay's token in the idle table.
