@@ -13,11 +13,12 @@ type RelayStats struct {
 	// SlowClaims counts claims (one database call for a poll's new keys)
 	// that took a third of the lease or more, LapsedBeforeSink rows whose
 	// lease had ended before their sink call could start (they are left
-	// for the key's next claim). Either growing means the lease is short
-	// for the database's round trips (each is also logged at Warn, at most
-	// once a minute): raise WithLeaseDuration. A relay whose round trips
-	// take longer than the lease publishes nothing, and these are what
-	// show it.
+	// for the key's next claim; this also grows when renewals fail, in a
+	// database outage: see DBErrors). Either growing while the database
+	// answers means the lease is short for its round trips (each is also
+	// logged at Warn, at most once a minute): raise WithLeaseDuration. A
+	// relay whose round trips take longer than the lease publishes
+	// nothing, and these are what show it.
 	SlowClaims       uint64
 	LapsedBeforeSink uint64
 	Polls            uint64 // poll iterations
