@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -12,33 +11,6 @@ import (
 	"github.com/keysched/keysched/db/outbox"
 	"github.com/keysched/keysched/internal/opttest"
 )
-
-// Under WithNotifyFromWrite there is no trigger: Write's statement notifies.
-// An idle relay (poll interval an hour) is woken by each committed Write and
-// publishes it at once.
-func TestNotifyFromWriteWakesAnIdleRelay(t *testing.T) {
-	db := dbtest.Postgres(t)
-	ob := newOutboxNotifyFromWrite(t, db)
-	tr, fn := notifyTriggers(t, db, ob.Table())
-	require.Equal(t, [2]int{0, 0}, [2]int{tr, fn}, "trigger and function under WithNotifyFromWrite")
-	delivered := make(chan string, 10)
-	r, _ := startRelay(t, ob, func(ctx context.Context, e outbox.Event) error {
-		delivered <- string(e.Payload)
-		return nil
-	}, outbox.WithLogger(quiet), outbox.WithPollInterval(time.Hour), outbox.WithLeaseDuration(3*time.Hour))
-	require.Eventually(t, func() bool { return r.Stats().Listening }, 30*time.Second, time.Millisecond)
-	for _, p := range []string{"first", "second"} {
-		waitUntil(t, "relay idle", func() bool { return outbox.Idle(r) })
-		commitEvent(t, ob, "k", p)
-		select {
-		case got := <-delivered:
-			require.Equal(t, p, got)
-		case <-time.After(30 * time.Second):
-			t.Fatalf("event %s not delivered: no wake-up (poll interval is an hour)", p)
-		}
-	}
-	require.Eventually(t, func() bool { return r.Stats().Notifications >= 2 }, 30*time.Second, time.Millisecond)
-}
 
 // Write's INSERT runs whether or not its statement notifies (the
 // data-modifying CTE runs to completion when the outer SELECT returns no

@@ -51,44 +51,48 @@ func TestFailingKeyDoesNotBlockOthers(t *testing.T) {
 
 // On PostgreSQL a committed Write wakes an idle relay through NOTIFY: with a
 // one-hour poll interval, the events still arrive, and the relay counts the
-// notifications.
+// notifications. Both ways: the schema's trigger notifies (the default), or,
+// under WithNotifyFromWrite, there is no trigger and Write's statement
+// notifies.
 func TestListenNotifyWakesRelay(t *testing.T) {
-	db := dbtest.Postgres(t)
-	ctx := context.Background()
-	ob := newOutbox(t, db)
-	delivered := make(chan string, 10)
-	r, _ := startRelay(t, ob, func(ctx context.Context, e outbox.Event) error {
-		delivered <- string(e.Payload)
-		return nil
-	}, outbox.WithLogger(quiet), outbox.WithPollInterval(time.Hour), outbox.WithLeaseDuration(3*time.Hour))
-	require.Eventually(t, func() bool { return r.Stats().Listening }, 30*time.Second, time.Millisecond)
-	write := func(p string) {
-		tx, err := db.BeginTx(ctx, nil)
-		require.NoError(t, err)
-		_, err = ob.Write(ctx, tx, outbox.Event{Key: "k", Payload: []byte(p)})
-		require.NoError(t, err)
-		require.NoError(t, tx.Commit())
+	for _, c := range []struct {
+		name    string
+		make    func(*testing.T, *sql.DB) *outbox.Outbox
+		trigger int // the NOTIFY trigger and its function present
+	}{
+		{"trigger", newOutbox, 1},
+		{"from Write", newOutboxNotifyFromWrite, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			db := dbtest.Postgres(t)
+			ob := c.make(t, db)
+			tr, fn := notifyTriggers(t, db, ob.Table())
+			require.Equal(t, [2]int{c.trigger, c.trigger}, [2]int{tr, fn}, "NOTIFY trigger and function")
+			delivered := make(chan string, 10)
+			r, _ := startRelay(t, ob, func(ctx context.Context, e outbox.Event) error {
+				delivered <- string(e.Payload)
+				return nil
+			}, outbox.WithLogger(quiet), outbox.WithPollInterval(time.Hour), outbox.WithLeaseDuration(3*time.Hour))
+			require.Eventually(t, func() bool { return r.Stats().Listening }, 30*time.Second, time.Millisecond)
+			for _, p := range []string{"first", "second", "third"} {
+				// Writers notify an idle relay only (see
+				// TestWriteRacingTheRelayGoingIdleIsFoundByItsNextPoll): wait
+				// until it is, after the previous row.
+				waitUntil(t, "relay idle", func() bool { return outbox.Idle(r) })
+				commitEvent(t, ob, "k", p)
+				select {
+				case got := <-delivered:
+					require.Equal(t, p, got)
+				case <-time.After(30 * time.Second):
+					t.Fatalf("event %s not delivered: no wake-up (poll interval is an hour)", p)
+				}
+			}
+			// Each commit sent a notification and the relay received it (a
+			// row may also have been found first by a poll that the previous
+			// row's settling triggered).
+			require.Eventually(t, func() bool { return r.Stats().Notifications >= 3 }, 30*time.Second, time.Millisecond)
+		})
 	}
-	wait := func(p string) {
-		select {
-		case got := <-delivered:
-			require.Equal(t, p, got)
-		case <-time.After(30 * time.Second):
-			t.Fatalf("event %s not delivered: no wake-up (poll interval is an hour)", p)
-		}
-	}
-	for _, p := range []string{"first", "second", "third"} {
-		// Writers notify an idle relay only (see
-		// TestWriteRacingTheRelayGoingIdleIsFoundByItsNextPoll): wait
-		// until it is, after the previous row.
-		waitUntil(t, "relay idle", func() bool { return outbox.Idle(r) })
-		write(p)
-		wait(p)
-	}
-	// Each commit sent a notification and the relay received it (a row
-	// may also have been found first by a poll that the previous row's
-	// settling triggered).
-	require.Eventually(t, func() bool { return r.Stats().Notifications >= 3 }, 30*time.Second, time.Millisecond)
 }
 
 // BusSink publishes on the in-process bus, in order per key, with the
