@@ -20,6 +20,7 @@
 //	go run ./kafka/cmd/kafkabench --work io=1ms --partitions 8 --synthetic
 //	go run ./kafka/cmd/kafkabench --work none --partitions 8 --json
 //	go run ./kafka/cmd/kafkabench --work none --partitions 8 --rounds 40   # over a million records
+//	go run ./kafka/cmd/kafkabench --work none --partitions 8 --rounds 50 --consumers keysched,plain --repeat 7
 //	go run ./kafka/cmd/kafkabench --work io=1ms --partitions 8 --consumers ideal,keysched --hot-key
 //
 // --hot-key prints, for each consumer, where the hottest key's time went:
@@ -63,6 +64,7 @@ type cli struct {
 	Workers      int           `default:"256" placeholder:"N" help:"The adapter's workers (keysched.WithWorkers) (default ${default})."`
 	MaxInFlight  int           `default:"4096" placeholder:"N" help:"The adapter's per-partition bound, WithMaxInFlight (default ${default})."`
 	Consumers    []string      `default:"keysched,plain,keysched-partition" sep:"," placeholder:"NAME" help:"Consumers to run, in order: keysched, plain, keysched-partition, ideal (no broker, no adapter: every record at hand, each key's records back to back on one of --workers goroutines) (default ${default})."`
+	Repeat       int           `default:"1" placeholder:"R" help:"Run the --consumers list R times over, in order (keysched, plain, keysched, plain, ...) on the same stream. On a shared machine one run's keysched/plain ratio moves by a third from one run to the next: with R > 1 the summary gives each consumer's median events/s and the median and range of the ratios of the runs paired by repeat (default ${default})."`
 	FetchMaxWait time.Duration `name:"fetch-max-wait" default:"10ms" help:"The consumers' kgo.FetchMaxWait: how long the broker holds a fetch with no new records (10ms or more; default ${default}). Short: every idle fetch round trip wakes the process (with --work io=1ms, 1s ran the adapter 0.91-1.24 of the ideal consumer where 10ms ran 0.77-0.99, nine alternating pairs on 2026-12-01); long: a resumed partition waits for the fetch in flight (--work none --rounds 20: 500ms was slower in three pairs of three)."`
 	Timeout      time.Duration `default:"10m" help:"Give up on a consumer that has not handled every event after this long (default ${default})."`
 	JSON         bool          `name:"json" help:"One JSON object per consumer per line."`
@@ -108,6 +110,9 @@ type Result struct {
 	// FetchedRecords exceed Events.
 	FetchRequests  int64 `json:"fetch_requests"`
 	FetchedRecords int64 `json:"fetched_records"`
+	// Repeat is the run's pass over the --consumers list, from 0
+	// (--repeat).
+	Repeat int `json:"repeat"`
 	// HotKey is where the hottest key's time went (--hot-key).
 	HotKey *HotKeyGaps `json:"hot_key,omitempty"`
 }
@@ -133,8 +138,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if c.Partitions < 1 || c.Workers < 1 || c.MaxInFlight < 1 || c.Limit < 0 || c.Rounds < 1 {
-		return errors.New("--partitions, --workers, --max-in-flight and --rounds need at least 1, --limit 0 or more")
+	if c.Partitions < 1 || c.Workers < 1 || c.MaxInFlight < 1 || c.Limit < 0 || c.Rounds < 1 || c.Repeat < 1 {
+		return errors.New("--partitions, --workers, --max-in-flight, --rounds and --repeat need at least 1, --limit 0 or more")
 	}
 	if c.FetchMaxWait < 10*time.Millisecond {
 		return fmt.Errorf("--fetch-max-wait %v: franz-go takes 10ms or more", c.FetchMaxWait)
@@ -225,14 +230,19 @@ func run(args []string, stdout, stderr io.Writer) error {
 	var hot []hotRun        // in run order
 	var idealRuns []float64 // events/s of each ideal run
 	var ran []Result        // every run, in order (results keeps a name's last)
-	for i, name := range c.Consumers {
+
+	order := make([]string, 0, c.Repeat*len(c.Consumers)) // the consumers of every run, in order
+	for range c.Repeat {
+		order = append(order, c.Consumers...)
+	}
+	for i, name := range order {
 		cpu0 := cpuTime()
 		r, err := s.consume(name, seeds, topic, fmt.Sprintf("%s-g%d", topic, i), &c, work)
 		r.CPUSeconds = (cpuTime() - cpu0).Seconds()
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
-		r.Partitions, r.BoundEventsPerSec = c.Partitions, bound
+		r.Partitions, r.BoundEventsPerSec, r.Repeat = c.Partitions, bound, i/len(c.Consumers)
 		if work.kind != "none" {
 			before := measured
 			measured = work.measure()
@@ -268,13 +278,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		for _, hr := range hot {
 			printHotKey(stdout, hr.name, hr.h)
 		}
-		plain, okp := results["plain"]
-		for _, name := range []string{"keysched", "keysched-partition"} {
-			if r, ok := results[name]; ok && okp {
-				fmt.Fprintf(stdout, "%s / plain: %.2f of its events/s, %+.0f ns CPU per event\n", name,
-					r.EventsPerSec/plain.EventsPerSec, r.CPUNsPerEvent-plain.CPUNsPerEvent)
-			}
-		}
+		printRatios(stdout, ran, c.Repeat)
 		if len(idealRuns) > 0 {
 			mean := 0.0
 			for _, e := range idealRuns {

@@ -32,13 +32,13 @@ func TestTinyRun(t *testing.T) {
 		}
 		for _, f := range []string{"consumer", "partitions", "events", "seconds", "events_per_sec", "bound_events_per_sec",
 			"p99_us", "order_violations", "duplicates", "measured_work_us", "measured_bound_events_per_sec",
-			"cpu_seconds", "cpu_ns_per_event", "fetch_requests", "fetched_records", "measured_work_before_us", "measured_work_after_us"} {
+			"cpu_seconds", "cpu_ns_per_event", "fetch_requests", "fetched_records", "measured_work_before_us", "measured_work_after_us", "repeat"} {
 			if _, ok := fields[f]; !ok {
 				t.Errorf("line %q lacks %s", sc.Text(), f)
 			}
 		}
-		if len(fields) != 17 {
-			t.Errorf("line %q: %d fields, want 17", sc.Text(), len(fields))
+		if len(fields) != 18 {
+			t.Errorf("line %q: %d fields, want 18", sc.Text(), len(fields))
 		}
 		var r Result
 		_ = json.Unmarshal(sc.Bytes(), &r)
@@ -76,6 +76,7 @@ func TestBadFlags(t *testing.T) {
 		{"--work", "sleep"},
 		{"--partitions", "0"},
 		{"--rounds", "0"},
+		{"--repeat", "0"},
 		{"--consumers", "nope"},
 		{"--fetch-max-wait", "5ms"},
 		{"--synthetic", "--trace", "x"},
