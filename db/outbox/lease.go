@@ -85,9 +85,6 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 	// wraps around at the last key, so every key gets its turn.
 	walk := 4*room + 64
 	args := []any{r.cursor, walk}
-	if r.o.dialect == SQLite {
-		args = append(args, time.Now().UnixMicro())
-	}
 	// A lease of this relay's token with no tenure (its release failed) is
 	// free to it: it has nothing of the key in flight. A live lease of any
 	// other token is not, whatever its owner name.
@@ -197,20 +194,18 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 			}
 		}
 	} else {
-		now := time.Now()
-		exp := now.Add(r.cfg.lease).UnixMicro()
 		for len(cands) > 0 {
 			n := min(len(cands), 150)
-			args := make([]any, 0, 5*n+1)
+			args := make([]any, 1, 4*n+1)
+			args[0] = r.cfg.lease.Microseconds()
 			var b strings.Builder
 			for i, k := range cands[:n] {
 				if i > 0 {
 					b.WriteString(", ")
 				}
-				b.WriteString("(?, ?, ?, ?, ?)")
-				args = append(args, k, r.cfg.owner, exp, r.token, i+1)
+				b.WriteString("(?, ?, ?, ?)")
+				args = append(args, k, r.cfg.owner, r.token, i+1)
 			}
-			args = append(args, now.UnixMicro())
 			ks, err := r.queryClaims(ctx, r.o.db, fmt.Sprintf(r.o.q.acquireUpsert, b.String()), args...)
 			if err != nil {
 				r.dbError("claim keys", err)
@@ -306,13 +301,12 @@ func (r *Relay) renew(ctx context.Context) {
 		ks, es := splitClaims(held)
 		keys, err = r.queryClaims(ctx, r.o.db, r.o.q.renew, r.cfg.owner, r.token, r.cfg.lease.Microseconds(), ks, es)
 	} else {
-		exp := time.Now().Add(r.cfg.lease).UnixMicro()
 		keys = map[string]int64{}
 		err = r.inTx(ctx, func(tx *sql.Tx) error {
 			for rest := held; len(rest) > 0; {
 				n := min(len(rest), 400)
 				args := make([]any, 0, 2*n+3)
-				args = append(args, exp, r.cfg.owner, r.token)
+				args = append(args, r.cfg.lease.Microseconds(), r.cfg.owner, r.token)
 				for _, c := range rest[:n] {
 					args = append(args, c.key, c.epoch)
 				}
