@@ -167,6 +167,10 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 	sort.Strings(cands) // one lock order for every relay
 	r.leaseMu.Lock()
 	defer r.leaseMu.Unlock()
+	// The tenures' local deadline runs from here, before the claim is
+	// sent: the database computes the expiry when the claim runs, after
+	// any wait for a lock (see sqliteNow), so the local deadline ends no
+	// later than the expiry written.
 	start := r.mono()
 	got := map[string]int64{} // key -> the claim's epoch
 	if r.o.dialect == Postgres {
@@ -231,7 +235,8 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 const leaseWarnEvery = time.Minute
 
 // checkClaimTime warns when a claim of n keys took a third of the lease or
-// more. A tenure's lease runs from when its claim was sent, and the relay
+// more. A tenure's lease runs, locally, from when its claim was sent (in the
+// database from when the claim ran, after any lock wait), and the relay
 // still has to fetch the key's rows, call the sink and mark them within it
 // (renewing every third of it): with a database that far away, or that
 // slow, leases end before their rows are published, the rows are left
@@ -294,6 +299,7 @@ func (r *Relay) renew(ctx context.Context) {
 		return
 	}
 	sortClaims(held) // one lock order for every relay
+	// Before the renewal is sent: see acquire.
 	start := r.mono()
 	var keys map[string]int64
 	var err error

@@ -201,15 +201,21 @@ const rowCols = `seq, id, key, type, payload, headers, created_at, attempts`
 // A lease's expiry is computed by the database, from its own clock when the
 // statement that writes it runs, after the statement got its locks: a claim
 // or a renewal that waited for a lock (SQLite's write lock, held by an
-// application's transaction or another relay for up to the busy timeout; on
-// PostgreSQL a table lock, or a lease row locked by another relay's claim
-// or mark) writes a lease of the full duration from then, not one shortened
-// by the wait, or already expired. The relay's local deadline runs from
-// before the statement was sent, so it ends no later than the expiry
-// written. On PostgreSQL that clock is clock_timestamp(), read when the
-// expression is evaluated (after the statement's table locks, and for a
-// renewal after its row locks): now() and statement_timestamp() are when the
-// statement arrived, before any wait.
+// application's transaction or another relay, for up to the busy timeout;
+// on PostgreSQL a table lock, or for a renewal a lease row locked by a mark
+// or a takeover) writes a lease of the full duration from then, not one
+// shortened by the wait, or already expired. The relay's local deadline
+// runs from before the statement was sent, so it ends no later than the
+// expiry written. On PostgreSQL that clock is clock_timestamp(), read when
+// the expression is evaluated: after the statement's table locks, and for a
+// renewal after its lease rows' locks (FOR UPDATE, before the SET is
+// computed); a takeover waits for no row (SKIP LOCKED). now() and
+// statement_timestamp() are when the statement arrived, before any wait.
+// One wait is not covered: a claim's INSERT of a key that another relay's
+// claim inserted and has not committed computes its row, then waits for
+// that claim; if it commits, the key is not claimed (DO NOTHING), and only
+// if it rolls back is the row written, its lease short by that wait (the
+// other claim's statement).
 //
 // sqliteNow is SQLite's clock in Unix microseconds: julianday('now'), which
 // SQLite reads once per statement execution (every use within a statement
