@@ -46,7 +46,7 @@ func TestClaimWaitingForALockWritesAFullLease(t *testing.T) {
 		}
 		before := len(readLeaseWrites(t, db, d, l, 0))
 
-		lock := lockLeases(t, db, d, l)
+		lock := lockLeases(t, db, d, l, false)
 		rec := newRecorder(keys * perKey)
 		r, err := ob.NewRelay(rec.sink, outbox.WithLeaseDuration(lease), outbox.WithListen(false), outbox.WithLogger(quiet))
 		require.NoError(t, err)
@@ -81,61 +81,69 @@ func TestClaimWaitingForALockWritesAFullLease(t *testing.T) {
 
 // A renewal that waits for a lock writes a lease that runs a full lease
 // duration from when it got the lock: the relay holds a key (its sink call
-// waits), the lease table is locked for 150 ms (half the 300 ms lease) and
-// a renewal is started at once; every lease row written after the lock was
-// taken (the waiting renewal, and the renewer's) expires at least a lease
-// after the lock was released. Before, the waiting renewal wrote a lease
-// 150 ms short. The relay keeps the key through the wait and publishes
-// every row, in order, exactly once.
+// waits), the lease table is locked for 200 ms (a third of the 600 ms lease)
+// and a renewal is started at once; every lease row written after the lock
+// was taken (the waiting renewal, and the renewer's) expires at least a
+// lease after the lock was released. Before, the waiting renewal wrote a
+// lease 200 ms short. The relay keeps the key through the wait and publishes
+// every row, in order, exactly once. On PostgreSQL also with the key's lease
+// row locked (FOR SHARE, as a mark locks it) rather than the table: the
+// renewal waits in its FOR UPDATE, while it runs, after
+// statement_timestamp() (which would pass the table lock, taken at bind in
+// pgx's exec mode).
 func TestRenewalWaitingForALockWritesAFullLease(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) { renewalWaitingForALock(t, db, false) })
+	t.Run("postgres_row_lock", func(t *testing.T) { renewalWaitingForALock(t, dbtest.Postgres(t), true) })
+}
+
+func renewalWaitingForALock(t *testing.T, db *sql.DB, rowLock bool) {
+	t.Helper()
 	const perKey = 3
-	const lease, hold = 300 * time.Millisecond, 150 * time.Millisecond
-	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
-		ob, d, l := leaseWaitOutbox(t, db)
-		writeEvents(t, ob, 1, perKey, perKey)
+	const lease, hold = 600 * time.Millisecond, 200 * time.Millisecond
+	ob, d, l := leaseWaitOutbox(t, db)
+	writeEvents(t, ob, 1, perKey, perKey)
 
-		rec := newRecorder(perKey)
-		called, gate := make(chan struct{}), make(chan struct{})
-		var once sync.Once
-		sink := func(ctx context.Context, e outbox.Event) error {
-			once.Do(func() { close(called) })
-			select {
-			case <-gate:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-			return rec.sink(ctx, e)
-		}
-		r, err := ob.NewRelay(sink, outbox.WithLeaseDuration(lease), outbox.WithListen(false), outbox.WithLogger(quiet))
-		require.NoError(t, err)
-		stop := runRelay(t, r)
+	rec := newRecorder(perKey)
+	called, gate := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	sink := func(ctx context.Context, e outbox.Event) error {
+		once.Do(func() { close(called) })
 		select {
-		case <-called: // the key is held
-		case <-time.After(10 * time.Second):
-			t.Fatal("the relay published nothing")
+		case <-gate:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-		before := len(readLeaseWrites(t, db, d, l, 0))
-		lock := lockLeases(t, db, d, l)
-		renewed := make(chan struct{})
-		go func() { outbox.Renew(r); close(renewed) }() // waits for the lock
-		time.Sleep(hold)
-		released := time.Now() // the lock is released after this
-		require.NoError(t, lock.Commit())
-		<-renewed
-		close(gate)
+		return rec.sink(ctx, e)
+	}
+	r, err := ob.NewRelay(sink, outbox.WithLeaseDuration(lease), outbox.WithListen(false), outbox.WithLogger(quiet))
+	require.NoError(t, err)
+	stop := runRelay(t, r)
+	select {
+	case <-called: // the key is held
+	case <-time.After(10 * time.Second):
+		t.Fatal("the relay published nothing")
+	}
+	before := len(readLeaseWrites(t, db, d, l, 0))
+	lock := lockLeases(t, db, d, l, rowLock)
+	renewed := make(chan struct{})
+	go func() { outbox.Renew(r); close(renewed) }() // waits for the lock
+	time.Sleep(hold)
+	released := time.Now() // the lock is released after this
+	require.NoError(t, lock.Commit())
+	<-renewed
+	close(gate)
 
-		rec.wait(t, 10*time.Second)
-		stop()
-		require.Zero(t, rec.check(t, 1, perKey), "duplicates")
-		require.Zero(t, counts(t, ob)[outbox.Pending], "pending rows")
-		st := r.Stats()
-		t.Logf("stats %+v", st)
-		require.Zero(t, st.LeasesLost, "the key was kept through the wait")
+	rec.wait(t, 10*time.Second)
+	stop()
+	require.Zero(t, rec.check(t, 1, perKey), "duplicates")
+	require.Zero(t, counts(t, ob)[outbox.Pending], "pending rows")
+	st := r.Stats()
+	t.Logf("stats %+v", st)
+	require.Zero(t, st.LeasesLost, "the key was kept through the wait")
 
-		writes := readLeaseWrites(t, db, d, l, before)
-		require.NotEmpty(t, writes, "the renewal")
-		checkLeaseWrites(t, writes, released, lease)
-	})
+	writes := readLeaseWrites(t, db, d, l, before)
+	require.NotEmpty(t, writes, "the renewal")
+	checkLeaseWrites(t, writes, released, lease)
 }
 
 // leaseWaitOutbox makes an outbox on a fresh table of db with triggers that
@@ -175,15 +183,22 @@ func leaseWaitOutbox(t *testing.T, db *sql.DB) (*outbox.Outbox, sqldb.Dialect, s
 
 // lockLeases begins a transaction that makes every write to the lease table
 // l wait until it ends: SQLite's write lock (BEGIN IMMEDIATE); on
-// PostgreSQL LOCK TABLE l IN EXCLUSIVE MODE (reads pass). It is rolled back
-// at t's end if still open.
-func lockLeases(t *testing.T, db *sql.DB, d sqldb.Dialect, l string) *sql.Tx {
+// PostgreSQL LOCK TABLE l IN EXCLUSIVE MODE (reads pass), or with rows the
+// lease rows there are locked FOR SHARE (a renewal's FOR UPDATE waits). It
+// is rolled back at t's end if still open.
+func lockLeases(t *testing.T, db *sql.DB, d sqldb.Dialect, l string, rows bool) *sql.Tx {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback() })
-	if d == sqldb.Postgres {
+	switch {
+	case d != sqldb.Postgres:
+	case rows:
+		var n int
+		require.NoError(t, tx.QueryRowContext(ctx, "SELECT count(*) FROM (SELECT key FROM "+l+" FOR SHARE) AS x").Scan(&n))
+		require.Positive(t, n, "lease rows locked")
+	default:
 		_, err = tx.ExecContext(ctx, "LOCK TABLE "+l+" IN EXCLUSIVE MODE")
 		require.NoError(t, err)
 	}

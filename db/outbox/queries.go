@@ -209,8 +209,13 @@ const rowCols = `seq, id, key, type, payload, headers, created_at, attempts`
 // expiry written. On PostgreSQL that clock is clock_timestamp(), read when
 // the expression is evaluated: after the statement's table locks, and for a
 // renewal after its lease rows' locks (FOR UPDATE, before the SET is
-// computed); a takeover waits for no row (SKIP LOCKED). now() and
-// statement_timestamp() are when the statement arrived, before any wait.
+// computed); a takeover waits for no row (SKIP LOCKED). now() is the
+// transaction's start, before any wait; statement_timestamp() is when the
+// last protocol message came (Execute: after a table lock taken at Bind in
+// the extended protocol, but before the row locks taken while the statement
+// runs, and in the simple protocol before any wait), so it would not do
+// (TestRenewalWaitingForALockWritesAFullLease/postgres_row_lock fails with
+// it).
 // One wait is not covered: a claim's INSERT of a key that another relay's
 // claim inserted and has not committed computes its row, then waits for
 // that claim; if it commits, the key is not claimed (DO NOTHING), and only
