@@ -72,9 +72,11 @@
 //     so two relays racing for one expired lease never wait for each other
 //     and only one gets it; on SQLite, which has one writer, with an upsert
 //     whose WHERE accepts only an expired lease. A lease lasts
-//     WithLeaseDuration (default 30 s) and the relay renews the leases of
-//     the keys it holds every third of that (a lease row of its own that it
-//     does not know of, say after a failed release, is left to expire).
+//     WithLeaseDuration (default 30 s) from when the claim's statement ran,
+//     by the database's clock, after any wait for a lock (below), and the
+//     relay renews the leases of the keys it holds every third of that (a
+//     lease row of its own that it does not know of, say after a failed
+//     release, is left to expire).
 //   - A lease row carries the relay's name, a fencing token unique to each
 //     Relay value (see WithOwner), and the claim's epoch: every claim of a
 //     key (and every takeover) takes a new one, greater than any earlier
@@ -110,16 +112,28 @@
 //     machine slower than the lease) would release each key before
 //     publishing anything, for ever. Close releases all of the relay's keys.
 //
-// Each relay keeps, per key, the local time at which its lease ends,
-// measured from before the claim or renewal was sent, so it is never later
-// than the database's expiry. A row is published only before that deadline,
-// and the sink's context ends at it. Once a lease is lost (not renewed in
-// time, or found taken by another relay), the relay publishes nothing more of
-// that key: the sink call in flight is cancelled when a renewal or a mark
-// finds the lease taken, rows published but not yet marked are left
-// unmarked, its rows in flight are given back unpublished (they stay
-// pending) and the key is forgotten until claimed again, from its oldest
-// pending row.
+// The database computes a lease's expiry when the claim or renewal that
+// writes it runs, after the statement got its locks: on SQLite from
+// julianday('now'), read once per statement after the write lock was taken
+// (a claim may wait up to the busy timeout for an application's write
+// transaction or another relay), rounded up to the millisecond; on
+// PostgreSQL from clock_timestamp(), read when the expiry is computed (after
+// a table lock, and for a renewal after its lease rows' locks), not now(),
+// the transaction's start, which comes before any wait. So a claim or a
+// renewal that waited writes a full lease from the end of its wait, not one
+// shortened by the wait or already expired, and an expired lease is judged
+// by the same clock. Each relay keeps, per key, the local time at which its
+// lease ends, measured from before the claim or renewal was sent, so it is
+// never later than the database's expiry; after a wait it is that much
+// earlier (a wait of a lease or more leaves the relay nothing of the lease
+// until its next renewal: RelayStats.LapsedBeforeSink). A row is published
+// only before that deadline, and the sink's context ends at it. Once a lease
+// is lost (not renewed in time, or found taken by another relay), the relay
+// publishes nothing more of that key: the sink call in flight is cancelled
+// when a renewal or a mark finds the lease taken, rows published but not yet
+// marked are left unmarked, its rows in flight are given back unpublished
+// (they stay pending) and the key is forgotten until claimed again, from its
+// oldest pending row.
 //
 // What happens when a relay dies holding a lease: its keys stay claimed
 // until their leases expire (at most the lease duration), so their rows wait
@@ -151,12 +165,13 @@
 // it, before Write). On SQLite writers are serialised anyway.
 //
 // Leases are only as good as the clocks: expiry is decided by the database
-// server's clock on PostgreSQL and by the wall clocks of the processes
-// sharing the file on SQLite, while a relay's own deadline runs on its
-// monotonic clock. A clock stepped forward by more than the margin between
-// the two can let a lease expire early, and two relays publish one key at
-// once, briefly. All relays of one outbox must use the same failure policy:
-// a Continue relay goes past dead rows that a Park relay stops at.
+// server's clock on PostgreSQL and on SQLite by the wall clock of the
+// process running the statement (SQLite's julianday('now')), while a relay's
+// own deadline runs on its monotonic clock. A clock stepped forward by more
+// than the margin between the two can let a lease expire early, and two
+// relays publish one key at once, briefly. All relays of one outbox must use
+// the same failure policy: a Continue relay goes past dead rows that a Park
+// relay stops at.
 //
 // # Failures
 //

@@ -33,3 +33,7 @@ func DelayFetch(r *Relay, d time.Duration) { r.beforeFetch = func() { time.Sleep
 func OnPoll(r *Relay, f func(began time.Duration, full, idle bool)) {
 	r.afterPoll = func(began int64, full, idle bool) { f(time.Duration(began), full, idle) }
 }
+
+// OnWalk makes the relay call f with the free keys each claim walk found,
+// before it claims them. Call before Run.
+func OnWalk(r *Relay, f func(found []string)) { r.afterWalk = f }

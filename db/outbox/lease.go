@@ -85,9 +85,6 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 	// wraps around at the last key, so every key gets its turn.
 	walk := 4*room + 64
 	args := []any{r.cursor, walk}
-	if r.o.dialect == SQLite {
-		args = append(args, time.Now().UnixMicro())
-	}
 	// A lease of this relay's token with no tenure (its release failed) is
 	// free to it: it has nothing of the key in flight. A live lease of any
 	// other token is not, whatever its owner name.
@@ -170,6 +167,10 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 	sort.Strings(cands) // one lock order for every relay
 	r.leaseMu.Lock()
 	defer r.leaseMu.Unlock()
+	// The tenures' local deadline runs from here, before the claim is
+	// sent: the database computes the expiry when the claim runs, after
+	// any wait for a lock (see sqliteNow), so the local deadline ends no
+	// later than the expiry written.
 	start := r.mono()
 	got := map[string]int64{} // key -> the claim's epoch
 	if r.o.dialect == Postgres {
@@ -197,20 +198,18 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 			}
 		}
 	} else {
-		now := time.Now()
-		exp := now.Add(r.cfg.lease).UnixMicro()
 		for len(cands) > 0 {
 			n := min(len(cands), 150)
-			args := make([]any, 0, 5*n+1)
+			args := make([]any, 1, 4*n+1)
+			args[0] = r.cfg.lease.Microseconds()
 			var b strings.Builder
 			for i, k := range cands[:n] {
 				if i > 0 {
 					b.WriteString(", ")
 				}
-				b.WriteString("(?, ?, ?, ?, ?)")
-				args = append(args, k, r.cfg.owner, exp, r.token, i+1)
+				b.WriteString("(?, ?, ?, ?)")
+				args = append(args, k, r.cfg.owner, r.token, i+1)
 			}
-			args = append(args, now.UnixMicro())
 			ks, err := r.queryClaims(ctx, r.o.db, fmt.Sprintf(r.o.q.acquireUpsert, b.String()), args...)
 			if err != nil {
 				r.dbError("claim keys", err)
@@ -236,7 +235,8 @@ func (r *Relay) acquire(ctx context.Context, room int) {
 const leaseWarnEvery = time.Minute
 
 // checkClaimTime warns when a claim of n keys took a third of the lease or
-// more. A tenure's lease runs from when its claim was sent, and the relay
+// more. A tenure's lease runs, locally, from when its claim was sent (in the
+// database from when the claim ran, after any lock wait), and the relay
 // still has to fetch the key's rows, call the sink and mark them within it
 // (renewing every third of it): with a database that far away, or that
 // slow, leases end before their rows are published, the rows are left
@@ -299,6 +299,7 @@ func (r *Relay) renew(ctx context.Context) {
 		return
 	}
 	sortClaims(held) // one lock order for every relay
+	// Before the renewal is sent: see acquire.
 	start := r.mono()
 	var keys map[string]int64
 	var err error
@@ -306,13 +307,12 @@ func (r *Relay) renew(ctx context.Context) {
 		ks, es := splitClaims(held)
 		keys, err = r.queryClaims(ctx, r.o.db, r.o.q.renew, r.cfg.owner, r.token, r.cfg.lease.Microseconds(), ks, es)
 	} else {
-		exp := time.Now().Add(r.cfg.lease).UnixMicro()
 		keys = map[string]int64{}
 		err = r.inTx(ctx, func(tx *sql.Tx) error {
 			for rest := held; len(rest) > 0; {
 				n := min(len(rest), 400)
 				args := make([]any, 0, 2*n+3)
-				args = append(args, exp, r.cfg.owner, r.token)
+				args = append(args, r.cfg.lease.Microseconds(), r.cfg.owner, r.token)
 				for _, c := range rest[:n] {
 					args = append(args, c.key, c.epoch)
 				}

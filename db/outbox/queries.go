@@ -183,7 +183,7 @@ type queries struct {
 	releaseOthers                  string // WithTakeOverOnStart
 	candidates, candidatesPark     string
 	acquireInsert, acquireTakeover string // Postgres
-	acquireUpsert                  string // SQLite: %s is the VALUES list (key, owner, expires_at, token, i)
+	acquireUpsert                  string // SQLite: %s is the VALUES list (key, owner, token, i)
 	fetch                          string
 	fetchPark                      string // fetch, nothing of a key with a dead row
 	markSentDelete, markSentUpdate string // SQLite: a prefix; the (seq, epoch) list and markSentSuffix are appended
@@ -197,6 +197,43 @@ type queries struct {
 }
 
 const rowCols = `seq, id, key, type, payload, headers, created_at, attempts`
+
+// A lease's expiry is computed by the database, from its own clock when the
+// statement that writes it runs, after the statement got its locks: a claim
+// or a renewal that waited for a lock (SQLite's write lock, held by an
+// application's transaction or another relay, for up to the busy timeout;
+// on PostgreSQL a table lock, or for a renewal a lease row locked by a mark
+// or a takeover) writes a lease of the full duration from then, not one
+// shortened by the wait, or already expired. The relay's local deadline
+// runs from before the statement was sent, so it ends no later than the
+// expiry written. On PostgreSQL that clock is clock_timestamp(), read when
+// the expression is evaluated: after the statement's table locks, and for a
+// renewal after its lease rows' locks (FOR UPDATE, before the SET is
+// computed); a takeover waits for no row (SKIP LOCKED). now() is the
+// transaction's start, before any wait; statement_timestamp() is when the
+// last protocol message came (Execute: after a table lock taken at Bind in
+// the extended protocol, but before the row locks taken while the statement
+// runs, and in the simple protocol before any wait), so it would not do
+// (TestRenewalWaitingForALockWritesAFullLease/postgres_row_lock fails with
+// it).
+// One wait is not covered: a claim's INSERT of a key that another relay's
+// claim inserted and has not committed computes its row, then waits for
+// that claim; if it commits, the key is not claimed (DO NOTHING), and only
+// if it rolls back is the row written, its lease short by that wait (the
+// other claim's statement).
+//
+// sqliteNow is SQLite's clock in Unix microseconds: julianday('now'), which
+// SQLite reads once per statement execution (every use within a statement
+// sees one value), after the statement took the write lock, in whole
+// milliseconds, truncated. sqliteExpiry is a lease's expiry from that clock
+// (? is the lease in microseconds), the moment rounded up to the next
+// millisecond so that it is never earlier than the real moment plus the
+// lease. julianday, not unixepoch('subsec'), so that SQLite before 3.42
+// (another driver, under WithDialect) runs it too.
+const (
+	sqliteNow    = `(CAST(round((julianday('now') - 2440587.5) * 86400000) AS INTEGER) * 1000)`
+	sqliteExpiry = `(` + sqliteNow + ` + 1000 + ?)`
+)
 
 func newQueries(d Dialect, t string) queries {
 	r := func(s string) string { return sqldb.Rebind(d, s) }
@@ -221,7 +258,7 @@ SELECT pg_notify('` + t + `', '') FROM ` + t + `_idle WHERE until > now() LIMIT 
 	// (the token alone is unique per relay; the name guards against a relay
 	// of an older version, which rewrites owner but not token). A lease of
 	// another token is free only once expired.
-	notLeased := `NOT EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.expires_at > ? AND (l.owner <> ? OR l.token IS NOT ?))`
+	notLeased := `NOT EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.expires_at > ` + sqliteNow + ` AND (l.owner <> ? OR l.token IS NOT ?))`
 	notDead := ` AND NOT EXISTS (SELECT 1 FROM ` + t + ` x WHERE x.key = o.key AND x.state = 2)`
 	// Under Park, a key with a dead row gives nothing to fetch, whoever
 	// holds its lease: a relay may claim the key between another relay's
@@ -235,7 +272,7 @@ SELECT pg_notify('` + t + `', '') FROM ` + t + `_idle WHERE until > now() LIMIT 
 		// The lease rows are locked in key order (byte order, as the
 		// relay sorts them), the order marks lock them in too: a renewal
 		// and a mark of one relay never deadlock.
-		q.renew = `UPDATE ` + l + ` AS l SET expires_at = now() + $3::bigint * interval '1 microsecond'
+		q.renew = `UPDATE ` + l + ` AS l SET expires_at = clock_timestamp() + $3::bigint * interval '1 microsecond'
 	FROM (SELECT x.key FROM ` + l + ` AS x JOIN unnest($4::text[], $5::bigint[]) AS h(key, epoch) ON x.key = h.key AND x.epoch = h.epoch
 		WHERE x.owner = $1 AND x.token = $2 ORDER BY x.key COLLATE "C" FOR UPDATE OF x) AS c
 	WHERE l.key = c.key RETURNING l.key, l.epoch`
@@ -243,10 +280,10 @@ SELECT pg_notify('` + t + `', '') FROM ` + t + `_idle WHERE until > now() LIMIT 
 	WHERE l.owner = $1 AND l.token = $2 AND l.key = h.key AND l.epoch = h.epoch`
 		// Every claim takes a new epoch from the outbox's sequence.
 		q.acquireInsert = `INSERT INTO ` + l + ` (key, owner, expires_at, token, epoch)
-	SELECT k, $2, now() + $3::bigint * interval '1 microsecond', $4, nextval('` + l + `_epoch') FROM unnest($1::text[]) AS k ORDER BY k
+	SELECT k, $2, clock_timestamp() + $3::bigint * interval '1 microsecond', $4, nextval('` + l + `_epoch') FROM unnest($1::text[]) AS k ORDER BY k
 	ON CONFLICT (key) DO NOTHING RETURNING key, epoch`
-		q.acquireTakeover = `UPDATE ` + l + ` AS l SET owner = $2, token = $4, expires_at = now() + $3::bigint * interval '1 microsecond', epoch = nextval('` + l + `_epoch')
-	FROM (SELECT key FROM ` + l + ` WHERE key = ANY($1) AND (expires_at <= now() OR (owner = $2 AND token = $4)) ORDER BY key FOR UPDATE SKIP LOCKED) AS c
+		q.acquireTakeover = `UPDATE ` + l + ` AS l SET owner = $2, token = $4, expires_at = clock_timestamp() + $3::bigint * interval '1 microsecond', epoch = nextval('` + l + `_epoch')
+	FROM (SELECT key FROM ` + l + ` WHERE key = ANY($1) AND (expires_at <= clock_timestamp() OR (owner = $2 AND token = $4)) ORDER BY key FOR UPDATE SKIP LOCKED) AS c
 	WHERE l.key = c.key RETURNING l.key, l.epoch`
 		// Only the keys still under the claims given: h reads the
 		// relay's lease rows in one index range (owner = $6, token = $7),
@@ -317,14 +354,16 @@ UPDATE ` + t + ` AS o SET state = 2, attempts = o.attempts + $4, last_error = $5
 		// SQLite has one writer: every write statement reads the latest
 		// lease rows under the write lock, so the claim checks need no row
 		// lock.
-		q.renew = `UPDATE ` + l + ` SET expires_at = ? WHERE owner = ? AND token = ? AND (key, epoch) IN ` // the (key, epoch) list and RETURNING are appended
+		q.renew = `UPDATE ` + l + ` SET expires_at = ` + sqliteExpiry + ` WHERE owner = ? AND token = ? AND (key, epoch) IN ` // the (key, epoch) list and RETURNING are appended
 		q.release = `DELETE FROM ` + l + ` WHERE owner = ? AND token = ? AND (key, epoch) IN `
-		// %s: rows (key, owner, expires_at, token, i), i = 1, 2, ...: the
-		// claims' epochs are the counter plus i (the triggers move it on).
+		// The first ? is the lease in microseconds; %s: rows (key, owner,
+		// token, i), i = 1, 2, ...: the claims' epochs are the counter plus
+		// i (the triggers move it on). The expiry written and the one
+		// taken over are by SQLite's clock at this statement (sqliteNow).
 		q.acquireUpsert = `INSERT INTO ` + l + ` (key, owner, expires_at, token, epoch)
-	SELECT column1, column2, column3, column4, (SELECT n FROM ` + l + `_epoch WHERE id = 1) + column5 FROM (VALUES %s) WHERE true
+	SELECT column1, column2, ` + sqliteExpiry + `, column3, (SELECT n FROM ` + l + `_epoch WHERE id = 1) + column4 FROM (VALUES %s) WHERE true
 	ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at, token = excluded.token, epoch = excluded.epoch
-	WHERE ` + l + `.expires_at <= ? OR (` + l + `.owner = excluded.owner AND ` + l + `.token = excluded.token) RETURNING key, epoch`
+	WHERE ` + l + `.expires_at <= ` + sqliteNow + ` OR (` + l + `.owner = excluded.owner AND ` + l + `.token = excluded.token) RETURNING key, epoch`
 		fetch := `SELECT ` + rowCols + ` FROM ` + t + ` AS o WHERE o.key = ? AND o.state = 0 AND o.seq > ?
 	AND EXISTS (SELECT 1 FROM ` + l + ` l WHERE l.key = o.key AND l.owner = ? AND l.token = ? AND l.epoch = ?)%s ORDER BY o.seq LIMIT ?`
 		q.fetch = fmt.Sprintf(fetch, "")

@@ -285,15 +285,17 @@ func WithPollInterval(d time.Duration) RelayOption {
 // WithLeaseDuration sets how long a relay's claim on a key lasts without
 // renewal (default DefaultLeaseDuration, raised by WithPollInterval and
 // WithSinkTimeout given without it; at least 30 ms, at most
-// MaxLeaseDuration). The relay renews its leases every third of it. When a
-// relay dies, its keys are taken over by another relay after at most this
-// long. Choose it well above your sink's longest call and your database's
-// longest stall: at least twice WithSinkTimeout, or NewRelay fails (see
-// RelayOption). A claim that takes a third of the lease or more, or a row
-// whose lease ends before its sink call starts, is counted
-// (RelayStats.SlowClaims, LapsedBeforeSink) and logged at Warn (each at
-// most once a minute): a relay whose database round trips take longer than
-// the lease publishes nothing, and these say so.
+// MaxLeaseDuration). The database counts it from when the claim or renewal
+// ran, after any wait for a lock, by its own clock; the relay, locally, from
+// before it sent the statement (see Relay). The relay renews its leases
+// every third of it. When a relay dies, its keys are taken over by another
+// relay after at most this long. Choose it well above your sink's longest
+// call and your database's longest stall: at least twice WithSinkTimeout, or
+// NewRelay fails (see RelayOption). A claim that takes a third of the lease
+// or more, or a row whose lease ends before its sink call starts, is counted
+// (RelayStats.SlowClaims, LapsedBeforeSink) and logged at Warn (each at most
+// once a minute): a relay whose database round trips take longer than the
+// lease publishes nothing, and these say so.
 func WithLeaseDuration(d time.Duration) RelayOption {
 	return func(c *relayConfig) error {
 		if r := optcheck.Within("WithLeaseDuration", d, minLeaseDuration, MaxLeaseDuration); r != nil {
