@@ -89,7 +89,7 @@ func (c *Consumer) checkDeadLetterTopic(ctx context.Context) error {
 			return fmt.Errorf("kafka: run: dead-letter topic %q (WithDeadLetterTopic): %w", topic, err)
 		}
 	}
-	return fmt.Errorf("kafka: run: %w: dead-letter topic %q (WithDeadLetterTopic) is not in the cluster's metadata: create it, or allow auto topic creation (kgo.AllowAutoTopicCreation)", ErrUnknownTopic, topic)
+	return fmt.Errorf("%w: dead-letter topic %q (WithDeadLetterTopic) is not in the cluster's metadata: create it, or allow auto topic creation (kgo.AllowAutoTopicCreation)", ErrUnknownTopic, topic)
 }
 
 // deadLetter is the scheduler's dead-letter function: a record failed for

@@ -62,7 +62,7 @@ func TestRunRefusesADeadLetterTopicTheClusterLacks(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = c.Run(ctx)
-	if !errors.Is(err, ErrUnknownTopic) || !strings.Contains(err.Error(), `"orders.dql"`) {
+	if !errors.Is(err, ErrUnknownTopic) || !strings.HasPrefix(err.Error(), `kafka: unknown topic or partition: dead-letter topic "orders.dql" (WithDeadLetterTopic)`) {
 		t.Errorf("Run with a dead-letter topic the cluster lacks: %v, want ErrUnknownTopic naming it", err)
 	}
 	if err := c.Close(ctx); err != nil {
