@@ -39,7 +39,7 @@ func TestReplayErrorTextsReadAsSentences(t *testing.T) {
 			continue
 		}
 		var refused *ReplayRefusedError
-		if c.sentinel == ErrNotDeadLetter && !errors.As(err, &refused) {
+		if errors.Is(c.sentinel, ErrNotDeadLetter) && !errors.As(err, &refused) {
 			t.Errorf("%s: %T, want a *ReplayRefusedError", c.name, err)
 		}
 		got := err.Error()
