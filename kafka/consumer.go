@@ -212,9 +212,13 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 	if err != nil {
 		clientCancel()
 		_ = s.Close(context.Background())
-		// franz-go's own words for a missing group ("invalid autocommit
-		// options specified when a group was not specified") do not say
-		// what the adapter needs: say it too.
+		// Without a group franz-go refuses the options the adapter adds
+		// ("invalid autocommit options specified when a group was not
+		// specified": an option the caller never gave): a missing group
+		// is the adapter's own refusal, as a missing topic is.
+		if r := missingGroup(cfg.clientOpts); r != nil {
+			return nil, refused(r)
+		}
 		return nil, fmt.Errorf("%w: WithClientOptions: franz-go refuses the client's options (the adapter needs kgo.ConsumerGroup and kgo.ConsumeTopics or kgo.ConsumeRegex, and sets kgo.DisableAutoCommit itself: no kgo.AutoCommitMarks): %w", ErrInvalidOption, err)
 	}
 	group, _ := cl.OptValue(kgo.ConsumerGroup).(string)
@@ -273,8 +277,11 @@ func hasTaskTimeout(s *keysched.Scheduler[schedKey]) (bool, error) {
 // group drops the member). The default revoke timeout gives way instead: it
 // becomes half the rebalance timeout.
 func clientConflicts(cl *kgo.Client, group string, cfg *config) *optcheck.Refusal {
-	if group == "" || len(cl.GetConsumeTopics()) == 0 && !isRegex(cl) {
-		return optcheck.Refuse("WithClientOptions", nil, "need kgo.ConsumerGroup and kgo.ConsumeTopics (or kgo.ConsumeRegex)")
+	if group == "" {
+		return needGroupAndTopics("kgo.ConsumerGroup")
+	}
+	if len(cl.GetConsumeTopics()) == 0 && !isRegex(cl) {
+		return needGroupAndTopics("kgo.ConsumeTopics")
 	}
 	if cfg.dlqTopic != "" {
 		topics, _ := cl.OptValue(kgo.ConsumeTopics).([]string)
@@ -299,6 +306,28 @@ func clientConflicts(cl *kgo.Client, group string, cfg *config) *optcheck.Refusa
 			"revoke timeout %v not below kgo.RebalanceTimeout %v: a revoke waiting that long holds the member's rejoin past the rebalance timeout, and the group drops it", cfg.revokeTimeout, rt)
 	}
 	return nil
+}
+
+// needGroupAndTopics is the refusal of client options without what (a
+// group or topics).
+func needGroupAndTopics(what string) *optcheck.Refusal {
+	return optcheck.Refuse("WithClientOptions", nil, "no %s: need kgo.ConsumerGroup and kgo.ConsumeTopics (or kgo.ConsumeRegex)", what)
+}
+
+// missingGroup is the refusal of client options that name no consumer
+// group, or nil when they name one or franz-go refuses them on their own.
+// It makes (and closes) a client of the caller's options alone: franz-go
+// keeps its options to itself.
+func missingGroup(opts []kgo.Opt) *optcheck.Refusal {
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil
+	}
+	defer cl.Close()
+	if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g != "" {
+		return nil
+	}
+	return needGroupAndTopics("kgo.ConsumerGroup")
 }
 
 func isRegex(cl *kgo.Client) bool {

@@ -11,7 +11,9 @@ import (
 
 	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/internal/durations"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Dead-letter headers. The names and the decimal-string values follow Kafka
@@ -30,6 +32,65 @@ const (
 	HeaderMessage        = "__connect.errors.exception.message"    // the error's message (a panic: its value)
 	HeaderStacktrace     = "__connect.errors.exception.stacktrace" // a panic's stack; absent otherwise
 )
+
+// checkDeadLetterTopic asks the cluster, at Run's start, for the
+// dead-letter topic's metadata (without creating it), so that a topic
+// missing from the cluster (a typo) shows at once rather than as a
+// dead-letter produce failing for ever when the first record fails for
+// good. It returns an error wrapping ErrUnknownTopic for a topic the
+// cluster does not have, one wrapping the broker's error for another
+// refusal that does not pass (an unauthorized or invalid topic), and nil
+// otherwise: no dead-letter topic, client options that allow auto topic
+// creation (the first dead letter creates it), the topic present, a
+// retriable refusal or no answer (logged at Warn: the dead-letter produce
+// says the rest), ctx ended or Close started.
+func (c *Consumer) checkDeadLetterTopic(ctx context.Context) error {
+	if !c.dlqSet {
+		return nil
+	}
+	if auto, _ := c.cl.OptValue(kgo.AllowAutoTopicCreation).(bool); auto {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-c.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	topic := c.cfg.dlqTopic
+	req := kmsg.NewPtrMetadataRequest()
+	rt := kmsg.NewMetadataRequestTopic()
+	rt.Topic = kmsg.StringPtr(topic)
+	req.Topics = append(req.Topics, rt)
+	req.AllowAutoTopicCreation = false
+	resp, err := req.RequestWith(ctx, c.cl)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.log.Warn("kafka: run: could not check that the dead-letter topic exists", "topic", topic, "err", err)
+		}
+		return nil
+	}
+	for _, t := range resp.Topics {
+		if t.Topic == nil || *t.Topic != topic {
+			continue
+		}
+		err := kerr.ErrorForCode(t.ErrorCode)
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, kerr.UnknownTopicOrPartition):
+		case kerr.IsRetriable(err):
+			c.log.Warn("kafka: run: could not check that the dead-letter topic exists", "topic", topic, "err", err)
+			return nil
+		default:
+			return fmt.Errorf("kafka: run: dead-letter topic %q (WithDeadLetterTopic): %w", topic, err)
+		}
+	}
+	return fmt.Errorf("%w: dead-letter topic %q (WithDeadLetterTopic) is not in the cluster's metadata: create it, or allow auto topic creation (kgo.AllowAutoTopicCreation)", ErrUnknownTopic, topic)
+}
 
 // deadLetter is the scheduler's dead-letter function: a record failed for
 // good. It is finished only once its dead letter is acknowledged; records

@@ -79,7 +79,9 @@
 // acknowledges it; a failing produce is retried while the key waits, and the
 // record stays unfinished until it succeeds or the partition is taken away.
 // Without a dead-letter topic the record is logged at Error and counted
-// finished. Under keysched.Park the key stops on the failed record instead
+// finished. Run checks at its start that the cluster has the dead-letter
+// topic (unless kgo.AllowAutoTopicCreation is among the client options) and
+// returns an error wrapping ErrUnknownTopic when it does not. Under keysched.Park the key stops on the failed record instead
 // (Parked lists it; Resume runs it again; Skip dead-letters it and moves
 // on), holding its partition's frontier and, at the bound, its fetching.
 //

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/keysched/keysched"
@@ -267,9 +268,16 @@ func WithRevokeTimeout(d time.Duration) Option {
 // acknowledged; a failing produce is retried (backoff 100 ms doubling to
 // 10 s) while the key waits, until it succeeds or the partition is taken
 // away. Without it, such records are logged at Error and count as finished.
+//
+// topic must be a name Kafka accepts: 1 to 249 of [a-zA-Z0-9._-], not "."
+// or "..". Run checks at its start that the cluster has it, unless the
+// client options allow auto topic creation (see Run).
 func WithDeadLetterTopic(topic string) Option {
 	return func(c *config) error {
-		if r := optcheck.Text("WithDeadLetterTopic", topic, 0); r != nil {
+		if r := optcheck.Text("WithDeadLetterTopic", topic, maxTopicLen); r != nil {
+			return refused(r)
+		}
+		if r := topicName("WithDeadLetterTopic", topic); r != nil {
 			return refused(r)
 		}
 		c.dlqTopic = topic
@@ -316,4 +324,21 @@ func WithMaxPollRecords(n int) Option {
 		c.maxPoll = n
 		return nil
 	}
+}
+
+// maxTopicLen is the longest topic name Kafka accepts.
+const maxTopicLen = 249
+
+// topicName refuses a non-empty topic name Kafka does not accept (its
+// Topic.validate): "." or "..", or a character outside [a-zA-Z0-9._-].
+func topicName(option, topic string) *optcheck.Refusal {
+	if topic == "." || topic == ".." {
+		return optcheck.Refuse(option, strconv.Quote(topic), "not a topic name Kafka accepts")
+	}
+	for _, r := range topic {
+		if !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return optcheck.Refuse(option, strconv.Quote(topic), "%q is not in a topic name Kafka accepts (letters, digits, '.', '_', '-')", r)
+		}
+	}
+	return nil
 }

@@ -179,6 +179,11 @@ func TestOptionsConflictingWithTheClientAreRefusedNamingBoth(t *testing.T) {
 		{"revoke timeout past a shorter rebalance timeout", []Option{WithRevokeTimeout(10 * time.Second),
 			WithClientOptions(seed, kgo.ConsumerGroup("g"), kgo.ConsumeTopics("a"), kgo.RebalanceTimeout(5*time.Second))}, "WithRevokeTimeout", "WithClientOptions"},
 		{"no topic", []Option{WithClientOptions(seed, kgo.ConsumerGroup("g"))}, "WithClientOptions", ""},
+		// franz-go refuses the options the adapter adds without a
+		// group, in words about autocommitting: the refusal is the
+		// adapter's own.
+		{"no group", []Option{WithClientOptions(seed, kgo.ConsumeTopics("t"))}, "WithClientOptions", ""},
+		{"no group and no topic", []Option{WithClientOptions(seed)}, "WithClientOptions", ""},
 		{"nil option", []Option{nil}, "opts[0]", ""},
 		{"nil meter provider", []Option{WithMeterProvider(nil)}, "WithMeterProvider", ""},
 	} {
@@ -189,6 +194,9 @@ func TestOptionsConflictingWithTheClientAreRefusedNamingBoth(t *testing.T) {
 		}
 		if p := opttest.Problem(err, opttest.Want{Option: tc.option, With: tc.with, Prefix: "kafka: invalid option: ", Sentinels: []error{ErrInvalidOption}}); p != "" {
 			t.Errorf("%s: %s", tc.name, p)
+		}
+		if strings.HasPrefix(tc.name, "no group") && (err == nil || !strings.Contains(err.Error(), "no kgo.ConsumerGroup") || strings.Contains(err.Error(), "autocommit")) {
+			t.Errorf("%s: %v, want the adapter's words for a missing group", tc.name, err)
 		}
 	}
 	// The same options apart are accepted: a dead-letter topic not consumed,

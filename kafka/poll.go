@@ -14,6 +14,17 @@ import (
 // ErrZeroConsumer for a Consumer not made by NewConsumer. The
 // handlers' contexts carry ctx's values, not its cancellation.
 //
+// At its start, with WithDeadLetterTopic, Run asks the cluster whether it
+// has the dead-letter topic (one metadata request, creating nothing) and
+// returns an error wrapping ErrUnknownTopic, naming the topic, when it does
+// not (or one wrapping the broker's error when the broker refuses the
+// topic for good: unauthorized, invalid); call Close then. Client options
+// with kgo.AllowAutoTopicCreation skip the check (the first dead letter
+// creates the topic, if the brokers allow it). A cluster that does not
+// answer, or answers with a retriable error, is logged at Warn and Run goes
+// on: the dead-letter produce retries then, as it does for a topic deleted
+// after the start.
+//
 // Run never blocks on a key: a record that finds its key (or the scheduler)
 // full is held back, and its partition paused until room appears;
 // heartbeats and rebalances go on meanwhile.
@@ -38,6 +49,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	go c.committer()
 	c.closeMu.Unlock()
 	defer close(c.runDone)
+	if err := c.checkDeadLetterTopic(ctx); err != nil {
+		return err
+	}
 	var backoff time.Duration // after polls that brought only fetch errors
 	for {
 		if c.closing.Load() {

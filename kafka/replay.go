@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -23,7 +24,8 @@ const DefaultMaxReplays = 3
 // Replay's sentinel errors; compare with errors.Is.
 var (
 	// ErrUnknownTopic: the dead-letter topic, or a selected record's
-	// original topic or partition, does not exist.
+	// original topic or partition, does not exist (also returned by
+	// Consumer.Run for a WithDeadLetterTopic the cluster lacks).
 	ErrUnknownTopic = errors.New("kafka: unknown topic or partition")
 	// ErrReplayLimit: a selected record was replayed MaxReplays times
 	// already.
@@ -143,13 +145,17 @@ type ReplayRefusedError struct {
 
 func (e *ReplayRefusedError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "kafka: replay refused, nothing written: %d selected dead letters cannot be replayed:", len(e.Problems))
+	fmt.Fprintf(&b, "kafka: replay refused, nothing written: %s cannot be replayed", deadLetters(len(e.Problems), "selected dead letter"))
 	for i, p := range e.Problems {
 		if i == 10 {
 			fmt.Fprintf(&b, "; and %d more", len(e.Problems)-i)
 			break
 		}
-		fmt.Fprintf(&b, "; %s: %v", p.At, p.Err)
+		sep := "; "
+		if i == 0 {
+			sep = ": "
+		}
+		fmt.Fprintf(&b, "%s%s: %v", sep, p.At, p.Err)
 	}
 	return b.String()
 }
@@ -328,8 +334,11 @@ func Replay(ctx context.Context, opts ReplayOptions, clientOpts ...kgo.Opt) (*Re
 		return rep, &ReplayRefusedError{Problems: problems}
 	}
 	if len(selected) == 0 {
-		return rep, fmt.Errorf("%w: %d dead letters read in %s (%s), none selected by the filters",
-			ErrNothingToReplay, rep.Scanned, opts.DeadLetterTopic, describeRanges(ranges))
+		if len(ranges) == 0 {
+			return rep, fmt.Errorf("%w: %s has no records to read in %s", ErrNothingToReplay, opts.DeadLetterTopic, describeEmpty(parts, opts))
+		}
+		return rep, fmt.Errorf("%w: %s read in %s (%s), none selected by the filters",
+			ErrNothingToReplay, deadLetters(rep.Scanned, "dead letter"), opts.DeadLetterTopic, describeRanges(ranges))
 	}
 	if opts.DryRun {
 		return rep, nil
@@ -400,6 +409,35 @@ func describeRanges(rs []offsetRange) string {
 		parts[i] = fmt.Sprintf("partition %d offsets [%d, %d)", r.partition, r.start, r.end)
 	}
 	return strings.Join(parts, ", ")
+}
+
+// describeEmpty says what Replay read of parts, all empty in opts's range:
+// "partition 0", "partitions 0, 1 at offsets [5, end)".
+func describeEmpty(parts []int32, opts ReplayOptions) string {
+	ps := make([]string, len(parts))
+	for i, p := range parts {
+		ps[i] = strconv.Itoa(int(p))
+	}
+	s := "partitions " + strings.Join(ps, ", ")
+	if len(parts) == 1 {
+		s = "partition " + ps[0]
+	}
+	if opts.StartOffset > 0 || opts.EndOffset > 0 {
+		end := "end"
+		if opts.EndOffset > 0 {
+			end = strconv.FormatInt(opts.EndOffset, 10)
+		}
+		s += fmt.Sprintf(" at offsets [%d, %s)", opts.StartOffset, end)
+	}
+	return s
+}
+
+// deadLetters is n and noun, plural unless n is 1.
+func deadLetters(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // readRanges lists the dead-letter partitions' start and end offsets and

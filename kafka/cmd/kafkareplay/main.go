@@ -92,7 +92,11 @@ func report(err error, w io.Writer) int {
 		fmt.Fprintf(w, "kafkareplay: %s%v (see --help)\n", usagePrefix, err)
 		return exitUsage
 	case errors.As(err, &refused):
-		fmt.Fprintf(w, "kafkareplay: %snothing written: %d selected dead letters cannot be replayed:\n", refusedClass, len(refused.Problems))
+		letters := "dead letters"
+		if len(refused.Problems) == 1 {
+			letters = "dead letter"
+		}
+		fmt.Fprintf(w, "kafkareplay: %snothing written: %d selected %s cannot be replayed:\n", refusedClass, len(refused.Problems), letters)
 		for _, p := range refused.Problems {
 			fmt.Fprintf(w, "  %s: %v\n", p.At, p.Err)
 		}

@@ -254,7 +254,7 @@ func TestCommandExitStatus(t *testing.T) {
 	}{
 		{"--brokers " + b + " --dlq dlq --dry-run", exitOK, "would replay 3 records, wrote none"},
 		{"--brokers " + b + " --dlq dlq --key b", exitOK, "wrote t/1@0 key=\"b\" replay=1 from=dlq/0@1 (failed as t/1@11)"},
-		{"--brokers " + b + " --dlq junk", exitRefused, "refused: nothing written: 1 selected dead letters cannot be replayed"},
+		{"--brokers " + b + " --dlq junk", exitRefused, "refused: nothing written: 1 selected dead letter cannot be replayed:\n  junk/0@1: "},
 		{"--brokers " + b + " --dlq dlq --offsets x", exitUsage, "usage: --offsets"},
 		{"--help", exitOK, "Usage: kafkareplay"},
 	} {
