@@ -191,8 +191,11 @@ func (o *Outbox) recoverQuery(f *RecoverFilter) (where string, args []any, err e
 		list("key", f.Keys)
 	}
 	for _, id := range f.IDs {
-		if err := sqldb.CheckText("ID", id, MaxIDLen); err != nil || id == "" {
-			return "", nil, fmt.Errorf("%w: ID %q: %w", ErrInvalidFilter, id, err)
+		if id == "" {
+			return "", nil, fmt.Errorf("%w: empty ID", ErrInvalidFilter)
+		}
+		if err := sqldb.CheckText("ID", id, MaxIDLen); err != nil {
+			return "", nil, fmt.Errorf("%w: %w", ErrInvalidFilter, err)
 		}
 	}
 	if len(f.IDs) > 0 {
