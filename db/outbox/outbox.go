@@ -62,9 +62,10 @@ var (
 	ErrNilTx = errors.New("outbox: nil transaction")
 	// ErrNotParked is returned by Resume and Skip for a key with no dead row.
 	ErrNotParked = errors.New("outbox: key has no dead row")
-	// ErrClosed is returned by Run after Close, by Run when the relay has
-	// already run (a Relay runs once), and by the Relay's Resume, Skip and
-	// SkipHead after Close (use the Outbox's, which need no relay).
+	// ErrClosed is returned by Run after Close, and by the Relay's Resume,
+	// Skip, SkipHead and Recover after Close (use the Outbox's, which need
+	// no relay). A second Run (a Relay runs once) returns an error that
+	// matches it (errors.Is) and says that Run is running or has returned.
 	ErrClosed = errors.New("outbox: relay closed")
 	// ErrNilSink is returned by NewRelay for a nil sink.
 	ErrNilSink = errors.New("outbox: nil sink")
