@@ -76,8 +76,12 @@ var (
 	// ErrNoSchema is wrapped by Run's error when the outbox table or its
 	// lease table does not exist, and by Write's when its INSERT finds a
 	// table or column missing: run CreateSchema (or see Schema) first.
-	// Run checks before it claims anything and returns at once.
-	ErrNoSchema = errors.New("outbox: table missing: run CreateSchema")
+	// Run checks before it claims anything and returns at once. The
+	// table is missing on the connection that looked: on an in-memory
+	// SQLite database (which sqldb.OpenSQLite refuses) every connection of
+	// the pool has its own database, so CreateSchema may have run on
+	// another one.
+	ErrNoSchema = errors.New("outbox: table missing on this connection: run CreateSchema (an in-memory SQLite database is per connection)")
 	// ErrDatabaseUnavailable is wrapped by Run's error when every poll
 	// failed for longer than WithMaxOutage; the error also says how many
 	// calls failed and wraps the last one's error.
