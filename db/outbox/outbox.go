@@ -179,7 +179,10 @@ func WithDialect(d Dialect) Option {
 
 // WithTable names the outbox table (default DefaultTable): lower-case
 // letters, digits and underscores, starting with a letter or underscore, at
-// most 48 bytes. The outbox's other objects are named after it:
+// most 48 bytes, and not a reserved SQL word of PostgreSQL or SQLite
+// (sqldb.Reserved: "select", "order", "user", "table"...; the statements
+// name the table unquoted). A refused name is a *keysched.OptionError
+// naming WithTable and saying why. The outbox's other objects are named after it:
 // name+"_lease" (the lease table), and on PostgreSQL name+"_idle" (idle
 // relays), name+"_lease_epoch" (the claims' epoch sequence) and the NOTIFY
 // trigger and function name+"_notify"; on SQLite name+"_lease_epoch" is a
@@ -187,6 +190,9 @@ func WithDialect(d Dialect) Option {
 // remove an outbox, drop them.
 func WithTable(name string) Option {
 	return func(o *Outbox) error {
+		if sqldb.Reserved(name) {
+			return refused(optcheck.Refuse("WithTable", strconv.Quote(name), "a reserved SQL word (PostgreSQL or SQLite): the schema's statements name the table unquoted"))
+		}
 		if !sqldb.ValidIdent(name) {
 			return refused(optcheck.Refuse("WithTable", strconv.Quote(name), "want [a-z_][a-z0-9_]*, at most 48 bytes"))
 		}

@@ -270,11 +270,11 @@ func Rebind(d Dialect, query string) string {
 // ValidIdent reports whether name can be used as a table name unquoted and
 // extended with a suffix: a lower-case letter or underscore, then lower-case
 // letters, digits or underscores, at most 48 bytes (PostgreSQL's limit is 63,
-// and the packages derive index and table names from it). No schema
-// qualifier: on PostgreSQL, choose the schema with the connection's
-// search_path.
+// and the packages derive index and table names from it), and not a
+// reserved word (see Reserved). No schema qualifier: on PostgreSQL, choose
+// the schema with the connection's search_path.
 func ValidIdent(name string) bool {
-	if name == "" || len(name) > 48 {
+	if name == "" || len(name) > 48 || Reserved(name) {
 		return false
 	}
 	for i, c := range name {
@@ -286,6 +286,42 @@ func ValidIdent(name string) bool {
 		}
 	}
 	return true
+}
+
+// Reserved reports whether name is one of the 118 keywords of PostgreSQL 15
+// or SQLite that the outbox's and inbox's statements cannot use unquoted as
+// a table's name ("select", "order", "user", "table", "index", ...): their
+// CreateSchema would fail with a syntax error. Other keywords ("key",
+// "type", "data", "action") work on both. The list was built by running the
+// statements with each keyword of both databases
+// (outbox.TestWithTableRefusesTheKeywordsTheSchemaCannotUse), lower case
+// only (as ValidIdent's names are).
+func Reserved(name string) bool { return reservedWords[name] }
+
+var reservedWords = map[string]bool{
+	"add": true, "all": true, "alter": true, "analyse": true, "analyze": true, "and": true,
+	"any": true, "array": true, "as": true, "asc": true, "asymmetric": true,
+	"authorization": true, "autoincrement": true, "between": true, "binary": true, "both": true,
+	"case": true, "cast": true, "check": true, "collate": true, "collation": true,
+	"column": true, "commit": true, "concurrently": true, "constraint": true, "create": true,
+	"cross": true, "current_catalog": true, "current_date": true, "current_role": true,
+	"current_schema": true, "current_time": true, "current_timestamp": true,
+	"current_user": true, "default": true, "deferrable": true, "delete": true, "desc": true,
+	"distinct": true, "do": true, "drop": true, "else": true, "end": true, "escape": true,
+	"except": true, "exists": true, "false": true, "fetch": true, "for": true, "foreign": true,
+	"freeze": true, "from": true, "full": true, "grant": true, "group": true, "having": true,
+	"if": true, "ilike": true, "in": true, "index": true, "initially": true, "inner": true,
+	"insert": true, "intersect": true, "into": true, "is": true, "isnull": true, "join": true,
+	"lateral": true, "leading": true, "left": true, "like": true, "limit": true,
+	"localtime": true, "localtimestamp": true, "natural": true, "not": true, "nothing": true,
+	"notnull": true, "null": true, "offset": true, "on": true, "only": true, "or": true,
+	"order": true, "outer": true, "overlaps": true, "placing": true, "primary": true,
+	"raise": true, "references": true, "returning": true, "right": true, "select": true,
+	"session_user": true, "set": true, "similar": true, "some": true, "symmetric": true,
+	"table": true, "tablesample": true, "then": true, "to": true, "trailing": true,
+	"transaction": true, "true": true, "union": true, "unique": true, "update": true,
+	"user": true, "using": true, "values": true, "variadic": true, "verbose": true, "when": true,
+	"where": true, "window": true, "with": true,
 }
 
 // IsUniqueViolation reports whether err is a uniqueness violation: SQLSTATE
