@@ -17,7 +17,7 @@ var (
 	// deleted as soon as it is marked sent, so "not found" means sent and
 	// deleted, or never written (or its transaction has not committed, or
 	// rolled back); a relay made WithRetention(d) keeps sent rows for d
-	// (Lookup then says Sent). Cleanup of retained rows deletes them too.
+	// (Lookup then says Sent), then deletes them.
 	ErrNotFound = errors.New("outbox: no event with this ID (sent and deleted, or never written)")
 	// ErrInvalidID is wrapped by Lookup's error for an ID no event can
 	// have: empty, longer than MaxIDLen bytes, or with a NUL byte or

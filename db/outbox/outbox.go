@@ -463,10 +463,10 @@ func (o *Outbox) CreateSchema(ctx context.Context) error {
 //
 // Errors: ErrZeroOutbox, ErrNilContext, ErrNilTx, ErrInvalidEvent (wrapped),
 // ErrDuplicateID (wrapped), ErrNoSchema (wrapped, with the database's
-// error: a table or column missing, CreateSchema not run), ctx's error, or
-// the database's. The first four
-// are returned before any SQL and leave tx untouched: it can go on (write a
-// corrected event) and commit. The others come from the INSERT (ctx ending
+// error: a table or column missing on tx's connection: CreateSchema not
+// run, or run on another connection of an in-memory SQLite database), ctx's
+// error, or the database's. The first four are returned before any SQL and
+// leave tx untouched: it can go on (write a corrected event) and commit. The others come from the INSERT (ctx ending
 // during it included): on PostgreSQL they abort tx (roll it back); on SQLite
 // tx can go on. (database/sql also rolls tx back when the context given to
 // BeginTx ends.)
