@@ -127,9 +127,16 @@ func WithDialect(d Dialect) Option {
 }
 
 // WithTable names the table (default DefaultTable for an Inbox,
-// DefaultVersionsTable for Versions): [a-z_][a-z0-9_]*, at most 48 bytes.
+// DefaultVersionsTable for Versions): [a-z_][a-z0-9_]*, at most 48 bytes,
+// and not a reserved SQL word of PostgreSQL or SQLite (sqldb.Reserved:
+// "select", "order", "user", "table"...; the statements name the table
+// unquoted). A refused name is a *keysched.OptionError naming WithTable and
+// saying why.
 func WithTable(name string) Option {
 	return func(o *options) error {
+		if sqldb.Reserved(name) {
+			return refused(optcheck.Refuse("WithTable", strconv.Quote(name), "a reserved SQL word (PostgreSQL or SQLite): the schema's statements name the table unquoted"))
+		}
 		if !sqldb.ValidIdent(name) {
 			return refused(optcheck.Refuse("WithTable", strconv.Quote(name), "want [a-z_][a-z0-9_]*, at most 48 bytes"))
 		}

@@ -62,9 +62,10 @@ var (
 	ErrNilTx = errors.New("outbox: nil transaction")
 	// ErrNotParked is returned by Resume and Skip for a key with no dead row.
 	ErrNotParked = errors.New("outbox: key has no dead row")
-	// ErrClosed is returned by Run after Close, by Run when the relay has
-	// already run (a Relay runs once), and by the Relay's Resume, Skip and
-	// SkipHead after Close (use the Outbox's, which need no relay).
+	// ErrClosed is returned by Run after Close, and by the Relay's Resume,
+	// Skip, SkipHead and Recover after Close (use the Outbox's, which need
+	// no relay). A second Run (a Relay runs once) returns an error that
+	// matches it (errors.Is) and says that Run is running or has returned.
 	ErrClosed = errors.New("outbox: relay closed")
 	// ErrNilSink is returned by NewRelay for a nil sink.
 	ErrNilSink = errors.New("outbox: nil sink")
@@ -75,8 +76,12 @@ var (
 	// ErrNoSchema is wrapped by Run's error when the outbox table or its
 	// lease table does not exist, and by Write's when its INSERT finds a
 	// table or column missing: run CreateSchema (or see Schema) first.
-	// Run checks before it claims anything and returns at once.
-	ErrNoSchema = errors.New("outbox: table missing: run CreateSchema")
+	// Run checks before it claims anything and returns at once. The
+	// table is missing on the connection that looked: on an in-memory
+	// SQLite database (which sqldb.OpenSQLite refuses) every connection of
+	// the pool has its own database, so CreateSchema may have run on
+	// another one.
+	ErrNoSchema = errors.New("outbox: table missing on this connection: run CreateSchema (an in-memory SQLite database is per connection)")
 	// ErrDatabaseUnavailable is wrapped by Run's error when every poll
 	// failed for longer than WithMaxOutage; the error also says how many
 	// calls failed and wraps the last one's error.
@@ -174,7 +179,10 @@ func WithDialect(d Dialect) Option {
 
 // WithTable names the outbox table (default DefaultTable): lower-case
 // letters, digits and underscores, starting with a letter or underscore, at
-// most 48 bytes. The outbox's other objects are named after it:
+// most 48 bytes, and not a reserved SQL word of PostgreSQL or SQLite
+// (sqldb.Reserved: "select", "order", "user", "table"...; the statements
+// name the table unquoted). A refused name is a *keysched.OptionError
+// naming WithTable and saying why. The outbox's other objects are named after it:
 // name+"_lease" (the lease table), and on PostgreSQL name+"_idle" (idle
 // relays), name+"_lease_epoch" (the claims' epoch sequence) and the NOTIFY
 // trigger and function name+"_notify"; on SQLite name+"_lease_epoch" is a
@@ -182,6 +190,9 @@ func WithDialect(d Dialect) Option {
 // remove an outbox, drop them.
 func WithTable(name string) Option {
 	return func(o *Outbox) error {
+		if sqldb.Reserved(name) {
+			return refused(optcheck.Refuse("WithTable", strconv.Quote(name), "a reserved SQL word (PostgreSQL or SQLite): the schema's statements name the table unquoted"))
+		}
 		if !sqldb.ValidIdent(name) {
 			return refused(optcheck.Refuse("WithTable", strconv.Quote(name), "want [a-z_][a-z0-9_]*, at most 48 bytes"))
 		}
@@ -452,10 +463,10 @@ func (o *Outbox) CreateSchema(ctx context.Context) error {
 //
 // Errors: ErrZeroOutbox, ErrNilContext, ErrNilTx, ErrInvalidEvent (wrapped),
 // ErrDuplicateID (wrapped), ErrNoSchema (wrapped, with the database's
-// error: a table or column missing, CreateSchema not run), ctx's error, or
-// the database's. The first four
-// are returned before any SQL and leave tx untouched: it can go on (write a
-// corrected event) and commit. The others come from the INSERT (ctx ending
+// error: a table or column missing on tx's connection: CreateSchema not
+// run, or run on another connection of an in-memory SQLite database), ctx's
+// error, or the database's. The first four are returned before any SQL and
+// leave tx untouched: it can go on (write a corrected event) and commit. The others come from the INSERT (ctx ending
 // during it included): on PostgreSQL they abort tx (roll it back); on SQLite
 // tx can go on. (database/sql also rolls tx back when the context given to
 // BeginTx ends.)

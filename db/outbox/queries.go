@@ -175,6 +175,7 @@ type queries struct {
 	insertNotify string // Postgres, WithNotifyFromWrite: insert, notifying while a relay is idle
 
 	listDead, parkedKeys, moveDead, hasDead, countStates string
+	lookup                                               string
 
 	// relay. Every statement on a claim names it by its key and epoch
 	// (with the relay's owner name and token) and affects nothing under
@@ -253,6 +254,7 @@ SELECT pg_notify('` + t + `', '') FROM ` + t + `_idle WHERE until > now() LIMIT 
 	q.moveDead = r(`UPDATE ` + t + ` SET state = ? WHERE seq = (SELECT MIN(seq) FROM ` + t + ` WHERE key = ? AND state = 2) AND key = ? AND state = 2 RETURNING id`)
 	q.hasDead = r(`SELECT 1 FROM ` + t + ` WHERE key = ? AND state = 2 LIMIT 1`)
 	q.countStates = `SELECT state, COUNT(*) FROM ` + t + ` GROUP BY state`
+	q.lookup = r(lookupQuery(t))
 
 	// A lease is this relay's when both its owner name and its token are
 	// (the token alone is unique per relay; the name guards against a relay

@@ -101,9 +101,15 @@ type RecoveredRow struct {
 // key resumes, the recovered row first and the key's later rows after it.
 // A recovered row that is behind the cursor of a relay holding its key (a
 // skipped row, after the key went on; or a dead row under Continue) is
-// published when that relay next claims the key afresh, within a lease
-// duration (WithLeaseDuration); it then arrives after the key's rows
-// already published. The Relay's Recover also wakes its relay.
+// published at that relay's next fetch of the key with nothing of it in
+// flight: such a key, lingering or not, is read from its oldest pending row.
+// That is the relay's next poll (WithPollInterval at most; the Relay's
+// Recover wakes its relay at once), or, while the key's later rows are in
+// flight, the first poll after they have settled (a key kept busy for a
+// lease duration, WithLeaseDuration, is released and claimed afresh, from
+// its oldest pending row). The row then arrives after the key's rows
+// already published. A key no relay holds is read from its oldest pending
+// row by the relay that next claims it.
 //
 // Concurrency: each batch selects its rows, locks them (PostgreSQL: FOR
 // UPDATE; SQLite: the write transaction) and moves those still in a
@@ -191,8 +197,11 @@ func (o *Outbox) recoverQuery(f *RecoverFilter) (where string, args []any, err e
 		list("key", f.Keys)
 	}
 	for _, id := range f.IDs {
-		if err := sqldb.CheckText("ID", id, MaxIDLen); err != nil || id == "" {
-			return "", nil, fmt.Errorf("%w: ID %q: %w", ErrInvalidFilter, id, err)
+		if id == "" {
+			return "", nil, fmt.Errorf("%w: empty ID", ErrInvalidFilter)
+		}
+		if err := sqldb.CheckText("ID", id, MaxIDLen); err != nil {
+			return "", nil, fmt.Errorf("%w: %w", ErrInvalidFilter, err)
 		}
 	}
 	if len(f.IDs) > 0 {

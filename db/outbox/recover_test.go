@@ -160,6 +160,7 @@ func TestRecoverRefusesBadFilters(t *testing.T) {
 		"limit":         {Limit: -1},
 		"batch":         {BatchSize: outbox.MaxRecoverBatch + 1},
 		"empty ID":      {IDs: []string{""}},
+		"NUL in an ID":  {IDs: []string{"a\x00"}},
 		"NUL in type":   {Type: "a\x00"},
 		"too many keys": {Keys: make([]string, outbox.MaxRecoverList+1)},
 		// Found by attacking the code: a far bound overflowed the
@@ -172,6 +173,9 @@ func TestRecoverRefusesBadFilters(t *testing.T) {
 	} {
 		_, err := ob.Recover(ctx, f)
 		require.ErrorIs(t, err, outbox.ErrInvalidFilter, name)
+		// The message is readable: no fmt verb error (an empty ID once
+		// read "ID \"\": %!w(<nil>)").
+		require.NotContains(t, err.Error(), "%!", name)
 		_, err = ob.Recoverable(ctx, f)
 		require.ErrorIs(t, err, outbox.ErrInvalidFilter, name)
 	}

@@ -53,7 +53,9 @@ type Relay struct {
 	flushSig chan struct{} // flusher wake-up (cap 1)
 	closing  chan struct{} // closed by Close
 	done     chan struct{} // closed when Run returns
-	started  atomic.Bool
+	// started: 0 until Run or Close; then runStarted (Run came first)
+	// or closedUnrun (Close came first, Run never ran).
+	started  atomic.Int32
 	stopping atomic.Bool
 
 	// runCtx is Run's context, set once at its start, before any
@@ -231,7 +233,9 @@ func (r *Relay) signal() {
 }
 
 // Run reads and publishes pending rows until ctx ends or Close is called. A
-// relay runs once: a second Run, or Run after Close, returns ErrClosed.
+// relay runs once: Run after Close returns ErrClosed, and a second Run
+// returns an error matching ErrClosed (errors.Is) whose text says that Run
+// is already running, or has returned.
 //
 // When Close is called, Run stops claiming and fetching, lets the sink calls
 // in progress finish (until Close's context ends: then their contexts are
@@ -257,8 +261,16 @@ func (r *Relay) Run(ctx context.Context) error {
 	if ctx == nil {
 		return keysched.ErrNilContext
 	}
-	if !r.started.CompareAndSwap(false, true) {
-		return ErrClosed
+	if !r.started.CompareAndSwap(0, runStarted) {
+		if r.started.Load() == closedUnrun {
+			return ErrClosed
+		}
+		select {
+		case <-r.done:
+			return runAgainError{running: false}
+		default:
+			return runAgainError{running: true}
+		}
 	}
 	r.runCtx = ctx // before any call: see dbError
 	defer close(r.done)
@@ -379,6 +391,25 @@ func (r *Relay) Run(ctx context.Context) error {
 	return err
 }
 
+// The values of Relay.started after 0.
+const (
+	runStarted  = 1
+	closedUnrun = 2
+)
+
+// runAgainError is Run's error when Run was called before: it matches
+// ErrClosed (errors.Is), as documented, and says what happened.
+type runAgainError struct{ running bool }
+
+func (e runAgainError) Error() string {
+	if e.running {
+		return "outbox: Run called while the relay's Run is running (a Relay runs once)"
+	}
+	return "outbox: Run called after the relay's Run returned (a Relay runs once: make another with Outbox.NewRelay)"
+}
+
+func (runAgainError) Is(target error) bool { return target == ErrClosed }
+
 // Close stops the relay: see Run. It waits for Run to return, or for ctx to
 // end: then the sink calls in progress see their context cancelled, the rows
 // not started are given back, the poll's database calls are cancelled, and
@@ -412,7 +443,7 @@ func (r *Relay) Close(ctx context.Context) error {
 		r.closeCtx = ctx
 		close(r.closing)
 	})
-	if r.started.CompareAndSwap(false, true) {
+	if r.started.CompareAndSwap(0, closedUnrun) {
 		close(r.done)
 		return r.sched.Close(ctx)
 	}

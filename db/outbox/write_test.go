@@ -183,3 +183,29 @@ func TestWriteBeforeCreateSchemaSaysSo(t *testing.T) {
 		t.Log(err)
 	})
 }
+
+// On a caller's own in-memory SQLite database (sql.Open("sqlite",
+// ":memory:"): sqldb.OpenSQLite refuses it), each pooled connection has its
+// own database: CreateSchema succeeds on one, and a Write on another finds
+// no table. Its error must not claim that CreateSchema was not run: it says
+// the table is missing on this connection and why that happens. Before, it
+// read "table missing: run CreateSchema" only.
+func TestWriteOnAnotherInMemoryConnectionSaysWhy(t *testing.T) {
+	ctx := context.Background()
+	db, err := sql.Open("sqlite", ":memory:")
+	require.NoError(t, err)
+	defer db.Close()
+	ob, err := outbox.New(db)
+	require.NoError(t, err)
+	require.NoError(t, ob.CreateSchema(ctx))
+	held, err := db.Conn(ctx) // the connection that has the schema
+	require.NoError(t, err)
+	defer held.Close()
+	tx, err := db.BeginTx(ctx, nil) // a new connection: a new, empty database
+	require.NoError(t, err)
+	defer tx.Rollback()
+	_, err = ob.Write(ctx, tx, outbox.Event{Key: "k"})
+	require.ErrorIs(t, err, outbox.ErrNoSchema)
+	require.ErrorContains(t, err, "on this connection")
+	require.ErrorContains(t, err, "in-memory SQLite database is per connection")
+}

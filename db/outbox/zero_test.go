@@ -23,7 +23,7 @@ func TestZeroValues(t *testing.T) {
 	}{
 		{"Outbox", func(t *testing.T) {
 			zerotest.Check[outbox.Outbox](t, outbox.ErrZeroOutbox, []string{
-				"Count", "CreateSchema", "DB", "Dead", "Dialect", "NewRelay",
+				"Count", "CreateSchema", "DB", "Dead", "Dialect", "Lookup", "NewRelay",
 				"Parked", "Recover", "Recoverable", "Resume", "Schema", "Skip", "SkipHead", "Table", "Write",
 			})
 		}},
@@ -55,6 +55,7 @@ func TestNilContext(t *testing.T) {
 		"Resume":       func() error { return ob.Resume(nilCtx, "k") },
 		"Skip":         func() error { return ob.Skip(nilCtx, "k") },
 		"Count":        func() error { _, err := ob.Count(nilCtx); return err },
+		"Lookup":       func() error { _, err := ob.Lookup(nilCtx, "id"); return err },
 	}
 	for name, call := range calls {
 		var err error

@@ -92,6 +92,34 @@ func Resolve(db *sql.DB, d Dialect) (Dialect, error) {
 	return Auto, fmt.Errorf("%w: %v", ErrUnknownDialect, d)
 }
 
+// ErrInMemorySQLite is wrapped by OpenSQLite's error for an in-memory or
+// temporary database (":memory:", "file::memory:", mode=memory, an empty
+// file: name): SQLite gives each connection of the *sql.DB's pool its own
+// such database, so a schema created on one connection is missing on the
+// others, and rows written on one are not seen by the next. (Shared cache,
+// cache=shared, would share it, but locks whole tables and fails concurrent
+// writers with SQLITE_LOCKED at once, without the busy timeout.) For a
+// throwaway database, open a file in a temporary directory (t.TempDir() in
+// a test, os.MkdirTemp otherwise).
+var ErrInMemorySQLite = errors.New("sqldb: in-memory SQLite database: each pooled connection would get its own empty database")
+
+// The settings OpenSQLite adds: each is left out when the caller's name sets
+// the same thing (a _pragma of that pragma, or the driver's shorthand key).
+var sqliteDefaults = []struct {
+	key, value string // the DSN parameter added
+	pragma     string // the pragma it sets ("" for _txlock)
+	shorthand  []string
+}{
+	{"_pragma", "busy_timeout(10000)", "busy_timeout", []string{"_busy_timeout", "_timeout"}},
+	{"_pragma", "journal_mode(WAL)", "journal_mode", []string{"_journal_mode", "_journal"}},
+	{"_pragma", "synchronous(NORMAL)", "synchronous", []string{"_synchronous", "_sync"}},
+	{"_txlock", "immediate", "", nil},
+}
+
+// sqliteURIParams are the parameters SQLite itself reads, only from a file:
+// URI (the driver reads vfs from any name).
+var sqliteURIParams = map[string]bool{"mode": true, "cache": true, "immutable": true, "nolock": true, "psow": true, "modeof": true}
+
 // OpenSQLite opens (creating it if missing) the SQLite database file at path
 // with the settings the outbox and inbox rely on: WAL journal (readers do not
 // block the writer), synchronous=NORMAL (durable across a process crash; the
@@ -100,18 +128,33 @@ func Resolve(db *sql.DB, d Dialect) (Dialect, error) {
 // immediate transactions (a transaction takes the write lock when it begins,
 // so two transactions never deadlock upgrading from read to write).
 //
+// path is a file name ("app.db", "/var/lib/app/app.db") or a SQLite URI
+// ("file:app.db?mode=ro", "file:///var/lib/app/app.db"), with or without a
+// query string of modernc.org/sqlite's parameters. OpenSQLite merges the
+// caller's parameters with its own: each of its settings is added unless the
+// caller's query sets the same thing (a _pragma of the same pragma, such as
+// _pragma=synchronous(FULL), or the driver's shorthand, such as
+// _busy_timeout=5000; _txlock), and then the caller's wins. A caller's
+// setting that weakens one above (a busy timeout of 0, deferred
+// transactions) weakens what the outbox and inbox rely on. SQLite's own URI
+// parameters (mode, cache, immutable, nolock, psow, modeof) are read only
+// from a file: URI: on a plain file name ("app.db?mode=ro") SQLite would
+// ignore them, so OpenSQLite refuses them there, saying to write
+// "file:app.db?mode=ro". A query string that does not parse is an error.
+//
+// In-memory and temporary databases (":memory:", "file::memory:",
+// mode=memory, an empty file: name) are refused with an error wrapping
+// ErrInMemorySQLite: each pooled connection would get its own database (see
+// ErrInMemorySQLite); use a file in a temporary directory.
+//
 // SQLite has one writer at a time: every write transaction of the process
 // (and of other processes on the same file) runs one after another.
 func OpenSQLite(path string) (*sql.DB, error) {
-	if path == "" {
-		return nil, errors.New("sqldb: empty SQLite path")
+	dsn, err := sqliteDSN(path)
+	if err != nil {
+		return nil, err
 	}
-	q := url.Values{}
-	q.Add("_pragma", "busy_timeout(10000)")
-	q.Add("_pragma", "journal_mode(WAL)")
-	q.Add("_pragma", "synchronous(NORMAL)")
-	q.Add("_txlock", "immediate")
-	db, err := sql.Open("sqlite", path+"?"+q.Encode())
+	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("sqldb: open SQLite %s: %w", path, err)
 	}
@@ -120,6 +163,66 @@ func OpenSQLite(path string) (*sql.DB, error) {
 		return nil, fmt.Errorf("sqldb: open SQLite %s: %w", path, err)
 	}
 	return db, nil
+}
+
+// sqliteDSN is OpenSQLite's DSN for path: the caller's name and parameters
+// with OpenSQLite's settings merged in, or an error saying why path is
+// refused.
+func sqliteDSN(path string) (string, error) {
+	name, query, _ := strings.Cut(path, "?")
+	if name == "" {
+		return "", fmt.Errorf("sqldb: open SQLite %q: empty path", path)
+	}
+	q, err := url.ParseQuery(query)
+	if err != nil {
+		return "", fmt.Errorf("sqldb: open SQLite %q: query string: %w", path, err)
+	}
+	uri := strings.HasPrefix(name, "file:")
+	file := name
+	if uri {
+		// file:name, file:/abs, file:///abs, file://localhost/abs.
+		file = strings.TrimPrefix(name, "file:")
+		if rest, ok := strings.CutPrefix(file, "//"); ok {
+			if i := strings.IndexByte(rest, '/'); i >= 0 {
+				file = rest[i:]
+			} else {
+				file = ""
+			}
+		}
+	}
+	switch {
+	case file == ":memory:" || (uri && strings.EqualFold(q.Get("mode"), "memory")):
+		return "", fmt.Errorf("sqldb: open SQLite %q: %w (SQLite gives every connection of a pool its own in-memory database: a schema created on one is missing on the others); open a file in a temporary directory instead (t.TempDir() in tests)", path, ErrInMemorySQLite)
+	case uri && file == "":
+		return "", fmt.Errorf("sqldb: open SQLite %q: %w (an empty file: name is a temporary database, private to each connection); open a file in a temporary directory instead (t.TempDir() in tests)", path, ErrInMemorySQLite)
+	}
+	if !uri {
+		for k := range q {
+			if sqliteURIParams[k] {
+				return "", fmt.Errorf("sqldb: open SQLite %q: SQLite reads the parameter %s only from a file: URI and would ignore it here: write %q", path, k, "file:"+path)
+			}
+		}
+	}
+	set := map[string]bool{}
+	for _, p := range q["_pragma"] {
+		n := strings.ToLower(strings.TrimSpace(p))
+		if i := strings.IndexAny(n, "(= "); i >= 0 {
+			n = n[:i]
+		}
+		n = n[strings.LastIndexByte(n, '.')+1:] // main.journal_mode
+		set[n] = true
+	}
+	for _, d := range sqliteDefaults {
+		given := q.Has(d.key) && d.pragma == ""
+		given = given || (d.pragma != "" && set[d.pragma])
+		for _, k := range d.shorthand {
+			given = given || q.Has(k)
+		}
+		if !given {
+			q.Add(d.key, d.value)
+		}
+	}
+	return name + "?" + q.Encode(), nil
 }
 
 // OpenPostgres opens a PostgreSQL database through pgx's database/sql driver
@@ -167,11 +270,11 @@ func Rebind(d Dialect, query string) string {
 // ValidIdent reports whether name can be used as a table name unquoted and
 // extended with a suffix: a lower-case letter or underscore, then lower-case
 // letters, digits or underscores, at most 48 bytes (PostgreSQL's limit is 63,
-// and the packages derive index and table names from it). No schema
-// qualifier: on PostgreSQL, choose the schema with the connection's
-// search_path.
+// and the packages derive index and table names from it), and not a
+// reserved word (see Reserved). No schema qualifier: on PostgreSQL, choose
+// the schema with the connection's search_path.
 func ValidIdent(name string) bool {
-	if name == "" || len(name) > 48 {
+	if name == "" || len(name) > 48 || Reserved(name) {
 		return false
 	}
 	for i, c := range name {
@@ -183,6 +286,42 @@ func ValidIdent(name string) bool {
 		}
 	}
 	return true
+}
+
+// Reserved reports whether name is one of the 118 keywords of PostgreSQL 15
+// or SQLite that the outbox's and inbox's statements cannot use unquoted as
+// a table's name ("select", "order", "user", "table", "index", ...): their
+// CreateSchema would fail with a syntax error. Other keywords ("key",
+// "type", "data", "action") work on both. The list was built by running the
+// statements with each keyword of both databases
+// (outbox.TestWithTableRefusesTheKeywordsTheSchemaCannotUse), lower case
+// only (as ValidIdent's names are).
+func Reserved(name string) bool { return reservedWords[name] }
+
+var reservedWords = map[string]bool{
+	"add": true, "all": true, "alter": true, "analyse": true, "analyze": true, "and": true,
+	"any": true, "array": true, "as": true, "asc": true, "asymmetric": true,
+	"authorization": true, "autoincrement": true, "between": true, "binary": true, "both": true,
+	"case": true, "cast": true, "check": true, "collate": true, "collation": true,
+	"column": true, "commit": true, "concurrently": true, "constraint": true, "create": true,
+	"cross": true, "current_catalog": true, "current_date": true, "current_role": true,
+	"current_schema": true, "current_time": true, "current_timestamp": true,
+	"current_user": true, "default": true, "deferrable": true, "delete": true, "desc": true,
+	"distinct": true, "do": true, "drop": true, "else": true, "end": true, "escape": true,
+	"except": true, "exists": true, "false": true, "fetch": true, "for": true, "foreign": true,
+	"freeze": true, "from": true, "full": true, "grant": true, "group": true, "having": true,
+	"if": true, "ilike": true, "in": true, "index": true, "initially": true, "inner": true,
+	"insert": true, "intersect": true, "into": true, "is": true, "isnull": true, "join": true,
+	"lateral": true, "leading": true, "left": true, "like": true, "limit": true,
+	"localtime": true, "localtimestamp": true, "natural": true, "not": true, "nothing": true,
+	"notnull": true, "null": true, "offset": true, "on": true, "only": true, "or": true,
+	"order": true, "outer": true, "overlaps": true, "placing": true, "primary": true,
+	"raise": true, "references": true, "returning": true, "right": true, "select": true,
+	"session_user": true, "set": true, "similar": true, "some": true, "symmetric": true,
+	"table": true, "tablesample": true, "then": true, "to": true, "trailing": true,
+	"transaction": true, "true": true, "union": true, "unique": true, "update": true,
+	"user": true, "using": true, "values": true, "variadic": true, "verbose": true, "when": true,
+	"where": true, "window": true, "with": true,
 }
 
 // IsUniqueViolation reports whether err is a uniqueness violation: SQLSTATE

@@ -21,9 +21,11 @@ func TestValidIdent(t *testing.T) {
 	for _, ok := range []string{"keysched_outbox", "_x", "a1"} {
 		require.True(t, sqldb.ValidIdent(ok), ok)
 	}
-	for _, bad := range []string{"", "1a", "A", "a-b", "a.b", "a;drop", "x\x00", string(make([]byte, 49))} {
+	for _, bad := range []string{"", "1a", "A", "a-b", "a.b", "a;drop", "x\x00", string(make([]byte, 49)), "select", "user"} {
 		require.False(t, sqldb.ValidIdent(bad), "%q", bad)
 	}
+	require.True(t, sqldb.Reserved("order"))
+	require.False(t, sqldb.Reserved("key"), "a keyword both databases take as a table name")
 }
 
 func TestDetectAndOpen(t *testing.T) {

@@ -1,0 +1,101 @@
+package sqldb_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keysched/keysched/db/sqldb"
+)
+
+// A name with its own query string keeps the caller's parameters and gets
+// OpenSQLite's settings too, the caller's winning where both set the same
+// one. Before, OpenSQLite appended "?" and its settings to the name:
+// x.db?_pragma=synchronous(FULL) created x.db, then failed with `near "?":
+// syntax error` (the second "?" ended up in the pragma), and
+// file:x.db?mode=ro read a busy timeout of 0 (OpenSQLite's settings were
+// lost inside the caller's last value).
+func TestOpenSQLiteMergesCallersParameters(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.db")
+
+	db, err := sqldb.OpenSQLite(path + "?_pragma=synchronous(FULL)")
+	require.NoError(t, err)
+	defer db.Close()
+	var n int
+	var mode string
+	require.NoError(t, db.QueryRow(`PRAGMA synchronous`).Scan(&n))
+	require.Equal(t, 2, n, "the caller's synchronous(FULL) wins")
+	require.NoError(t, db.QueryRow(`PRAGMA busy_timeout`).Scan(&n))
+	require.Equal(t, 10000, n, "OpenSQLite's busy timeout is added")
+	require.NoError(t, db.QueryRow(`PRAGMA journal_mode`).Scan(&mode))
+	require.Equal(t, "wal", mode)
+	_, err = db.Exec(`CREATE TABLE t (a INTEGER)`)
+	require.NoError(t, err)
+
+	// The driver's shorthand is the caller's setting too.
+	short, err := sqldb.OpenSQLite(path + "?_busy_timeout=2500")
+	require.NoError(t, err)
+	defer short.Close()
+	require.NoError(t, short.QueryRow(`PRAGMA busy_timeout`).Scan(&n))
+	require.Equal(t, 2500, n)
+
+	// A file: URI keeps SQLite's own parameters: mode=ro holds, with
+	// OpenSQLite's busy timeout.
+	ro, err := sqldb.OpenSQLite("file:" + path + "?mode=ro")
+	require.NoError(t, err)
+	defer ro.Close()
+	require.NoError(t, ro.QueryRow(`PRAGMA busy_timeout`).Scan(&n))
+	require.Equal(t, 10000, n)
+	require.NoError(t, ro.QueryRow(`SELECT COUNT(*) FROM t`).Scan(&n))
+	_, err = ro.Exec(`INSERT INTO t VALUES (1)`)
+	require.Error(t, err, "mode=ro: the database is read-only")
+	require.Equal(t, sqldb.KindStorage, sqldb.Classify(err), "%v", err)
+}
+
+// SQLite reads mode, cache and its other URI parameters only from a file:
+// URI: on a plain file name they are ignored (x.db?mode=ro opened a
+// writable database), so OpenSQLite refuses them, saying how to write the
+// URI, and creates no file. A query string that does not parse, and an
+// empty name, are refused too.
+func TestOpenSQLiteRefusesURIParametersOnAFileName(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "x.db")
+	for _, q := range []string{"?mode=ro", "?cache=shared", "?_pragma=busy_timeout(1)&immutable=1"} {
+		db, err := sqldb.OpenSQLite(file + q)
+		require.Error(t, err, q)
+		require.Nil(t, db)
+		require.ErrorContains(t, err, `"file:`+file+q+`"`, q)
+	}
+	_, err := sqldb.OpenSQLite(file + "?a=%zz")
+	require.ErrorContains(t, err, "query string")
+	_, err = sqldb.OpenSQLite("?_txlock=immediate")
+	require.ErrorContains(t, err, "empty path")
+	_, err = os.Stat(file)
+	require.ErrorIs(t, err, os.ErrNotExist, "a refused name creates no file")
+}
+
+// An in-memory or temporary database is per connection: each connection of
+// the pool would get its own, so a schema created on one is missing on the
+// others. OpenSQLite refuses every form with ErrInMemorySQLite, saying to
+// use a file in a temporary directory. Before, it accepted them (and the
+// outbox's CreateSchema returned nil, then concurrent Writes failed with
+// "table missing: run CreateSchema"; file::memory:?cache=shared failed with
+// "no such cache mode: shared?_pragma=...").
+func TestOpenSQLiteRefusesInMemoryDatabases(t *testing.T) {
+	for _, path := range []string{
+		":memory:",
+		":memory:?_txlock=immediate",
+		"file::memory:",
+		"file::memory:?cache=shared",
+		"file:app?mode=memory&cache=shared",
+		"file:",
+		"file:?cache=shared",
+		"file://",
+	} {
+		db, err := sqldb.OpenSQLite(path)
+		require.ErrorIs(t, err, sqldb.ErrInMemorySQLite, path)
+		require.ErrorContains(t, err, "temporary directory", path)
+		require.Nil(t, db)
+	}
+}
