@@ -416,13 +416,17 @@ func (in *Inbox) Record(ctx context.Context, tx *sql.Tx, eventID string) (first 
 	return n == 1, nil
 }
 
-// Seen reports whether eventID is recorded (committed).
+// Seen reports whether eventID is recorded (committed). An ID no event can
+// have (see ErrInvalidID) is ErrInvalidID, as Apply's.
 func (in *Inbox) Seen(ctx context.Context, eventID string) (bool, error) {
 	if in.zero() {
 		return false, ErrZeroInbox
 	}
 	if ctx == nil {
 		return false, ErrNilContext
+	}
+	if err := validID(eventID); err != nil {
+		return false, err
 	}
 	var one int
 	err := in.db.QueryRowContext(ctx, in.check, eventID).Scan(&one)

@@ -148,12 +148,16 @@ func (v *Versions) Gate(ctx context.Context, tx *sql.Tx, entity string, version 
 }
 
 // Current returns the version stored for entity; ok is false when none is.
+// An entity no Apply accepts (see ErrInvalidID) is ErrInvalidID.
 func (v *Versions) Current(ctx context.Context, entity string) (version int64, ok bool, err error) {
 	if v.zero() {
 		return 0, false, ErrZeroVersions
 	}
 	if ctx == nil {
 		return 0, false, ErrNilContext
+	}
+	if err := validID(entity); err != nil {
+		return 0, false, err
 	}
 	err = v.db.QueryRowContext(ctx, v.read, entity).Scan(&version)
 	if errors.Is(err, sql.ErrNoRows) {
