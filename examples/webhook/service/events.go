@@ -324,13 +324,22 @@ type replayCand struct {
 // pending one is left as is. ErrUnknownEvent for an unknown ID, ErrClosed
 // after Close. It is logged and counted (webhook.replays).
 func (s *Service) Replay(ctx context.Context, id string) (ReplayResult, error) {
+	if id == "" {
+		// Not a range replay of partner "" (replay's empty ID means one).
+		if s.zero() {
+			return ReplayResult{}, ErrZeroService
+		}
+		return ReplayResult{}, fmt.Errorf("%w: the empty ID", ErrUnknownEvent)
+	}
 	return s.replay(ctx, "", id, time.Time{}, time.Time{})
 }
 
 // ReplayRange is Replay for every event of partner accepted in [from, to)
 // (intake time), in their intake order: at most MaxReplay
 // (ErrReplayTooMany: nothing done), at least one (ErrReplayNothing).
-// ErrUnknownPartner, ErrBadRange (from not before to) are refused first.
+// ErrUnknownPartner, ErrBadRange (from not before to, or a bound outside
+// years 1 to 9999, which the intake times cannot be compared with) are
+// refused first.
 func (s *Service) ReplayRange(ctx context.Context, partner string, from, to time.Time) (ReplayResult, error) {
 	if s.zero() {
 		return ReplayResult{}, ErrZeroService
@@ -341,8 +350,22 @@ func (s *Service) ReplayRange(ctx context.Context, partner string, from, to time
 	if from.IsZero() || to.IsZero() || !from.Before(to) {
 		return ReplayResult{}, fmt.Errorf("%w: [%v, %v)", ErrBadRange, from, to)
 	}
+	// The intake times are stored as Unix microseconds: a far bound (a
+	// "max time" such as time.Unix(1<<62, 0)) overflowed them and the
+	// range selected nothing, or the wrong events.
+	for _, b := range []time.Time{from, to} {
+		if b.Before(minRangeTime) || !b.Before(maxRangeTime) {
+			return ReplayResult{}, fmt.Errorf("%w: bound %v: need a time in years 1 to 9999", ErrBadRange, b.UTC())
+		}
+	}
 	return s.replay(ctx, partner, "", from, to)
 }
+
+// The bounds a replay range may take: years 1 to 9999 (UTC).
+var (
+	minRangeTime = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)
+	maxRangeTime = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
+)
 
 func (s *Service) replay(ctx context.Context, partner, id string, from, to time.Time) (ReplayResult, error) {
 	var res ReplayResult
