@@ -183,6 +183,13 @@ func (c *cli) options(now time.Time) (kafka.ReplayOptions, error) {
 		MaxReplays:           c.MaxReplays,
 		DryRun:               c.DryRun,
 	}
+	// franz-go takes an empty seed for localhost:9092: "$A,$B" with A
+	// unset, or a doubled comma, would add whatever cluster listens there.
+	for _, b := range c.Brokers {
+		if strings.TrimSpace(b) == "" {
+			return o, fmt.Errorf("--brokers %q: an empty broker address (a doubled comma, or an unset variable?)", strings.Join(c.Brokers, ","))
+		}
+	}
 	if c.MaxReplays < 1 {
 		return o, fmt.Errorf("--max-replays %d: want 1 or more", c.MaxReplays)
 	}
