@@ -242,6 +242,10 @@ func TestConcurrentReplaysOfOneEventSendItOnce(t *testing.T) {
 			}
 			_, e0 := h.post("p", 0)
 			require.Eventually(t, func() bool { return h.event(e0).State == StateDelivered }, waitLong, 5*time.Millisecond)
+			// The backlog forgets e0 after its mark commits
+			// (AfterMarkCommit), a moment after the lookup sees it
+			// delivered: wait, or the count below can read 2.
+			require.Eventually(t, func() bool { return h.status("p").Backlog == 0 }, waitLong, 5*time.Millisecond)
 			// Hold the replays' deliveries: the endpoint fails.
 			ep.set(func(int, string) (int, string) { return http.StatusServiceUnavailable, "down" })
 			ctx := context.Background()
