@@ -205,7 +205,9 @@ func (e *ReplayRefusedError) Unwrap() []error {
 //
 // clientOpts are franz-go options: seed brokers, TLS, SASL, timeouts. Replay
 // adds its own (direct consumption of the dead-letter topic, the manual
-// partitioner); a consumer group, kgo.DisableIdempotentWrite,
+// partitioner, reading uncommitted: it leaves out aborted and open
+// transactions itself, so a kgo.FetchIsolationLevel is overridden); a
+// consumer group, kgo.DisableIdempotentWrite,
 // kgo.TransactionalID or kgo.ManualFlushing (nothing would flush: the
 // produce would wait past ctx) make it fail with ErrInvalidOption, as do bad
 // opts. A record the broker refuses (a topic's max.message.bytes smaller
@@ -527,6 +529,12 @@ func scan(ctx context.Context, clientOpts []kgo.Opt, opts ReplayOptions, ranges 
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{opts.DeadLetterTopic: at}),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), // records deleted meanwhile: go on from the log start
 		kgo.KeepControlRecords(), // their offsets count towards the end
+		// Every offset up to the end is read, whatever the caller's
+		// options say: under ReadCommitted the read stopped at the last
+		// stable offset, short of the end while a transaction was open,
+		// and Replay waited until ctx ended. Transactions are filtered
+		// here, from their markers.
+		kgo.FetchIsolationLevel(kgo.ReadUncommitted()),
 	)...)
 	if err != nil {
 		return nil, nil, nil, optionError("replay: client options: %w", err)
