@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/keysched/keysched"
 )
@@ -22,13 +24,7 @@ func (r *Relay) onDeadLetter(dl keysched.DeadLetter[string]) {
 		r.abandon(j)
 		return
 	}
-	msg := "<nil>"
-	if dl.Err != nil {
-		msg = dl.Err.Error()
-	}
-	if len(msg) > 4096 {
-		msg = msg[:4096]
-	}
+	msg := deadErrText(dl.Err)
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.lease/3)
 	defer cancel()
 	args := []any{dl.Attempts, msg, time.Now().UnixMicro(), j.e.Seq, r.cfg.owner, r.token, j.t.epoch}
@@ -100,6 +96,31 @@ func (r *Relay) onDeadLetter(dl keysched.DeadLetter[string]) {
 		}()
 	}
 	r.settle(j)
+}
+
+// maxErrText bounds a dead row's last_error, in bytes.
+const maxErrText = 4096
+
+// deadErrText is err's text as a dead row stores it (last_error, and
+// DeadEvent.Err and Marked.Err): valid UTF-8 without NUL bytes (each invalid
+// sequence and each NUL becomes U+FFFD), at most maxErrText bytes, cut at a
+// character boundary. PostgreSQL's TEXT refuses NUL and invalid UTF-8: the
+// mark failed every time, and the row stayed pending and was published
+// again, with a fresh attempt budget, for ever.
+func deadErrText(err error) string {
+	msg := "<nil>"
+	if err != nil {
+		msg = err.Error()
+	}
+	msg = strings.ReplaceAll(strings.ToValidUTF8(msg, "\uFFFD"), "\x00", "\uFFFD")
+	if len(msg) > maxErrText {
+		cut := maxErrText
+		for cut > 0 && !utf8.RuneStart(msg[cut]) {
+			cut--
+		}
+		msg = msg[:cut]
+	}
+	return msg
 }
 
 // Parked returns the keys with a dead row (see Outbox.Parked): under the

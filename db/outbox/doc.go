@@ -36,7 +36,7 @@
 //	created_at  TIMESTAMPTZ / INTEGER (Unix microseconds, UTC)
 //	state       0 pending, 1 sent, 2 dead, 3 skipped
 //	attempts    sink calls made for a dead row
-//	last_error  the last attempt's error, for a dead row
+//	last_error  the last attempt's error, for a dead row (at most 4096 bytes of UTF-8 text)
 //	done_at     when the row was marked sent or dead
 //
 // with partial indexes on the pending rows (key, seq), the dead rows and the

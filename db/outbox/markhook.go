@@ -17,7 +17,7 @@ type Marked struct {
 	Claim Claim // the claim it was published under (the one that marked it)
 	State State // Sent or Dead
 	// Attempts and Err are the dead mark's: the failed calls it counts and
-	// the last error as stored (at most 4096 bytes). Zero for Sent.
+	// the last error as stored (DeadEvent.Err). Zero for Sent.
 	Attempts int
 	Err      string
 	// Note is what the row's last sink call gave SetMarkNote (nil if

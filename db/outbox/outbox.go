@@ -575,7 +575,9 @@ type DeadEvent struct {
 	// Attempts counts the sink calls made for the row, over all relays
 	// and Resumes.
 	Attempts int
-	// Err is the last attempt's error, as text.
+	// Err is the last attempt's error, as text: at most 4096 bytes of
+	// valid UTF-8, each NUL byte and invalid sequence replaced by U+FFFD
+	// (as stored in the row).
 	Err string
 	// DiedAt is when the row was marked dead.
 	DiedAt time.Time
