@@ -74,8 +74,10 @@ var (
 	ErrTxEnded = errors.New("inbox: fn committed or rolled back the transaction itself (it must not: Apply does)")
 	// ErrCommitUnknown is wrapped by Apply's error (Inbox's and Versions')
 	// when the connection broke during the commit (the server restarted or
-	// went away, the backend was terminated): the commit may or may not
-	// have taken effect, and the client cannot know from the failed call.
+	// went away, the backend was terminated), or when ctx ended while the
+	// commit was in flight (the error then wraps ctx's too): the commit may
+	// or may not have taken effect, and the client cannot know from the
+	// failed call.
 	// The ID and fn's writes are committed together or not at all, so a
 	// redelivery is safe either way: it applies fn once if they were not,
 	// and finds the ID (already handled) if they were. The error also says
@@ -309,7 +311,9 @@ func timeArg(d Dialect, t time.Time) any {
 //     the error says so. And an error wrapping ErrCommitUnknown: the
 //     connection broke during the commit, which may have taken effect;
 //     the ID is recorded if and only if fn's writes are, so a redelivery
-//     is still safe (applied once, or "already handled").
+//     is still safe (applied once, or "already handled"). ctx ending
+//     during the commit is the same case (ErrCommitUnknown, wrapping
+//     ctx's error): the server may complete the commit.
 //
 // Concurrent deliveries of one ID run fn at most once in total: the second
 // one's insert waits for the first transaction (PostgreSQL's unique index,
@@ -337,7 +341,7 @@ func (in *Inbox) Apply(ctx context.Context, eventID string, fn func(tx *sql.Tx) 
 			return false, err
 		}
 		return true, fn(tx)
-	}, func() string {
+	}, func(ctx context.Context) string {
 		if seen, err := in.Seen(ctx, eventID); err != nil {
 			return fmt.Sprintf("whether the ID %q is recorded is unknown: %v", eventID, err)
 		} else if seen {
@@ -351,7 +355,7 @@ func (in *Inbox) Apply(ctx context.Context, eventID string, fn func(tx *sql.Tx) 
 // If body's fn ended the transaction itself (the commit or rollback finds it
 // done while ctx is live), the error wraps ErrTxEnded and what state says
 // (whether the transaction's writes are recorded).
-func runTx(ctx context.Context, db *sql.DB, body func(tx *sql.Tx) (bool, error), state func() string) (done bool, err error) {
+func runTx(ctx context.Context, db *sql.DB, body func(tx *sql.Tx) (bool, error), state func(ctx context.Context) string) (done bool, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return false, fmt.Errorf("inbox: begin: %w", err)
@@ -367,26 +371,41 @@ func runTx(ctx context.Context, db *sql.DB, body func(tx *sql.Tx) (bool, error),
 	if err != nil || !ok {
 		finished = true
 		if rb := tx.Rollback(); ended(rb) && ok {
-			return false, fmt.Errorf("%w (%s): %w", ErrTxEnded, state(), err)
+			return false, fmt.Errorf("%w (%s): %w", ErrTxEnded, state(ctx), err)
 		}
 		return false, err
 	}
 	finished = true
+	live := ctx.Err() == nil
 	if err := tx.Commit(); err != nil {
 		if ended(err) {
-			return false, fmt.Errorf("%w (%s)", ErrTxEnded, state())
+			return false, fmt.Errorf("%w (%s)", ErrTxEnded, state(ctx))
 		}
 		if errors.Is(err, sql.ErrTxDone) && ctx.Err() != nil {
 			// database/sql rolled the transaction back when ctx ended.
 			return false, fmt.Errorf("inbox: commit: %w: %w", err, ctx.Err())
 		}
-		if sqldb.Classify(err) == sqldb.KindConnection {
-			return false, fmt.Errorf("%w (%s): %w", ErrCommitUnknown, state(), err)
+		if sqldb.Classify(err) == sqldb.KindConnection || live && ctx.Err() != nil {
+			// The COMMIT may have reached the server, which goes on
+			// with it whatever the client does: ctx ending while it
+			// is in flight leaves the outcome as unknown as a lost
+			// connection does. The look at the ID needs a context
+			// of its own then.
+			look, cancel := ctx, context.CancelFunc(func() {})
+			if ctx.Err() != nil {
+				look, cancel = context.WithTimeout(context.WithoutCancel(ctx), stateLookTimeout)
+			}
+			defer cancel()
+			return false, fmt.Errorf("%w (%s): %w", ErrCommitUnknown, state(look), err)
 		}
 		return false, fmt.Errorf("inbox: commit: %w", err)
 	}
 	return true, nil
 }
+
+// stateLookTimeout bounds the look at an ID (or version) after a commit of
+// unknown outcome whose ctx has ended.
+const stateLookTimeout = 5 * time.Second
 
 // Record records eventID inside tx, the caller's transaction, and reports
 // whether it was new. When it returns false, the event was handled already:

@@ -82,10 +82,12 @@ func (v *Versions) CreateSchema(ctx context.Context) error {
 //   - (false, nil): version is not newer (a duplicate or an out-of-order
 //     redelivery): fn did not run, nothing was written.
 //   - (false, err): fn's error (as is), a database error or ctx's; nothing
-//     was written. The one exception is an error wrapping ErrTxEnded: fn
+//     was written. Two exceptions: an error wrapping ErrTxEnded: fn
 //     committed or rolled back tx itself (a bug in fn); if it committed,
 //     the version and fn's writes before the commit are stored, and the
-//     error says so.
+//     error says so. And an error wrapping ErrCommitUnknown: the
+//     connection broke, or ctx ended, during the commit, which may have
+//     taken effect (the version is stored if and only if fn's writes are).
 //
 // Concurrent Applys on one entity serialise on its row: the newest version
 // wins, whatever the arrival order, and each version's fn runs at most once.
@@ -109,7 +111,7 @@ func (v *Versions) Apply(ctx context.Context, entity string, version int64, fn f
 			return false, err
 		}
 		return true, fn(tx)
-	}, func() string {
+	}, func(ctx context.Context) string {
 		if cur, ok, err := v.Current(ctx, entity); err != nil {
 			return fmt.Sprintf("whether version %d of %q is stored is unknown: %v", version, entity, err)
 		} else if ok && cur >= version {
