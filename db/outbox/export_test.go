@@ -37,3 +37,7 @@ func OnPoll(r *Relay, f func(began time.Duration, full, idle bool)) {
 // OnWalk makes the relay call f with the free keys each claim walk found,
 // before it claims them. Call before Run.
 func OnWalk(r *Relay, f func(found []string)) { r.afterWalk = f }
+
+// BeforeRecoverCommit makes each Recover batch of o call f just before its
+// COMMIT (nil: nothing).
+func BeforeRecoverCommit(o *Outbox, f func()) { o.beforeRecoverCommit = f }

@@ -62,6 +62,14 @@ var (
 	ErrNilTx = errors.New("outbox: nil transaction")
 	// ErrNotParked is returned by Resume and Skip for a key with no dead row.
 	ErrNotParked = errors.New("outbox: key has no dead row")
+	// ErrOutcomeUnknown is wrapped by the error of Resume, Skip, SkipHead
+	// and Recover when the connection broke, or ctx ended, while a
+	// statement that moves rows (Recover: a batch's COMMIT) was in flight:
+	// the server may have made the move, and the client cannot tell from
+	// the failed call. Look (Dead, Parked, Recoverable) before trying
+	// again: a Skip tried again after one that took effect gives up the
+	// key's next dead row too.
+	ErrOutcomeUnknown = errors.New("outbox: outcome unknown: the database may have made the move")
 	// ErrClosed is returned by Run after Close, and by the Relay's Resume,
 	// Skip, SkipHead and Recover after Close (use the Outbox's, which need
 	// no relay). A second Run (a Relay runs once) returns an error that
@@ -156,6 +164,8 @@ type Outbox struct {
 	// trigger); see WithNotifyFromWrite.
 	notifyWrite bool
 	q           queries
+
+	beforeRecoverCommit func() // tests: each Recover batch's, before its COMMIT
 }
 
 // An Option configures New. A bad one makes New fail with a
@@ -657,6 +667,8 @@ func (o *Outbox) Parked(ctx context.Context) ([]string, error) {
 // when the key has no dead row, an error wrapping ErrInvalidKey for a key no
 // event can have (see ErrInvalidKey). Under the Continue policy the key's later rows
 // may have been published already: the resumed row then arrives after them.
+// A connection broken, or ctx ended, while the move was in flight is an
+// error wrapping ErrOutcomeUnknown: it may have taken effect.
 func (o *Outbox) Resume(ctx context.Context, key string) error {
 	_, err := o.moveDead(ctx, key, Pending)
 	return err
@@ -665,7 +677,10 @@ func (o *Outbox) Resume(ctx context.Context, key string) error {
 // Skip gives up the key's oldest dead row for good (it becomes Skipped, with
 // its error and attempts kept) so that, under Park, the key goes on with its
 // next row. It returns ErrNotParked when the key has no dead row, an error
-// wrapping ErrInvalidKey for a key no event can have (see ErrInvalidKey).
+// wrapping ErrInvalidKey for a key no event can have (see ErrInvalidKey), and
+// one wrapping ErrOutcomeUnknown when the connection broke, or ctx ended,
+// while the move was in flight: it may have taken effect (look with Dead or
+// Parked before a second Skip, which would give up the next dead row).
 func (o *Outbox) Skip(ctx context.Context, key string) error {
 	_, err := o.SkipHead(ctx, key)
 	return err
@@ -700,11 +715,18 @@ func (o *Outbox) moveDead(ctx context.Context, key string, to State) (string, er
 	// retry follows another caller's committed move: progress).
 	for range maxMoveTries {
 		var id string
+		live := ctx.Err() == nil
 		err := o.db.QueryRowContext(ctx, o.q.moveDead, int(to), key, key).Scan(&id)
 		if err == nil {
 			return id, nil
 		}
 		if !errors.Is(err, sql.ErrNoRows) {
+			if inFlight(ctx, live, err) {
+				// An autocommit statement: the server may have
+				// moved the row (and a Skip tried again would give
+				// up the next one).
+				return "", fmt.Errorf("outbox: %v key %q: %w (see Dead and Parked): %w", to, key, ErrOutcomeUnknown, err)
+			}
 			return "", fmt.Errorf("outbox: %v key %q: %w", to, key, err)
 		}
 		var one int
@@ -717,6 +739,13 @@ func (o *Outbox) moveDead(ctx context.Context, key string, to State) (string, er
 		}
 	}
 	return "", fmt.Errorf("outbox: %v key %q: still contended after %d tries", to, key, maxMoveTries)
+}
+
+// inFlight reports whether err, the error of a statement sent with ctx
+// (live before the call), leaves its outcome unknown: the connection broke,
+// or ctx ended, while it may have been in flight.
+func inFlight(ctx context.Context, live bool, err error) bool {
+	return sqldb.Classify(err) == sqldb.KindConnection || live && ctx.Err() != nil && !errors.Is(err, sql.ErrTxDone)
 }
 
 // maxMoveTries bounds moveDead's retries under contention.

@@ -120,6 +120,9 @@ type RecoveredRow struct {
 // Errors: ErrZeroOutbox, ErrNilContext, ErrInvalidFilter or ErrInvalidKey
 // (wrapped, before any SQL), or a database error (ctx's included): the
 // batches committed before it stay moved and are returned with the error.
+// When the connection broke, or ctx ended, during a batch's COMMIT, the
+// error wraps ErrOutcomeUnknown and names the batch: its rows may have
+// moved (they are not returned).
 func (o *Outbox) Recover(ctx context.Context, f RecoverFilter) ([]RecoveredRow, error) {
 	return o.recover(ctx, f, false)
 }
@@ -394,7 +397,15 @@ func (o *Outbox) recoverBatch(ctx context.Context, sel, afterKey string, afterSe
 		return nil, 0, err
 	}
 	res.Close()
+	if o.beforeRecoverCommit != nil {
+		o.beforeRecoverCommit()
+	}
+	live := ctx.Err() == nil
 	if err := tx.Commit(); err != nil {
+		if inFlight(ctx, live, err) {
+			return nil, 0, fmt.Errorf("%w: a batch of %d rows (key %q seq %d to key %q seq %d) may have moved (see Recoverable): %w",
+				ErrOutcomeUnknown, len(done), rows[0].Key, rows[0].Seq, rows[len(rows)-1].Key, rows[len(rows)-1].Seq, err)
+		}
 		return nil, 0, err
 	}
 	*curKey, *curSeq = rows[len(rows)-1].Key, rows[len(rows)-1].Seq
