@@ -322,7 +322,9 @@ type replayCand struct {
 // them), with the event's Webhook-Id and body (receivers deduplicate on the
 // ID); a parked event is made pending again (its partner resumes); a
 // pending one is left as is. ErrUnknownEvent for an unknown ID, ErrClosed
-// after Close. It is logged and counted (webhook.replays).
+// after Close. It is logged and counted (webhook.replays). A replay that
+// fails after it retried parked events returns them in Recovered, and its
+// error names them and the events it did not send again.
 func (s *Service) Replay(ctx context.Context, id string) (ReplayResult, error) {
 	if id == "" {
 		// Not a range replay of partner "" (replay's empty ID means one).
@@ -412,22 +414,30 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 	// A parked event first: it is its partner's head (under Park, the
 	// partner's only dead row), the new deliveries queue behind it.
 	if len(dead) > 0 {
+		// Batches committed before an error are returned with it.
 		moved, err := s.relay.r.Recover(ctx, outbox.RecoverFilter{IDs: dead})
-		if err != nil {
-			return res, fmt.Errorf("webhook: replay: %w", closedAs(err))
-		}
 		got := map[string]bool{}
 		for _, m := range moved {
 			got[m.ID] = true
 		}
+		var notRetried []string
 		for _, row := range dead {
 			if got[row] {
 				res.Recovered = append(res.Recovered, deadOf[row])
 				continue
 			}
+			if err != nil {
+				notRetried = append(notRetried, deadOf[row])
+				continue
+			}
 			// A concurrent Resume or Skip moved it first: not recovered
 			// here (its event's lookup tells what happened).
 			s.log.Warn("replay: a parked event was moved by another action meanwhile", "event", deadOf[row])
+		}
+		if err != nil {
+			notSent := res.Requeued
+			res.Requeued = nil
+			return res, halfway(res.Recovered, notRetried, notSent, closedAs(err))
 		}
 	}
 	if len(requeue) > 0 {
@@ -436,8 +446,9 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 		}
 		left, err := s.requeue(ctx, requeue)
 		if err != nil {
+			notSent := res.Requeued
 			res.Requeued = nil
-			return res, fmt.Errorf("webhook: replay: %w", err)
+			return res, halfway(res.Recovered, nil, notSent, err)
 		}
 		// Events that changed since the candidates were read: a row the
 		// retention deleted (expired), a replay of a concurrent replay
@@ -473,6 +484,35 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 		s.log.Warn("operator replayed a partner's events", append([]any{"partner", partner, "from", from.UTC(), "to", to.UTC(), "events", len(cands)}, args...)...)
 	}
 	return res, nil
+}
+
+// halfway is the error of a replay that stopped at err: it names the parked
+// events it retried before (their partner resumed), and those it did not
+// retry or send again, so that the operator knows what was done.
+func halfway(retried, notRetried, notSent []string, err error) error {
+	var b strings.Builder
+	b.WriteString("webhook: replay: ")
+	for _, part := range []struct {
+		ids  []string
+		what string
+	}{{retried, "parked %s retried"}, {notRetried, "parked %s not retried"}, {notSent, "%s not sent again"}} {
+		if len(part.ids) == 0 {
+			continue
+		}
+		noun := "events"
+		if len(part.ids) == 1 {
+			noun = "event"
+		}
+		fmt.Fprintf(&b, "%d "+part.what+" %v", len(part.ids), noun, part.ids[:min(len(part.ids), logIDs)])
+		if len(part.ids) > logIDs {
+			fmt.Fprintf(&b, " and %d more", len(part.ids)-logIDs)
+		}
+		b.WriteString("; ")
+	}
+	if b.Len() == len("webhook: replay: ") {
+		return fmt.Errorf("webhook: replay: %w", err)
+	}
+	return fmt.Errorf("%sthen: %w", b.String(), err)
 }
 
 // logIDs bounds the event IDs a replay's log line lists per outcome.
