@@ -25,7 +25,12 @@ func (r *Relay) onDeadLetter(dl keysched.DeadLetter[string]) {
 		return
 	}
 	msg := deadErrText(dl.Err)
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.lease/3)
+	// Bounded as the relay's other calls are (a third of the lease, at
+	// least 5 s): a third of the lease alone failed the mark on a database
+	// stalled for less than the lease, and the row, left pending, was
+	// published again with a fresh attempt budget. The mark itself names
+	// the claim, so it cannot land under another relay's.
+	ctx, cancel := r.callCtx(context.Background())
 	defer cancel()
 	args := []any{dl.Attempts, msg, time.Now().UnixMicro(), j.e.Seq, r.cfg.owner, r.token, j.t.epoch}
 	if r.o.dialect == Postgres {
