@@ -583,7 +583,16 @@ func scan(ctx context.Context, clientOpts []kgo.Opt, opts ReplayOptions, ranges 
 		for it := fs.RecordIter(); !it.Done(); {
 			r := it.Next()
 			end, ok := left[r.Partition]
-			if !ok || r.Offset >= end {
+			if !ok {
+				continue
+			}
+			if r.Offset >= end {
+				// Past the range with its last offsets never seen:
+				// a compacted topic's gap. Nothing of the range is
+				// left (Replay waited for the missing offset until
+				// ctx ended).
+				delete(left, r.Partition)
+				cl.PauseFetchPartitions(map[string][]int32{opts.DeadLetterTopic: {r.Partition}})
 				continue
 			}
 			if r.Offset+1 >= end {
