@@ -321,8 +321,9 @@ type replayCand struct {
 // behind the partner's undelivered events (so it arrives in order with
 // them), with the event's Webhook-Id and body (receivers deduplicate on the
 // ID); a parked event is made pending again (its partner resumes); a
-// pending one is left as is. ErrUnknownEvent for an unknown ID, ErrClosed
-// after Close. It is logged and counted (webhook.replays). A replay that
+// pending one is left as is. ErrUnknownEvent for an unknown ID,
+// ErrUnknownPartner for an event of a partner no longer configured (nothing
+// is written), ErrClosed after Close. It is logged and counted (webhook.replays). A replay that
 // fails after it retried parked events returns them in Recovered, and its
 // error names them and the events it did not send again.
 func (s *Service) Replay(ctx context.Context, id string) (ReplayResult, error) {
@@ -393,6 +394,11 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 		return res, fmt.Errorf("%w: partner %q, [%v, %v)", ErrReplayNothing, partner, from.UTC(), to.UTC())
 	case len(cands) > MaxReplay:
 		return res, fmt.Errorf("%w: %d events in [%v, %v), at most %d", ErrReplayTooMany, len(cands), from.UTC(), to.UTC(), MaxReplay)
+	case !s.known(cands[0].partner):
+		// A partner removed from the configuration since: its new
+		// delivery would fail every attempt, then park a partner that
+		// the operator page does not list and its actions refuse.
+		return res, fmt.Errorf("%w: %q (event %q): it is no longer configured", ErrUnknownPartner, cands[0].partner, cands[0].id)
 	}
 	var dead []string
 	deadOf := map[string]string{} // row -> event
