@@ -582,8 +582,11 @@ func (s State) String() string {
 // A DeadEvent is an outbox row that a relay failed to publish for good.
 type DeadEvent struct {
 	Event
-	// Attempts counts the sink calls made for the row, over all relays
-	// and Resumes.
+	// Attempts counts the failed sink calls of the row's attempt budgets
+	// that ended in a dead mark, over all relays and Resumes. Calls whose
+	// budget ended otherwise are not counted: those made under a lease that
+	// was lost or ended, or given back at shutdown, and a budget whose dead
+	// mark failed (the row then starts a new budget).
 	Attempts int
 	// Err is the last attempt's error, as text: at most 4096 bytes of
 	// valid UTF-8, each NUL byte and invalid sequence replaced by U+FFFD
