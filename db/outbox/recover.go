@@ -48,9 +48,10 @@ type RecoverFilter struct {
 	// a bound outside years 1 to 9999 (a far "max time": leave the bound
 	// zero), is an ErrInvalidFilter.
 	CreatedFrom, CreatedTo time.Time
-	// DiedFrom and DiedTo select rows that failed (or were skipped: the
-	// row's done time) in [DiedFrom, DiedTo); a zero bound is open; bounds
-	// as CreatedFrom's.
+	// DiedFrom and DiedTo select rows that failed (were marked dead) in
+	// [DiedFrom, DiedTo), skipped rows included: a skipped row keeps the
+	// time it was marked dead (Skip does not change it); a zero bound is
+	// open; bounds as CreatedFrom's.
 	DiedFrom, DiedTo time.Time
 	// ErrorContains, when not empty, selects rows whose last error
 	// contains it (case-sensitive substring, no wildcards).
@@ -85,7 +86,8 @@ type RecoveredRow struct {
 	// recovered row keeps both (as Resume does).
 	Attempts int
 	Err      string
-	// DiedAt is when the row was marked dead (or skipped).
+	// DiedAt is when the row was marked dead (a skipped row's too: Skip
+	// does not change it).
 	DiedAt time.Time
 }
 
