@@ -41,6 +41,7 @@ func TestApplyContextEndingDuringTheCommitIsCommitUnknown(t *testing.T) {
 	require.False(t, ok)
 	require.ErrorIs(t, err, inbox.ErrCommitUnknown)
 	require.ErrorIs(t, err, context.Canceled)
+	require.Contains(t, err.Error(), `whether the ID "e1" is recorded is unknown`, "no look past ctx's end")
 	var n int
 	require.Eventually(t, func() bool {
 		require.NoError(t, direct.QueryRowContext(bg, `SELECT count(*) FROM `+tableOf(in)+` WHERE id = 'e1'`).Scan(&n))

@@ -389,23 +389,14 @@ func runTx(ctx context.Context, db *sql.DB, body func(tx *sql.Tx) (bool, error),
 			// The COMMIT may have reached the server, which goes on
 			// with it whatever the client does: ctx ending while it
 			// is in flight leaves the outcome as unknown as a lost
-			// connection does. The look at the ID needs a context
-			// of its own then.
-			look, cancel := ctx, context.CancelFunc(func() {})
-			if ctx.Err() != nil {
-				look, cancel = context.WithTimeout(context.WithoutCancel(ctx), stateLookTimeout)
-			}
-			defer cancel()
-			return false, fmt.Errorf("%w (%s): %w", ErrCommitUnknown, state(look), err)
+			// connection does. (With ctx ended, the look at the ID
+			// fails at once and says so: Apply returns promptly.)
+			return false, fmt.Errorf("%w (%s): %w", ErrCommitUnknown, state(ctx), err)
 		}
 		return false, fmt.Errorf("inbox: commit: %w", err)
 	}
 	return true, nil
 }
-
-// stateLookTimeout bounds the look at an ID (or version) after a commit of
-// unknown outcome whose ctx has ended.
-const stateLookTimeout = 5 * time.Second
 
 // Record records eventID inside tx, the caller's transaction, and reports
 // whether it was new. When it returns false, the event was handled already:
