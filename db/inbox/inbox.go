@@ -82,7 +82,8 @@ var (
 	// redelivery is safe either way: it applies fn once if they were not,
 	// and finds the ID (already handled) if they were. The error also says
 	// what Seen reported just after (a commit still being completed by the
-	// server can land after that look).
+	// server can land after that look), or, ctx having ended, that it could
+	// not look.
 	ErrCommitUnknown = errors.New("inbox: connection lost during commit: outcome unknown")
 	// ErrNilTx is returned by Record and Gate for a nil transaction.
 	ErrNilTx = errors.New("inbox: nil transaction")
