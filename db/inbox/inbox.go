@@ -84,7 +84,7 @@ var (
 	// what Seen reported just after (a commit still being completed by the
 	// server can land after that look), or, ctx having ended, that it could
 	// not look.
-	ErrCommitUnknown = errors.New("inbox: connection lost during commit: outcome unknown")
+	ErrCommitUnknown = errors.New("inbox: commit cut short (connection lost or ctx ended): outcome unknown")
 	// ErrNilTx is returned by Record and Gate for a nil transaction.
 	ErrNilTx = errors.New("inbox: nil transaction")
 	// ErrNilContext is returned by every method given a nil context (it
