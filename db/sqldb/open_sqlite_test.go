@@ -92,10 +92,33 @@ func TestOpenSQLiteRefusesInMemoryDatabases(t *testing.T) {
 		"file:",
 		"file:?cache=shared",
 		"file://",
+		// SQLite decodes the name, and reads every mode, the last winning.
+		"file:%3Amemory%3A",
+		"file:x.db?mode=rwc&mode=memory",
+		// The memdb VFS, on a name not beginning with "/".
+		"file:x.db?vfs=memdb",
+		"x.db?vfs=memdb",
 	} {
 		db, err := sqldb.OpenSQLite(path)
 		require.ErrorIs(t, err, sqldb.ErrInMemorySQLite, path)
 		require.ErrorContains(t, err, "temporary directory", path)
 		require.Nil(t, db)
 	}
+}
+
+// The caller's query string reaches SQLite as written: SQLite decodes a
+// file: URI's parameters itself and reads "+" as "+". Before, OpenSQLite
+// parsed and re-encoded it, so modeof naming "a b.db" (a%20b.db) reached
+// SQLite as a+b.db: disk I/O error.
+func TestOpenSQLiteKeepsTheCallersQueryAsWritten(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "a b.db"), nil, 0o600))
+	db, err := sqldb.OpenSQLite("file:" + filepath.Join(dir, "x.db") + "?modeof=" + filepath.Join(dir, "a%20b.db"))
+	require.NoError(t, err)
+	defer db.Close()
+	_, err = db.Exec(`CREATE TABLE t (a INTEGER)`)
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, db.QueryRow(`PRAGMA busy_timeout`).Scan(&n))
+	require.Equal(t, 10000, n, "OpenSQLite's settings are added")
 }

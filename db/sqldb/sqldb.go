@@ -93,9 +93,10 @@ func Resolve(db *sql.DB, d Dialect) (Dialect, error) {
 }
 
 // ErrInMemorySQLite is wrapped by OpenSQLite's error for an in-memory or
-// temporary database (":memory:", "file::memory:", mode=memory, an empty
-// file: name): SQLite gives each connection of the *sql.DB's pool its own
-// such database, so a schema created on one connection is missing on the
+// temporary database (":memory:", "file::memory:" or its percent-encoded
+// forms, mode=memory, an empty file: name, vfs=memdb on a name not
+// beginning with "/"): SQLite gives each connection of the *sql.DB's pool
+// its own such database, so a schema created on one connection is missing on the
 // others, and rows written on one are not seen by the next. (Shared cache,
 // cache=shared, would share it, but locks whole tables and fails concurrent
 // writers with SQLITE_LOCKED at once, without the busy timeout.) For a
@@ -131,7 +132,8 @@ var sqliteURIParams = map[string]bool{"mode": true, "cache": true, "immutable": 
 // path is a file name ("app.db", "/var/lib/app/app.db") or a SQLite URI
 // ("file:app.db?mode=ro", "file:///var/lib/app/app.db"), with or without a
 // query string of modernc.org/sqlite's parameters. OpenSQLite merges the
-// caller's parameters with its own: each of its settings is added unless the
+// caller's parameters with its own (the caller's query string is passed on
+// as written, its own appended): each of its settings is added unless the
 // caller's query sets the same thing (a _pragma of the same pragma, such as
 // _pragma=synchronous(FULL), or the driver's shorthand, such as
 // _busy_timeout=5000; _txlock), and then the caller's wins. A caller's
@@ -143,7 +145,8 @@ var sqliteURIParams = map[string]bool{"mode": true, "cache": true, "immutable": 
 // "file:app.db?mode=ro". A query string that does not parse is an error.
 //
 // In-memory and temporary databases (":memory:", "file::memory:",
-// mode=memory, an empty file: name) are refused with an error wrapping
+// mode=memory, an empty file: name, vfs=memdb on a name not beginning with
+// "/") are refused with an error wrapping
 // ErrInMemorySQLite: each pooled connection would get its own database (see
 // ErrInMemorySQLite); use a file in a temporary directory.
 //
@@ -190,8 +193,24 @@ func sqliteDSN(path string) (string, error) {
 			}
 		}
 	}
+	memory := false
+	if uri {
+		// SQLite decodes a URI's name: file:%3Amemory%3A is :memory:.
+		if f, err := url.PathUnescape(file); err == nil {
+			file = f
+		}
+		// SQLite reads every mode given, the last one winning.
+		for _, m := range q["mode"] {
+			memory = memory || strings.EqualFold(m, "memory")
+		}
+	}
+	// The memdb VFS (read by the driver from any name) gives each
+	// connection its own database unless the name begins with "/".
+	for _, v := range q["vfs"] {
+		memory = memory || (v == "memdb" && !strings.HasPrefix(file, "/"))
+	}
 	switch {
-	case file == ":memory:" || (uri && strings.EqualFold(q.Get("mode"), "memory")):
+	case file == ":memory:" || memory:
 		return "", fmt.Errorf("sqldb: open SQLite %q: %w (SQLite gives every connection of a pool its own in-memory database: a schema created on one is missing on the others); open a file in a temporary directory instead (t.TempDir() in tests)", path, ErrInMemorySQLite)
 	case uri && file == "":
 		return "", fmt.Errorf("sqldb: open SQLite %q: %w (an empty file: name is a temporary database, private to each connection); open a file in a temporary directory instead (t.TempDir() in tests)", path, ErrInMemorySQLite)
@@ -203,6 +222,10 @@ func sqliteDSN(path string) (string, error) {
 			}
 		}
 	}
+	// The caller's query string is kept as written (SQLite decodes a
+	// file: URI's parameters itself, and reads "+" as "+", not a space),
+	// OpenSQLite's settings appended.
+	add := url.Values{}
 	set := map[string]bool{}
 	for _, p := range q["_pragma"] {
 		n := strings.ToLower(strings.TrimSpace(p))
@@ -219,10 +242,13 @@ func sqliteDSN(path string) (string, error) {
 			given = given || q.Has(k)
 		}
 		if !given {
-			q.Add(d.key, d.value)
+			add.Add(d.key, d.value)
 		}
 	}
-	return name + "?" + q.Encode(), nil
+	if query != "" && len(add) > 0 {
+		query += "&"
+	}
+	return name + "?" + query + add.Encode(), nil
 }
 
 // OpenPostgres opens a PostgreSQL database through pgx's database/sql driver
