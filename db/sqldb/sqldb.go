@@ -315,9 +315,9 @@ func ValidIdent(name string) bool {
 }
 
 // Reserved reports whether name is one of the 118 keywords of PostgreSQL 15
-// or SQLite that the outbox's and inbox's statements cannot use unquoted as
-// a table's name ("select", "order", "user", "table", "index", ...): their
-// CreateSchema would fail with a syntax error. Other keywords ("key",
+// or SQLite, or system_user (reserved since PostgreSQL 16), that the
+// outbox's and inbox's statements cannot use unquoted as a table's name
+// ("select", "order", "user", "table", "index", ...): their CreateSchema would fail with a syntax error. Other keywords ("key",
 // "type", "data", "action") work on both. The list was built by running the
 // statements with each keyword of both databases
 // (outbox.TestWithTableRefusesTheKeywordsTheSchemaCannotUse), lower case
@@ -344,7 +344,7 @@ var reservedWords = map[string]bool{
 	"order": true, "outer": true, "overlaps": true, "placing": true, "primary": true,
 	"raise": true, "references": true, "returning": true, "right": true, "select": true,
 	"session_user": true, "set": true, "similar": true, "some": true, "symmetric": true,
-	"table": true, "tablesample": true, "then": true, "to": true, "trailing": true,
+	"system_user": true, "table": true, "tablesample": true, "then": true, "to": true, "trailing": true,
 	"transaction": true, "true": true, "union": true, "unique": true, "update": true,
 	"user": true, "using": true, "values": true, "variadic": true, "verbose": true, "when": true,
 	"where": true, "window": true, "with": true,
