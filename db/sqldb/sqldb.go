@@ -317,8 +317,9 @@ func ValidIdent(name string) bool {
 // Reserved reports whether name is one of the 118 keywords of PostgreSQL 15
 // or SQLite, or system_user (reserved since PostgreSQL 16), that the
 // outbox's and inbox's statements cannot use unquoted as a table's name
-// ("select", "order", "user", "table", "index", ...): their CreateSchema would fail with a syntax error. Other keywords ("key",
-// "type", "data", "action") work on both. The list was built by running the
+// ("select", "order", "user", "table", "index", ...): their CreateSchema
+// would fail with a syntax error. Other keywords ("key", "type", "data",
+// "action") work on both. The list was built by running the
 // statements with each keyword of both databases
 // (outbox.TestWithTableRefusesTheKeywordsTheSchemaCannotUse), lower case
 // only (as ValidIdent's names are).
