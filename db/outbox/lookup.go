@@ -48,9 +48,10 @@ type EventStatus struct {
 	Err      string
 	// CreatedAt is the event's Event.CreatedAt.
 	CreatedAt time.Time
-	// DoneAt is when the row was marked sent, dead or skipped; zero for a
-	// row never marked. A row resumed or recovered (Pending again) keeps
-	// the time it died.
+	// DoneAt is when the row was marked sent or dead; zero for a row
+	// never marked. A skipped row, and a row resumed or recovered (Pending
+	// again), keeps the time it died (Skip and SkipHead do not change it:
+	// TestSkippedRowKeepsItsDeathTime).
 	DoneAt time.Time
 	// Ahead, for a Pending row, counts the rows of its key before it (a
 	// lower Seq) that are still pending: the relay publishes them first.
