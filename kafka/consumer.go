@@ -316,9 +316,13 @@ func needGroupAndTopics(what string) *optcheck.Refusal {
 
 // missingGroup is the refusal of client options that name no consumer
 // group, or nil when they name one or franz-go refuses them on their own.
-// It makes (and closes) a client of the caller's options alone: franz-go
-// keeps its options to itself.
+// It makes (and closes) a client of the caller's options alone (franz-go
+// keeps its options to itself), consuming nothing: with topics or
+// partitions to consume, the client would ask the brokers for metadata at
+// once, and, with a group, join it (a rebalance of the group's live members
+// for a NewConsumer that is refused).
 func missingGroup(opts []kgo.Opt) *optcheck.Refusal {
+	opts = append(opts[:len(opts):len(opts)], kgo.ConsumeTopics(), kgo.ConsumePartitions(nil))
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil
