@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/db/sqldb"
@@ -746,8 +747,14 @@ func (o *Outbox) moveDead(ctx context.Context, key string, to State) (string, er
 
 // inFlight reports whether err, the error of a statement sent with ctx
 // (live before the call), leaves its outcome unknown: the connection broke,
-// or ctx ended, while it may have been in flight.
+// or ctx ended, while it may have been in flight. A connection that could
+// not be made (the server down or refusing connections), or an error pgx
+// reports before sending anything, leaves nothing unknown.
 func inFlight(ctx context.Context, live bool, err error) bool {
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) || pgconn.SafeToRetry(err) {
+		return false
+	}
 	return sqldb.Classify(err) == sqldb.KindConnection || live && ctx.Err() != nil && !errors.Is(err, sql.ErrTxDone)
 }
 
