@@ -3,6 +3,7 @@ package sqldb_test
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -121,4 +122,33 @@ func TestOpenSQLiteKeepsTheCallersQueryAsWritten(t *testing.T) {
 	var n int
 	require.NoError(t, db.QueryRow(`PRAGMA busy_timeout`).Scan(&n))
 	require.Equal(t, 10000, n, "OpenSQLite's settings are added")
+}
+
+// The file: URI that OpenSQLite's refusal of a plain name with SQLite's
+// parameters says to write names the same file: "#" and "%" in the name
+// are escaped (SQLite ends a URI's name at "#" and decodes "%XX"). Before,
+// it said to write "file:" + the name: for /d/a#b/x.db?mode=ro, a URI of
+// the file /d/a.
+func TestOpenSQLiteSuggestsAURINamingTheSameFile(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a#b%41c")
+	require.NoError(t, os.Mkdir(dir, 0o700))
+	file := filepath.Join(dir, "x.db")
+	db, err := sqldb.OpenSQLite(file)
+	require.NoError(t, err)
+	_, err = db.Exec(`CREATE TABLE t (a INTEGER)`)
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+
+	_, err = sqldb.OpenSQLite(file + "?mode=ro")
+	require.Error(t, err)
+	m := regexp.MustCompile(`write "([^"]*)"`).FindStringSubmatch(err.Error())
+	require.NotNil(t, m, "%v", err)
+	ro, err := sqldb.OpenSQLite(m[1])
+	require.NoError(t, err, m[1])
+	defer ro.Close()
+	var name string
+	require.NoError(t, ro.QueryRow(`SELECT file FROM pragma_database_list WHERE name = 'main'`).Scan(&name), m[1])
+	require.Equal(t, file, name, m[1])
+	_, err = ro.Exec(`INSERT INTO t VALUES (1)`)
+	require.Error(t, err, "mode=ro holds")
 }

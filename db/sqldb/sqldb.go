@@ -218,7 +218,7 @@ func sqliteDSN(path string) (string, error) {
 	if !uri {
 		for k := range q {
 			if sqliteURIParams[k] {
-				return "", fmt.Errorf("sqldb: open SQLite %q: SQLite reads the parameter %s only from a file: URI and would ignore it here: write %q", path, k, "file:"+path)
+				return "", fmt.Errorf("sqldb: open SQLite %q: SQLite reads the parameter %s only from a file: URI and would ignore it here: write %q", path, k, fileURI(name)+"?"+query)
 			}
 		}
 	}
@@ -249,6 +249,12 @@ func sqliteDSN(path string) (string, error) {
 		query += "&"
 	}
 	return name + "?" + query + add.Encode(), nil
+}
+
+// fileURI is the file: URI of the plain file name name: SQLite decodes a
+// URI's name and ends it at "?" or "#", so "%", "?" and "#" are escaped.
+func fileURI(name string) string {
+	return "file:" + strings.NewReplacer("%", "%25", "?", "%3F", "#", "%23").Replace(name)
 }
 
 // OpenPostgres opens a PostgreSQL database through pgx's database/sql driver
