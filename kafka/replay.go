@@ -175,8 +175,9 @@ func (e *ReplayRefusedError) Unwrap() []error {
 //
 // It reads the dead-letter topic's chosen partitions and offset range to
 // their end as it was when Replay started (committed records only: those of
-// an aborted transaction, or of one not committed by that end, are left out
-// and not counted in Scanned), selects the records that match
+// an aborted transaction, or of one not committed by the partition's end
+// when Replay started, are left out and not counted in Scanned; a record in
+// the range of a transaction committed past an EndOffset is read), selects the records that match
 // opts, drops duplicates (see ReplayReport.Duplicates), and validates every
 // selected record before writing any: a record in the range that passes the
 // filters Replay can apply without its headers (dead-letter partition and
@@ -399,10 +400,13 @@ func partitionsOf(ctx context.Context, cl *kgo.Client) (map[string]int32, error)
 	return out, nil
 }
 
-// offsetRange is what Replay reads of one dead-letter partition: [start, end).
+// offsetRange is what Replay reads of one dead-letter partition: [start,
+// end), and the partition's end (high watermark) when Replay started, up to
+// which it reads the markers of transactions still open at end.
 type offsetRange struct {
 	partition  int32
 	start, end int64
+	hwm        int64
 }
 
 func describeRanges(rs []offsetRange) string {
@@ -487,7 +491,7 @@ func readRanges(ctx context.Context, cl *kgo.Client, opts ReplayOptions, parts [
 	}
 	var out []offsetRange
 	for _, p := range parts {
-		r := offsetRange{p, max(starts[p], opts.StartOffset), ends[p]}
+		r := offsetRange{p, max(starts[p], opts.StartOffset), ends[p], ends[p]}
 		if opts.EndOffset > 0 {
 			r.end = min(r.end, opts.EndOffset)
 		}
@@ -512,18 +516,18 @@ func originOf(d *DeadLetter) origin { return origin{d.Topic, d.Partition, d.Orig
 // scan reads the ranges and returns the records that pass the filters, the
 // problems found, and the highest replay count of every original record
 // among the dead letters read (selected or not); it counts rep.Scanned.
-// Records of aborted transactions, and of transactions not committed within
-// the range, are left out (and not counted).
+// Records of aborted transactions, and of transactions not committed by the
+// partition's end when Replay started, are left out (and not counted).
 func scan(ctx context.Context, clientOpts []kgo.Opt, opts ReplayOptions, ranges []offsetRange, rep *ReplayReport) ([]ReplayRecord, []ReplayProblem, map[origin]int, error) {
 	replays := map[origin]int{}
 	if len(ranges) == 0 {
 		return nil, nil, replays, nil
 	}
 	at := make(map[int32]kgo.Offset, len(ranges))
-	left := make(map[int32]int64, len(ranges)) // partition -> end
+	left := make(map[int32]offsetRange, len(ranges)) // the partitions not read to their end
 	for _, r := range ranges {
 		at[r.partition] = kgo.NewOffset().At(r.start)
-		left[r.partition] = r.end
+		left[r.partition] = r
 	}
 	cl, err := kgo.NewClient(append(slices.Clip(clientOpts),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{opts.DeadLetterTopic: at}),
@@ -545,13 +549,23 @@ func scan(ctx context.Context, clientOpts []kgo.Opt, opts ReplayOptions, ranges 
 		problems []ReplayProblem
 	)
 	// Records of a transaction wait for its marker: an aborted one's, or
-	// one still open at the end of the range, are not dead letters (the
-	// client reads uncommitted, to see every offset up to the end).
+	// one still open at the partition's end when Replay started, are not
+	// dead letters (the client reads uncommitted, to see every offset up
+	// to the end). A transaction open at the range's end is read on to
+	// its marker, up to that partition end.
 	type txn struct {
 		partition int32
 		producer  int64
 	}
 	inTxn := map[txn][]*kgo.Record{}
+	openIn := func(p int32) bool {
+		for tk := range inTxn {
+			if tk.partition == p {
+				return true
+			}
+		}
+		return false
+	}
 	take := func(r *kgo.Record) {
 		rep.Scanned++
 		if d, err := ParseDeadLetter(r.Headers); err == nil {
@@ -582,28 +596,19 @@ func scan(ctx context.Context, clientOpts []kgo.Opt, opts ReplayOptions, ranges 
 		}
 		for it := fs.RecordIter(); !it.Done(); {
 			r := it.Next()
-			end, ok := left[r.Partition]
+			pr, ok := left[r.Partition]
 			if !ok {
 				continue
-			}
-			if r.Offset >= end {
-				// Past the range with its last offsets never seen:
-				// a compacted topic's gap. Nothing of the range is
-				// left (Replay waited for the missing offset until
-				// ctx ended).
-				delete(left, r.Partition)
-				cl.PauseFetchPartitions(map[string][]int32{opts.DeadLetterTopic: {r.Partition}})
-				continue
-			}
-			if r.Offset+1 >= end {
-				delete(left, r.Partition)
-				cl.PauseFetchPartitions(map[string][]int32{opts.DeadLetterTopic: {r.Partition}})
 			}
 			tk := txn{r.Partition, r.ProducerID}
 			switch {
 			case r.Attrs.IsControl():
 				// A transaction marker: its records count if it
 				// commits (key: version, then type 1 commit, 0 abort).
+				// Past the range, it ends a transaction open at the
+				// range's end, whose records in the range count if it
+				// commits (it had by the time Replay started if its
+				// marker is before the partition's end then).
 				recs := inTxn[tk]
 				delete(inTxn, tk)
 				if len(r.Key) >= 4 && binary.BigEndian.Uint16(r.Key[2:4]) == 1 {
@@ -611,10 +616,21 @@ func scan(ctx context.Context, clientOpts []kgo.Opt, opts ReplayOptions, ranges 
 						take(r)
 					}
 				}
+			case r.Offset >= pr.end:
+				// Past the range: only markers count.
 			case r.Attrs.IsTransactional():
 				inTxn[tk] = append(inTxn[tk], r)
 			default:
 				take(r)
+			}
+			// The range is read once its last offset is (or a record
+			// past it: a compacted topic's gap), and the markers of the
+			// transactions open at its end, up to the partition's end
+			// when Replay started (those still open there are not
+			// committed).
+			if r.Offset+1 >= pr.hwm || r.Offset+1 >= pr.end && !openIn(r.Partition) {
+				delete(left, r.Partition)
+				cl.PauseFetchPartitions(map[string][]int32{opts.DeadLetterTopic: {r.Partition}})
 			}
 		}
 	}
