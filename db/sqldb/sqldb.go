@@ -252,9 +252,15 @@ func sqliteDSN(path string) (string, error) {
 }
 
 // fileURI is the file: URI of the plain file name name: SQLite decodes a
-// URI's name and ends it at "?" or "#", so "%", "?" and "#" are escaped.
+// URI's name and ends it at "?" or "#", so "%", "?" and "#" are escaped,
+// and reads "file://host/..." as an authority, so a name beginning with
+// "//" gets an empty one.
 func fileURI(name string) string {
-	return "file:" + strings.NewReplacer("%", "%25", "?", "%3F", "#", "%23").Replace(name)
+	name = strings.NewReplacer("%", "%25", "?", "%3F", "#", "%23").Replace(name)
+	if strings.HasPrefix(name, "//") {
+		return "file://" + name
+	}
+	return "file:" + name
 }
 
 // OpenPostgres opens a PostgreSQL database through pgx's database/sql driver
