@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -111,12 +112,12 @@ const maxErrText = 4096
 // sequence and each NUL becomes U+FFFD), at most maxErrText bytes, cut at a
 // character boundary. PostgreSQL's TEXT refuses NUL and invalid UTF-8: the
 // mark failed every time, and the row stayed pending and was published
-// again, with a fresh attempt budget, for ever.
+// again, with a fresh attempt budget, for ever. An Error method that
+// panics (a nil pointer of an error type whose Error dereferences it, which
+// is a non-nil error) gives fmt's text ("<nil>", or the panic): the panic
+// left the row in flight for ever, never marked.
 func deadErrText(err error) string {
-	msg := "<nil>"
-	if err != nil {
-		msg = err.Error()
-	}
+	msg := fmt.Sprint(err) // "<nil>" for nil
 	msg = strings.ReplaceAll(strings.ToValidUTF8(msg, "\uFFFD"), "\x00", "\uFFFD")
 	if len(msg) > maxErrText {
 		cut := maxErrText
