@@ -185,7 +185,10 @@ func (c *Consumer) produceDeadLetter(ctx context.Context, it *item, cause error,
 	)
 	msg, class := "", "<nil>"
 	if cause != nil {
-		msg, class = cause.Error(), errorClass(cause)
+		// fmt, not cause.Error(): an Error method that panics (a nil
+		// *T returned as a non-nil error) panicked the dead-letter
+		// function, and the record was never finished.
+		msg, class = fmt.Sprint(cause), errorClass(cause)
 	}
 	var pe *keysched.PanicError
 	if errors.As(cause, &pe) {
