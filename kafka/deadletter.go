@@ -37,13 +37,17 @@ const (
 // dead-letter topic's metadata (without creating it), so that a topic
 // missing from the cluster (a typo) shows at once rather than as a
 // dead-letter produce failing for ever when the first record fails for
-// good. It returns an error wrapping ErrUnknownTopic for a topic the
-// cluster does not have, one wrapping the broker's error for another
-// refusal that does not pass (an unauthorized or invalid topic), and nil
-// otherwise: no dead-letter topic, client options that allow auto topic
-// creation (the first dead letter creates it), the topic present, a
-// retriable refusal or no answer (logged at Warn: the dead-letter produce
-// says the rest), ctx ended or Close started.
+// good. A topic the cluster does not know is asked about again, up to
+// dlqCheckTries times dlqCheckGap apart (about a second in all): a topic
+// created just before Run may not have reached every broker's metadata yet
+// (Kafka answers UNKNOWN_TOPIC_OR_PARTITION meanwhile). It returns an error
+// wrapping ErrUnknownTopic for a topic the cluster still does not have,
+// one wrapping the broker's error for another refusal that does not pass
+// (an unauthorized or invalid topic), and nil otherwise: no dead-letter
+// topic, client options that allow auto topic creation (the first dead
+// letter creates it), the topic present, another retriable refusal or no
+// answer (logged at Warn: the dead-letter produce says the rest), ctx
+// ended or Close started.
 func (c *Consumer) checkDeadLetterTopic(ctx context.Context) error {
 	if !c.dlqSet {
 		return nil
@@ -61,6 +65,37 @@ func (c *Consumer) checkDeadLetterTopic(ctx context.Context) error {
 		}
 	}()
 	topic := c.cfg.dlqTopic
+	for try := 1; ; try++ {
+		known, err := c.dlqTopicKnown(ctx, topic)
+		if known || err != nil {
+			return err
+		}
+		if try == dlqCheckTries {
+			return fmt.Errorf("%w: dead-letter topic %q (WithDeadLetterTopic) is not in the cluster's metadata (asked %d times over %v): create it, or allow auto topic creation (kgo.AllowAutoTopicCreation)",
+				ErrUnknownTopic, topic, dlqCheckTries, time.Duration(dlqCheckTries-1)*dlqCheckGap)
+		}
+		t := time.NewTimer(dlqCheckGap)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil // Close started, or ctx ended: Run says so
+		}
+	}
+}
+
+// How checkDeadLetterTopic asks again about a topic the cluster does not
+// know.
+const (
+	dlqCheckTries = 5
+	dlqCheckGap   = 250 * time.Millisecond
+)
+
+// dlqTopicKnown asks the cluster once for topic's metadata: known true
+// when it has the topic, or when the check cannot tell (no answer, ctx
+// ended, a retriable refusal other than an unknown topic: logged at Warn);
+// err for a refusal that does not pass.
+func (c *Consumer) dlqTopicKnown(ctx context.Context, topic string) (known bool, err error) {
 	req := kmsg.NewPtrMetadataRequest()
 	rt := kmsg.NewMetadataRequestTopic()
 	rt.Topic = kmsg.StringPtr(topic)
@@ -71,7 +106,7 @@ func (c *Consumer) checkDeadLetterTopic(ctx context.Context) error {
 		if ctx.Err() == nil {
 			c.log.Warn("kafka: run: could not check that the dead-letter topic exists", "topic", topic, "err", err)
 		}
-		return nil
+		return true, nil
 	}
 	for _, t := range resp.Topics {
 		if t.Topic == nil || *t.Topic != topic {
@@ -80,16 +115,17 @@ func (c *Consumer) checkDeadLetterTopic(ctx context.Context) error {
 		err := kerr.ErrorForCode(t.ErrorCode)
 		switch {
 		case err == nil:
-			return nil
+			return true, nil
 		case errors.Is(err, kerr.UnknownTopicOrPartition):
+			return false, nil
 		case kerr.IsRetriable(err):
 			c.log.Warn("kafka: run: could not check that the dead-letter topic exists", "topic", topic, "err", err)
-			return nil
+			return true, nil
 		default:
-			return fmt.Errorf("kafka: run: dead-letter topic %q (WithDeadLetterTopic): %w", topic, err)
+			return false, fmt.Errorf("kafka: run: dead-letter topic %q (WithDeadLetterTopic): %w", topic, err)
 		}
 	}
-	return fmt.Errorf("%w: dead-letter topic %q (WithDeadLetterTopic) is not in the cluster's metadata: create it, or allow auto topic creation (kgo.AllowAutoTopicCreation)", ErrUnknownTopic, topic)
+	return false, nil
 }
 
 // deadLetter is the scheduler's dead-letter function: a record failed for

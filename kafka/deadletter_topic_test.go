@@ -116,3 +116,60 @@ func TestCloseEndsRunWhileItChecksTheDeadLetterTopic(t *testing.T) {
 	_ = closeWithinMargin(t, c, 100*time.Millisecond)
 	runReturnsNil(t, runDone)
 }
+
+// A dead-letter topic created just before Run, not yet in the metadata of
+// the broker Run asks (it answers UNKNOWN_TOPIC_OR_PARTITION meanwhile), is
+// asked about again: Run goes on once the topic shows, and the first
+// record that fails for good is dead-lettered into it. Here the topic is
+// created right after the cluster's first answer that it does not exist.
+func TestRunAsksAgainForADeadLetterTopicNotYetKnown(t *testing.T) {
+	tc := newCluster(t, 1, "orders")
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	unknown := make(chan struct{}, 1)
+	asked := 0
+	tc.ControlKey(int16(kmsg.Metadata), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		tc.KeepControl()
+		m := req.(*kmsg.MetadataRequest)
+		if len(m.Topics) == 1 && m.Topics[0].Topic != nil && *m.Topics[0].Topic == "late.dlq" {
+			if asked++; asked == 1 {
+				unknown <- struct{}{} // answered below, by the cluster: not known yet
+			}
+		}
+		return nil, nil, false
+	})
+	tc.produce(t, rec("orders", 0, "k", "bad"))
+	c, runDone := tc.runConsumer(t, groupName(t), failBadForGood, WithLogger(quiet), WithDeadLetterTopic("late.dlq"),
+		WithClientOptions(kgo.ConsumeTopics("orders")))
+	select {
+	case <-unknown:
+	case err := <-runDone:
+		t.Fatalf("Run returned before asking about the dead-letter topic: %v", err)
+	case <-ctx.Done():
+		t.Fatal("Run never asked about the dead-letter topic")
+	}
+	// The cluster handles requests one at a time: this creation comes
+	// after its answer to the first question.
+	admin, err := kgo.NewClient(kgo.SeedBrokers(tc.addrs...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	create := kmsg.NewPtrCreateTopicsRequest()
+	ct := kmsg.NewCreateTopicsRequestTopic()
+	ct.Topic, ct.NumPartitions, ct.ReplicationFactor = "late.dlq", 1, 1
+	create.Topics = append(create.Topics, ct)
+	if resp, err := create.RequestWith(ctx, admin); err != nil || resp.Topics[0].ErrorCode != 0 {
+		t.Fatalf("create late.dlq: %v %+v", err, resp)
+	}
+	select {
+	case err := <-runDone:
+		t.Fatalf("Run gave up on a topic created meanwhile: %v", err)
+	default:
+	}
+	tc.readAll(t, "late.dlq", 1)
+	if err := c.Close(ctx); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	runReturnsNil(t, runDone)
+}

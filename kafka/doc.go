@@ -81,7 +81,10 @@
 // Without a dead-letter topic the record is logged at Error and counted
 // finished. Run checks at its start that the cluster has the dead-letter
 // topic (unless kgo.AllowAutoTopicCreation is among the client options) and
-// returns an error wrapping ErrUnknownTopic when it does not. Under keysched.Park the key stops on the failed record instead
+// returns an error wrapping ErrUnknownTopic when it still does not after
+// about a second (a topic created just before Run may take that long to
+// reach every broker's metadata). Under keysched.Park the key stops on the
+// failed record instead
 // (Parked lists it; Resume runs it again; Skip dead-letters it and moves
 // on), holding its partition's frontier and, at the bound, its fetching.
 //
