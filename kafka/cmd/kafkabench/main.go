@@ -138,8 +138,20 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if c.Partitions < 1 || c.Workers < 1 || c.MaxInFlight < 1 || c.Limit < 0 || c.Rounds < 1 || c.Repeat < 1 {
-		return errors.New("--partitions, --workers, --max-in-flight, --rounds and --repeat need at least 1, --limit 0 or more")
+	for _, f := range []struct {
+		name   string
+		v, min int
+	}{{"--partitions", c.Partitions, 1}, {"--workers", c.Workers, 1}, {"--max-in-flight", c.MaxInFlight, 1},
+		{"--rounds", c.Rounds, 1}, {"--repeat", c.Repeat, 1}, {"--limit", c.Limit, 0}} {
+		if f.v < f.min {
+			return fmt.Errorf("%s %d: needs %d or more", f.name, f.v, f.min)
+		}
+	}
+	if c.Timeout <= 0 {
+		return fmt.Errorf("--timeout %v: needs to be positive", c.Timeout)
+	}
+	if len(c.Consumers) == 0 {
+		return errors.New("--consumers: no consumer given (keysched, plain, keysched-partition, ideal)")
 	}
 	if c.FetchMaxWait < 10*time.Millisecond {
 		return fmt.Errorf("--fetch-max-wait %v: franz-go takes 10ms or more", c.FetchMaxWait)

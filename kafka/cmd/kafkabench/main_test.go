@@ -77,13 +77,17 @@ func TestBadFlags(t *testing.T) {
 		{"--partitions", "0"},
 		{"--rounds", "0"},
 		{"--repeat", "0"},
+		{"--limit", "-1"},
+		{"--timeout", "0s"},
+		{"--consumers", ""},
 		{"--consumers", "nope"},
 		{"--fetch-max-wait", "5ms"},
 		{"--synthetic", "--trace", "x"},
 	} {
 		var out, errOut bytes.Buffer
-		if err := run(args, &out, &errOut); err == nil {
-			t.Errorf("%v: no error", args)
+		// Refused, naming the flag.
+		if err := run(args, &out, &errOut); err == nil || !strings.Contains(err.Error(), strings.TrimPrefix(args[0], "--")) {
+			t.Errorf("%v: %v", args, err)
 		}
 	}
 }
