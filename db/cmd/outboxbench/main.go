@@ -73,6 +73,9 @@ type config struct {
 
 func main() {
 	if err := mainErr(context.Background(), os.Args[1:], os.Stdout); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return // -h: the usage is printed
+		}
 		fmt.Fprintln(os.Stderr, "outboxbench:", err)
 		os.Exit(1)
 	}
@@ -105,6 +108,9 @@ func mainErr(ctx context.Context, args []string, out io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q (every setting is a flag; -h lists them)", fs.Arg(0))
+	}
 	cfg := config{dsn: *dsn, rounds: *rounds, batch: *batch, isolation: *isolate, only: *only, json: *asJSON, notify: *notify, notifyWrite: *fromW, pgstats: *pgstats, retention: *retain,
 		wl: workload{events: *events, keys: *keys, perTx: *perTx, writers: *writers, backlog: *backlog, timeout: *timeout}}
 	switch {
@@ -130,7 +136,11 @@ func mainErr(ctx context.Context, args []string, out io.Writer) error {
 		cfg.systems = append(cfg.systems, s)
 	}
 	for _, s := range strings.Split(*which, ",") {
-		cfg.dbs = append(cfg.dbs, strings.TrimSpace(s))
+		s = strings.TrimSpace(s)
+		if s != "sqlite" && s != "postgres" {
+			return fmt.Errorf("--db: unknown database %q (sqlite, postgres)", s)
+		}
+		cfg.dbs = append(cfg.dbs, s)
 	}
 	if *profile != "" {
 		f, err := os.Create(*profile)
@@ -201,12 +211,24 @@ func bench(ctx context.Context, cfg config, out io.Writer) error {
 		fmt.Fprintf(out, "%-8s %-16s %4s %-15s %5s %10s %10s %10s %8s %8s %6s %6s %5s\n",
 			"db", "system", "cons", "scenario", "round", "write/s", "deliv/s", "others/s", "p50 ms", "p99 ms", "viol", "dups", "load")
 	}
+	// A database that cannot be opened, or a system it has no adapter
+	// for, is skipped (a machine without PostgreSQL still measures
+	// SQLite); a run that measured nothing at all is an error.
+	var skipped []string
+	skip := func(dbName, sysName string, err error) {
+		skipped = append(skipped, strings.TrimSpace(dbName+" "+sysName)+": "+err.Error())
+		if cfg.json {
+			_ = enc.Encode(map[string]string{"kind": "skipped", "db": dbName, "system": sysName, "reason": err.Error()})
+		} else if sysName == "" {
+			fmt.Fprintf(out, "%s: SKIPPED: %v\n", dbName, err)
+		} else {
+			fmt.Fprintf(out, "%-8s %-16s SKIPPED: %v\n", dbName, sysName, err)
+		}
+	}
 	for _, dbName := range cfg.dbs {
 		env, cleanup, err := newEnv(ctx, dbName, cfg.dsn)
 		if err != nil {
-			if !cfg.json {
-				fmt.Fprintf(out, "%s: SKIPPED: %v\n", dbName, err)
-			}
+			skip(dbName, "", err)
 			continue
 		}
 		env.noNotify = !cfg.notify
@@ -220,9 +242,7 @@ func bench(ctx context.Context, cfg config, out io.Writer) error {
 			for _, n := range cfg.consumers {
 				s, err := benchOne(ctx, cfg, env, sysName, n, out, enc)
 				if errors.Is(err, errNoWatermillSQLite) {
-					if !cfg.json {
-						fmt.Fprintf(out, "%-8s %-16s SKIPPED: %v\n", dbName, sysName, err)
-					}
+					skip(dbName, sysName, err)
 					break
 				}
 				if err != nil {
@@ -233,6 +253,9 @@ func bench(ctx context.Context, cfg config, out io.Writer) error {
 			}
 		}
 		cleanup()
+	}
+	if len(sums) == 0 {
+		return fmt.Errorf("nothing measured: %s", strings.Join(skipped, "; "))
 	}
 	if cfg.json {
 		for _, s := range sums {

@@ -6,6 +6,8 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -125,9 +127,30 @@ func TestEverySystemDeliversEveryEventOnce(t *testing.T) {
 
 // TestBadFlagsAreRefused: a bad flag is an error, not a run.
 func TestBadFlagsAreRefused(t *testing.T) {
-	for _, args := range [][]string{{"--systems", "kafka"}, {"--relays", "0"}, {"--keys", "1"}, {"--only", "both"}, {"--retention", "-1s"}} {
+	for _, args := range [][]string{{"--systems", "kafka"}, {"--relays", "0"}, {"--keys", "1"}, {"--only", "both"}, {"--retention", "-1s"},
+		{"--db", "mysql"}, {"--db", ""}, {"--db", "sqlite,"}, {"--events", "10", "extra"}} {
 		if err := mainErr(context.Background(), args, &bytes.Buffer{}); err == nil {
 			t.Errorf("%v: no error", args)
+		}
+	}
+}
+
+// A run that can measure nothing (a system with no adapter for the only
+// database given; a database that cannot be opened) is an error naming
+// why, not an empty table and exit 0; with --json the skip is a line of
+// its own too.
+func TestNothingMeasuredIsAnError(t *testing.T) {
+	for _, args := range [][]string{
+		{"--db", "sqlite", "--systems", "watermill", "--events", "20", "--keys", "2", "--rounds", "1", "--relays", "1"},
+		{"--db", "postgres", "--dsn", "host=/nonexistent-keysched dbname=x connect_timeout=2", "--events", "20", "--keys", "2", "--rounds", "1", "--relays", "1", "--json"},
+	} {
+		var out bytes.Buffer
+		err := mainErr(context.Background(), args, &out)
+		if err == nil || !strings.Contains(err.Error(), "nothing measured") {
+			t.Errorf("%v: %v\n%s", args, err, out.String())
+		}
+		if slices.Contains(args, "--json") && !strings.Contains(out.String(), `"kind":"skipped"`) {
+			t.Errorf("%v: no skipped line in %q", args, out.String())
 		}
 	}
 }
