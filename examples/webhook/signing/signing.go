@@ -27,6 +27,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -190,7 +191,7 @@ func WithTolerance(d time.Duration) Option { return func(v *Verifier) { v.tolera
 func WithClock(now func() time.Time) Option { return func(v *Verifier) { v.now = now } }
 
 // WithMaxBody bounds the body Middleware reads (default 1 MiB); a larger
-// body is refused with 413.
+// body is refused with 413. n > 0; math.MaxInt64 means no bound.
 func WithMaxBody(n int64) Option { return func(v *Verifier) { v.maxBody = n } }
 
 // NewVerifier returns a Verifier for secrets in the "whsec_" form (at least
@@ -308,7 +309,13 @@ func parseTimestamp(ts string) (int64, error) {
 // for ever.
 func (v *Verifier) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, err := io.ReadAll(io.LimitReader(r.Body, v.maxBody+1))
+		// One byte past the limit tells a body above it; maxBody+1 would
+		// wrap negative at math.MaxInt64 and read nothing at all.
+		limit := v.maxBody
+		if limit < math.MaxInt64 {
+			limit++
+		}
+		body, err := io.ReadAll(io.LimitReader(r.Body, limit))
 		if err != nil {
 			http.Error(w, "reading body: "+err.Error(), http.StatusBadRequest)
 			return
