@@ -252,11 +252,11 @@ func (v *Verifier) Verify(h http.Header, body []byte) error {
 	at := time.Unix(sec, 0)
 	if d := now.Sub(at); d > v.tolerance {
 		return fmt.Errorf("%w: %s %s is %v before now (%s), tolerance %v", ErrTooOld, HeaderTimestamp, ts,
-			d.Truncate(time.Second), now.UTC().Format(time.RFC3339), v.tolerance)
+			ceilMillis(d), now.UTC().Format(time.RFC3339Nano), v.tolerance)
 	}
 	if d := at.Sub(now); d > v.tolerance {
 		return fmt.Errorf("%w: %s %s is %v after now (%s), tolerance %v", ErrTooNew, HeaderTimestamp, ts,
-			d.Truncate(time.Second), now.UTC().Format(time.RFC3339), v.tolerance)
+			ceilMillis(d), now.UTC().Format(time.RFC3339Nano), v.tolerance)
 	}
 	want := make([][]byte, len(v.secrets))
 	for i, s := range v.secrets {
@@ -283,6 +283,17 @@ func (v *Verifier) Verify(h http.Header, body []byte) error {
 		return fmt.Errorf("%w: no v1 signature in %s", ErrNoMatch, HeaderSignature)
 	}
 	return fmt.Errorf("%w: %d v1 signatures, %d secrets", ErrNoMatch, seen, len(v.secrets))
+}
+
+// ceilMillis rounds d up to the millisecond, for a refusal's text: the
+// clock has sub-second precision and the timestamp has not, so an offset
+// just past the tolerance, truncated, read as the tolerance itself ("is
+// 5m0s after now, tolerance 5m0s"); rounded up it reads as more.
+func ceilMillis(d time.Duration) time.Duration {
+	if r := d % time.Millisecond; r != 0 {
+		d += time.Millisecond - r
+	}
+	return d
 }
 
 // parseTimestamp accepts decimal digits only: the signature covers the
