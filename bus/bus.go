@@ -397,7 +397,10 @@ func (b *Bus[K]) PublishEnvelope(ctx context.Context, env Envelope[K]) error {
 			continue
 		}
 		if errors.Is(err, keysched.ErrInvalidKey) {
-			return err // unusable for every subscriber: none accepted it
+			// Unusable for every subscriber: none accepted it, and it did
+			// not get past validation, so Stats.Published does not count it.
+			b.published.Add(^uint64(0))
+			return err
 		}
 		if err = s.refusal(err); err != nil {
 			refuse(s, err)
@@ -564,7 +567,7 @@ func (b *Bus[K]) Close(ctx context.Context) error {
 // Stats is a snapshot of a bus's counters.
 type Stats struct {
 	Subscribers int    // subscribed and not unsubscribed
-	Published   uint64 // Publish calls that got past validation (ErrClosed and the like excluded)
+	Published   uint64 // Publish calls that got past validation (ErrClosed, ErrInvalidKey and the like excluded)
 	Unmatched   uint64 // of those, events no subscriber matched
 }
 
