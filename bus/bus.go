@@ -43,7 +43,11 @@ var (
 	// ErrNilEvent is returned by Publish for a nil event: nothing can route it.
 	ErrNilEvent = errors.New("bus: nil event")
 	// ErrDuplicateName is returned by Subscribe for a name already in use on
-	// the bus. A name is free again once Unsubscribe has been called.
+	// the bus. A name is free again once Unsubscribe has been called, before
+	// it returns: the new subscriber is another one, and its events of a key
+	// may run while the old one's still drain (order holds per subscriber).
+	// Subscribe again after Unsubscribe returned nil when the order of a key
+	// matters across the two.
 	ErrDuplicateName = errors.New("bus: subscriber name already in use")
 	// ErrZeroBus is returned by the error-returning methods of a nil or
 	// zero-value Bus (one not made by New), and by Subscribe on one; its
