@@ -15,7 +15,11 @@
 // The webhook delivery service signs with Sign; a receiver (in Go) checks a
 // request with a Verifier, or wraps its handler in Verifier.Middleware.
 // Both agree with the specification's published test vectors and with its
-// reference Go library (see signing_test.go).
+// reference Go library (see vectors_test.go), but for requests that library
+// accepts and Verify refuses: an ID containing a '.' (ErrInvalidHeader), and
+// a webhook-timestamp not written as Sign writes it ("+1614265330",
+// "01614265330") with a signature of the number's plain form: that library
+// signs the number it parsed, Verify the header's text.
 package signing
 
 import (
