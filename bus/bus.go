@@ -43,7 +43,11 @@ var (
 	// ErrNilEvent is returned by Publish for a nil event: nothing can route it.
 	ErrNilEvent = errors.New("bus: nil event")
 	// ErrDuplicateName is returned by Subscribe for a name already in use on
-	// the bus. A name is free again once Unsubscribe has been called.
+	// the bus. A name is free again once Unsubscribe has been called, before
+	// it returns: the new subscriber is another one, and its events of a key
+	// may run while the old one's still drain (order holds per subscriber).
+	// Subscribe again after Unsubscribe returned nil when the order of a key
+	// matters across the two.
 	ErrDuplicateName = errors.New("bus: subscriber name already in use")
 	// ErrZeroBus is returned by the error-returning methods of a nil or
 	// zero-value Bus (one not made by New), and by Subscribe on one; its
@@ -397,7 +401,10 @@ func (b *Bus[K]) PublishEnvelope(ctx context.Context, env Envelope[K]) error {
 			continue
 		}
 		if errors.Is(err, keysched.ErrInvalidKey) {
-			return err // unusable for every subscriber: none accepted it
+			// Unusable for every subscriber: none accepted it, and it did
+			// not get past validation, so Stats.Published does not count it.
+			b.published.Add(^uint64(0))
+			return err
 		}
 		if err = s.refusal(err); err != nil {
 			refuse(s, err)
@@ -564,7 +571,7 @@ func (b *Bus[K]) Close(ctx context.Context) error {
 // Stats is a snapshot of a bus's counters.
 type Stats struct {
 	Subscribers int    // subscribed and not unsubscribed
-	Published   uint64 // Publish calls that got past validation (ErrClosed and the like excluded)
+	Published   uint64 // Publish calls that got past validation (ErrClosed, ErrInvalidKey and the like excluded)
 	Unmatched   uint64 // of those, events no subscriber matched
 }
 

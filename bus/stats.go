@@ -28,9 +28,16 @@ type SubStats struct {
 }
 
 func (s *sub[K]) stats() SubStats {
+	// The scheduler's counters first, then ejectedDL: an ejected event is
+	// counted in ejectedDL before its task returns nil and the scheduler
+	// counts it as succeeded, so in that order Succeeded minus ejectedDL is
+	// never above the true count; it is below it while such an event's dead
+	// letter is being delivered. succeededFloor keeps the figure from going
+	// back then (a Counter that decreases reads as a reset to a metrics
+	// backend).
 	st := s.sched.Stats()
 	ej := s.ejectedDL.Load()
-	st.Succeeded -= min(ej, st.Succeeded)
+	st.Succeeded = s.raiseSucceeded(st.Succeeded - min(ej, st.Succeeded))
 	st.Failed += ej
 	st.DeadLettered += ej
 	st.Rejected = s.refused.Load()
@@ -41,5 +48,19 @@ func (s *sub[K]) stats() SubStats {
 		Skipped:       s.skipped.Load(),
 		Ejected:       s.ejected.Load(),
 		EjectedEvents: ej,
+	}
+}
+
+// raiseSucceeded returns the larger of v and the largest Succeeded reported
+// so far, and records it.
+func (s *sub[K]) raiseSucceeded(v uint64) uint64 {
+	for {
+		f := s.succeededFloor.Load()
+		if v <= f {
+			return f
+		}
+		if s.succeededFloor.CompareAndSwap(f, v) {
+			return v
+		}
 	}
 }

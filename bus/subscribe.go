@@ -44,6 +44,7 @@ type sub[K comparable] struct {
 	timeouts atomic.Int64 // consecutive timed-out attempts (EjectAfter only)
 
 	delivered, dropped, refused, skipped, ejectedDL atomic.Uint64
+	succeededFloor                                  atomic.Uint64 // the largest SubStats.Succeeded reported (stats.go)
 
 	// With Failure(Park): the keys that parked or are about to (a key is
 	// dead-lettered just before it parks), so that ejection can skip them.

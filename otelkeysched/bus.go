@@ -86,12 +86,18 @@ func (r *Registration) Unregister() error {
 //
 // Unregister the returned Registration when the subscription is gone
 // (Unsubscribe); until then its last figures keep being reported.
-// Errors: a nil sub (a typed nil *bus.Subscription included) or a bad option
-// (wrapping keysched.ErrInvalidOption); ErrRegistered when sub is registered
+// Errors: a nil sub (a typed nil *bus.Subscription included), one with an
+// empty name (a zero bus.Subscription, not returned by bus.Subscribe) or a
+// bad option (wrapping keysched.ErrInvalidOption); ErrRegistered when sub is registered
 // already on mp with the same attributes (its series would count twice).
 func RegisterSubscription(mp metric.MeterProvider, sub Subscription, opts ...Option) (*Registration, error) {
 	if isNil(sub) {
 		return nil, fmt.Errorf("%w: otelkeysched: nil Subscription", keysched.ErrInvalidOption)
+	}
+	if sub.Name() == "" {
+		// A zero bus.Subscription (not returned by Subscribe): its series
+		// would read 0 for ever, under subscription="".
+		return nil, fmt.Errorf("%w: otelkeysched: Subscription with an empty name (a zero bus.Subscription?)", keysched.ErrInvalidOption)
 	}
 	cfg, err := newConfig(mp, opts)
 	if err != nil {

@@ -15,7 +15,11 @@
 // The webhook delivery service signs with Sign; a receiver (in Go) checks a
 // request with a Verifier, or wraps its handler in Verifier.Middleware.
 // Both agree with the specification's published test vectors and with its
-// reference Go library (see signing_test.go).
+// reference Go library (see vectors_test.go), but for requests that library
+// accepts and Verify refuses: an ID containing a '.' (ErrInvalidHeader), and
+// a webhook-timestamp not written as Sign writes it ("+1614265330",
+// "01614265330") with a signature of the number's plain form: that library
+// signs the number it parsed, Verify the header's text.
 package signing
 
 import (
@@ -27,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -190,7 +195,7 @@ func WithTolerance(d time.Duration) Option { return func(v *Verifier) { v.tolera
 func WithClock(now func() time.Time) Option { return func(v *Verifier) { v.now = now } }
 
 // WithMaxBody bounds the body Middleware reads (default 1 MiB); a larger
-// body is refused with 413.
+// body is refused with 413. n > 0; math.MaxInt64 means no bound.
 func WithMaxBody(n int64) Option { return func(v *Verifier) { v.maxBody = n } }
 
 // NewVerifier returns a Verifier for secrets in the "whsec_" form (at least
@@ -251,11 +256,11 @@ func (v *Verifier) Verify(h http.Header, body []byte) error {
 	at := time.Unix(sec, 0)
 	if d := now.Sub(at); d > v.tolerance {
 		return fmt.Errorf("%w: %s %s is %v before now (%s), tolerance %v", ErrTooOld, HeaderTimestamp, ts,
-			d.Truncate(time.Second), now.UTC().Format(time.RFC3339), v.tolerance)
+			ceilMillis(d), now.UTC().Format(time.RFC3339Nano), v.tolerance)
 	}
 	if d := at.Sub(now); d > v.tolerance {
 		return fmt.Errorf("%w: %s %s is %v after now (%s), tolerance %v", ErrTooNew, HeaderTimestamp, ts,
-			d.Truncate(time.Second), now.UTC().Format(time.RFC3339), v.tolerance)
+			ceilMillis(d), now.UTC().Format(time.RFC3339Nano), v.tolerance)
 	}
 	want := make([][]byte, len(v.secrets))
 	for i, s := range v.secrets {
@@ -284,6 +289,17 @@ func (v *Verifier) Verify(h http.Header, body []byte) error {
 	return fmt.Errorf("%w: %d v1 signatures, %d secrets", ErrNoMatch, seen, len(v.secrets))
 }
 
+// ceilMillis rounds d up to the millisecond, for a refusal's text: the
+// clock has sub-second precision and the timestamp has not, so an offset
+// just past the tolerance, truncated, read as the tolerance itself ("is
+// 5m0s after now, tolerance 5m0s"); rounded up it reads as more.
+func ceilMillis(d time.Duration) time.Duration {
+	if r := d % time.Millisecond; r != 0 {
+		d += time.Millisecond - r
+	}
+	return d
+}
+
 // parseTimestamp accepts decimal digits only: the signature covers the
 // header's text, and "+1614265330" or " 1614265330" would parse to the same
 // number yet sign differently.
@@ -308,7 +324,13 @@ func parseTimestamp(ts string) (int64, error) {
 // for ever.
 func (v *Verifier) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, err := io.ReadAll(io.LimitReader(r.Body, v.maxBody+1))
+		// One byte past the limit tells a body above it; maxBody+1 would
+		// wrap negative at math.MaxInt64 and read nothing at all.
+		limit := v.maxBody
+		if limit < math.MaxInt64 {
+			limit++
+		}
+		body, err := io.ReadAll(io.LimitReader(r.Body, limit))
 		if err != nil {
 			http.Error(w, "reading body: "+err.Error(), http.StatusBadRequest)
 			return
