@@ -66,6 +66,7 @@ type options struct {
 	brkFailures   uint
 	brkOpen       time.Duration
 	history       time.Duration
+	skipUnconf    bool
 }
 
 func parseFlags(args []string) (options, error) {
@@ -95,6 +96,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.relayName, "relay-name", "webhook", "this instance's name in the relay's lease table: the same across restarts (a restart takes its partners back at once), distinct per instance sharing a -postgres database")
 	fs.DurationVar(&o.lease, "lease", 30*time.Second, "relay lease per partner: after a crash, how long before a new process takes a partner over; well above -timeout")
 	fs.DurationVar(&o.history, "history", 7*24*time.Hour, "how long each event's attempts and delivered payload are kept (lookup, replay); at least 1m")
+	fs.BoolVar(&o.skipUnconf, "skip-unconfigured", false, "mark skipped (kept, not delivered, logged) the undelivered events of partners no longer configured; without it such events refuse the start, naming each partner and its count")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -289,24 +291,25 @@ func run() error {
 	defer func() { _ = mp.Shutdown(context.Background()) }()
 
 	svc, err := service.New(ctx, service.Config{
-		Partners:       partners,
-		Secrets:        secrets,
-		AdminToken:     o.adminToken,
-		MaxRetryAfter:  o.maxRetryAfter,
-		BacklogSync:    o.backlogSync,
-		MaxBacklog:     o.maxBacklog,
-		Workers:        o.workers,
-		Limits:         service.DestinationLimits{Concurrency: o.concurrency, Rate: o.rate, Burst: max(1, int(o.rate/4))},
-		Timeout:        o.timeout,
-		LeaseDuration:  o.lease,
-		RelayName:      o.relayName,
-		Breaker:        service.BreakerSettings{Failures: uint32(min(o.brkFailures, 1<<31)), OpenFor: o.brkOpen},
-		Retry:          keysched.RetryPolicy{MaxAttempts: o.attempts, InitialBackoff: o.backoff, MaxBackoff: 30 * time.Second},
-		Logger:         log,
-		MeterProvider:  mp,
-		MetricsHandler: metricsHandler,
-		Store:          store,
-		History:        o.history,
+		Partners:         partners,
+		Secrets:          secrets,
+		AdminToken:       o.adminToken,
+		MaxRetryAfter:    o.maxRetryAfter,
+		BacklogSync:      o.backlogSync,
+		MaxBacklog:       o.maxBacklog,
+		Workers:          o.workers,
+		Limits:           service.DestinationLimits{Concurrency: o.concurrency, Rate: o.rate, Burst: max(1, int(o.rate/4))},
+		Timeout:          o.timeout,
+		LeaseDuration:    o.lease,
+		RelayName:        o.relayName,
+		Breaker:          service.BreakerSettings{Failures: uint32(min(o.brkFailures, 1<<31)), OpenFor: o.brkOpen},
+		Retry:            keysched.RetryPolicy{MaxAttempts: o.attempts, InitialBackoff: o.backoff, MaxBackoff: 30 * time.Second},
+		Logger:           log,
+		MeterProvider:    mp,
+		MetricsHandler:   metricsHandler,
+		Store:            store,
+		History:          o.history,
+		SkipUnconfigured: o.skipUnconf,
 	})
 	if err != nil {
 		return err
