@@ -83,7 +83,9 @@ type EventInfo struct {
 	AttemptsOmitted int `json:"attempts_omitted,omitempty"`
 	// Replays are the replays an operator asked for, oldest first.
 	Replays []ReplayInfo `json:"replays,omitempty"`
-	// LastError is the outbox's last error for a parked or skipped event.
+	// LastError is the error that parked the event's latest delivery (its
+	// own or its latest replay's), while that delivery is parked or
+	// skipped; empty (absent) once it is pending or delivered again.
 	LastError string `json:"last_error,omitempty"`
 }
 
@@ -174,14 +176,17 @@ func (s *Store) event(ctx context.Context, id string) (EventInfo, error) {
 		if t, ok := timeOf(done); ok && state.Valid && outbox.State(state.Int64) == outbox.Sent && sentAt.IsZero() {
 			sentAt = t
 		}
-		if rowID == id {
-			ev.LastError = lastErr.String
-			continue
-		}
-		ev.Replays = append(ev.Replays, ReplayInfo{ID: rowID, RequestedAt: time.UnixMicro(req).UTC(), State: ev.State})
+		// The latest delivery's error, only while it is parked or
+		// skipped: the outbox keeps a row's last error after Resume and
+		// after delivery, and a replay's row has its own.
+		ev.LastError = ""
 		if ev.State == StateParked || ev.State == StateSkipped {
 			ev.LastError = lastErr.String
 		}
+		if rowID == id {
+			continue
+		}
+		ev.Replays = append(ev.Replays, ReplayInfo{ID: rowID, RequestedAt: time.UnixMicro(req).UTC(), State: ev.State})
 	}
 	if err := rows.Err(); err != nil {
 		return ev, fmt.Errorf("webhook: event %q: %w", id, err)
