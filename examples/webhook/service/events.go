@@ -398,7 +398,12 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 	case len(cands) == 0:
 		return res, fmt.Errorf("%w: partner %q, [%v, %v)", ErrReplayNothing, partner, from.UTC(), to.UTC())
 	case len(cands) > MaxReplay:
-		return res, fmt.Errorf("%w: %d events in [%v, %v), at most %d", ErrReplayTooMany, len(cands), from.UTC(), to.UTC(), MaxReplay)
+		// The candidates stop at MaxReplay+1: count the range's events.
+		n, err := s.store.countRange(ctx, partner, from, to)
+		if err != nil {
+			return res, err
+		}
+		return res, fmt.Errorf("%w: %d events in [%v, %v), at most %d", ErrReplayTooMany, n, from.UTC(), to.UTC(), MaxReplay)
 	case !s.known(cands[0].partner):
 		// A partner removed from the configuration since: its new
 		// delivery would fail every attempt, then park a partner that
@@ -638,6 +643,18 @@ func (s *Store) writeReplays(ctx context.Context, cands []*replayCand, rows []st
 		}
 	}
 	return left, tx.Commit()
+}
+
+// countRange counts the partner's events accepted in [from, to) (the
+// filter of replayCandidates' range).
+func (s *Store) countRange(ctx context.Context, partner string, from, to time.Time) (int64, error) {
+	var n int64
+	err := s.db.QueryRowContext(ctx, s.rebind(`SELECT COUNT(*) FROM `+s.intake+` WHERE partner = ? AND received_at >= ? AND received_at < ?`),
+		partner, from.UnixMicro(), to.UnixMicro()).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("webhook: replay: counting the range's events: %w", err)
+	}
+	return n, nil
 }
 
 // replayCandidates reads the events a replay considers (one ID, or a
