@@ -36,9 +36,19 @@ import (
 
 func main() {
 	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "webhook:", err)
+		fmt.Fprintln(os.Stderr, errorLine(err))
 		os.Exit(1)
 	}
+}
+
+// errorLine is the line main prints for run's error: prefixed with
+// "webhook: " once (the service's errors carry it already).
+func errorLine(err error) string {
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "webhook: ") {
+		msg = "webhook: " + msg
+	}
+	return msg
 }
 
 type options struct {
@@ -113,6 +123,32 @@ func parseFlags(args []string) (options, error) {
 	// made the producer's ticker interval 0, and NewTicker panicked in its
 	// goroutine, killing the service; -dest-rate +Inf made the burst an
 	// out-of-range float-to-int conversion.
+	// Each of these fed a Config field whose zero means "the default": 0
+	// (or '') was accepted and silently replaced (-timeout 0 became
+	// Config.Timeout's 10 s, not this flag's 5 s). Refused, naming the
+	// flag, like -partners 0, -dest-concurrency 0 and -attempts 0.
+	switch {
+	case o.workers < 1:
+		return o, fmt.Errorf("-workers %d: need at least 1", o.workers)
+	case o.timeout <= 0:
+		return o, fmt.Errorf("-timeout %v: need above 0", o.timeout)
+	case o.maxBacklog < 1:
+		return o, fmt.Errorf("-max-backlog %d: need at least 1", o.maxBacklog)
+	case o.relayName == "":
+		return o, errors.New("-relay-name '': need a name (this instance's name in the lease table)")
+	case o.attempts < 1:
+		return o, fmt.Errorf("-attempts %d: need at least 1", o.attempts)
+	case o.concurrency < 1:
+		return o, fmt.Errorf("-dest-concurrency %d: need at least 1", o.concurrency)
+	case o.lease <= 0:
+		return o, fmt.Errorf("-lease %v: need above 0 (at least twice -timeout plus a second)", o.lease)
+	case o.maxRetryAfter <= 0:
+		return o, fmt.Errorf("-max-retry-after %v: need above 0", o.maxRetryAfter)
+	case o.brkFailures < 1:
+		return o, fmt.Errorf("-breaker-failures %d: need at least 1", o.brkFailures)
+	case o.brkOpen <= 0:
+		return o, fmt.Errorf("-breaker-open %v: need above 0", o.brkOpen)
+	}
 	switch {
 	case !(o.simRate >= 0 && o.simRate <= maxSimRate):
 		return o, fmt.Errorf("-sim-rate %v: need 0 to %v events per second", o.simRate, maxSimRate)
