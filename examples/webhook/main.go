@@ -36,9 +36,19 @@ import (
 
 func main() {
 	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "webhook:", err)
+		fmt.Fprintln(os.Stderr, errorLine(err))
 		os.Exit(1)
 	}
+}
+
+// errorLine is the line main prints for run's error: prefixed with
+// "webhook: " once (the service's errors carry it already).
+func errorLine(err error) string {
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "webhook: ") {
+		msg = "webhook: " + msg
+	}
+	return msg
 }
 
 type options struct {
@@ -66,6 +76,7 @@ type options struct {
 	brkFailures   uint
 	brkOpen       time.Duration
 	history       time.Duration
+	skipUnconf    bool
 }
 
 func parseFlags(args []string) (options, error) {
@@ -95,6 +106,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.relayName, "relay-name", "webhook", "this instance's name in the relay's lease table: the same across restarts (a restart takes its partners back at once), distinct per instance sharing a -postgres database")
 	fs.DurationVar(&o.lease, "lease", 30*time.Second, "relay lease per partner: after a crash, how long before a new process takes a partner over; well above -timeout")
 	fs.DurationVar(&o.history, "history", 7*24*time.Hour, "how long each event's attempts and delivered payload are kept (lookup, replay); at least 1m")
+	fs.BoolVar(&o.skipUnconf, "skip-unconfigured", false, "mark skipped (kept, not delivered, logged) the undelivered events of partners no longer configured; without it such events refuse the start, naming each partner and its count")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -111,6 +123,32 @@ func parseFlags(args []string) (options, error) {
 	// made the producer's ticker interval 0, and NewTicker panicked in its
 	// goroutine, killing the service; -dest-rate +Inf made the burst an
 	// out-of-range float-to-int conversion.
+	// Each of these fed a Config field whose zero means "the default": 0
+	// (or '') was accepted and silently replaced (-timeout 0 became
+	// Config.Timeout's 10 s, not this flag's 5 s). Refused, naming the
+	// flag, like -partners 0, -dest-concurrency 0 and -attempts 0.
+	switch {
+	case o.workers < 1:
+		return o, fmt.Errorf("-workers %d: need at least 1", o.workers)
+	case o.timeout <= 0:
+		return o, fmt.Errorf("-timeout %v: need above 0", o.timeout)
+	case o.maxBacklog < 1:
+		return o, fmt.Errorf("-max-backlog %d: need at least 1", o.maxBacklog)
+	case o.relayName == "":
+		return o, errors.New("-relay-name '': need a name (this instance's name in the lease table)")
+	case o.attempts < 1:
+		return o, fmt.Errorf("-attempts %d: need at least 1", o.attempts)
+	case o.concurrency < 1:
+		return o, fmt.Errorf("-dest-concurrency %d: need at least 1", o.concurrency)
+	case o.lease <= 0:
+		return o, fmt.Errorf("-lease %v: need above 0 (at least twice -timeout plus a second)", o.lease)
+	case o.maxRetryAfter <= 0:
+		return o, fmt.Errorf("-max-retry-after %v: need above 0", o.maxRetryAfter)
+	case o.brkFailures < 1:
+		return o, fmt.Errorf("-breaker-failures %d: need at least 1", o.brkFailures)
+	case o.brkOpen <= 0:
+		return o, fmt.Errorf("-breaker-open %v: need above 0", o.brkOpen)
+	}
 	switch {
 	case !(o.simRate >= 0 && o.simRate <= maxSimRate):
 		return o, fmt.Errorf("-sim-rate %v: need 0 to %v events per second", o.simRate, maxSimRate)
@@ -289,24 +327,25 @@ func run() error {
 	defer func() { _ = mp.Shutdown(context.Background()) }()
 
 	svc, err := service.New(ctx, service.Config{
-		Partners:       partners,
-		Secrets:        secrets,
-		AdminToken:     o.adminToken,
-		MaxRetryAfter:  o.maxRetryAfter,
-		BacklogSync:    o.backlogSync,
-		MaxBacklog:     o.maxBacklog,
-		Workers:        o.workers,
-		Limits:         service.DestinationLimits{Concurrency: o.concurrency, Rate: o.rate, Burst: max(1, int(o.rate/4))},
-		Timeout:        o.timeout,
-		LeaseDuration:  o.lease,
-		RelayName:      o.relayName,
-		Breaker:        service.BreakerSettings{Failures: uint32(min(o.brkFailures, 1<<31)), OpenFor: o.brkOpen},
-		Retry:          keysched.RetryPolicy{MaxAttempts: o.attempts, InitialBackoff: o.backoff, MaxBackoff: 30 * time.Second},
-		Logger:         log,
-		MeterProvider:  mp,
-		MetricsHandler: metricsHandler,
-		Store:          store,
-		History:        o.history,
+		Partners:         partners,
+		Secrets:          secrets,
+		AdminToken:       o.adminToken,
+		MaxRetryAfter:    o.maxRetryAfter,
+		BacklogSync:      o.backlogSync,
+		MaxBacklog:       o.maxBacklog,
+		Workers:          o.workers,
+		Limits:           service.DestinationLimits{Concurrency: o.concurrency, Rate: o.rate, Burst: max(1, int(o.rate/4))},
+		Timeout:          o.timeout,
+		LeaseDuration:    o.lease,
+		RelayName:        o.relayName,
+		Breaker:          service.BreakerSettings{Failures: uint32(min(o.brkFailures, 1<<31)), OpenFor: o.brkOpen},
+		Retry:            keysched.RetryPolicy{MaxAttempts: o.attempts, InitialBackoff: o.backoff, MaxBackoff: 30 * time.Second},
+		Logger:           log,
+		MeterProvider:    mp,
+		MetricsHandler:   metricsHandler,
+		Store:            store,
+		History:          o.history,
+		SkipUnconfigured: o.skipUnconf,
 	})
 	if err != nil {
 		return err

@@ -83,7 +83,9 @@ type EventInfo struct {
 	AttemptsOmitted int `json:"attempts_omitted,omitempty"`
 	// Replays are the replays an operator asked for, oldest first.
 	Replays []ReplayInfo `json:"replays,omitempty"`
-	// LastError is the outbox's last error for a parked or skipped event.
+	// LastError is the error that parked the event's latest delivery (its
+	// own or its latest replay's), while that delivery is parked or
+	// skipped; empty (absent) once it is pending or delivered again.
 	LastError string `json:"last_error,omitempty"`
 }
 
@@ -174,14 +176,17 @@ func (s *Store) event(ctx context.Context, id string) (EventInfo, error) {
 		if t, ok := timeOf(done); ok && state.Valid && outbox.State(state.Int64) == outbox.Sent && sentAt.IsZero() {
 			sentAt = t
 		}
-		if rowID == id {
-			ev.LastError = lastErr.String
-			continue
-		}
-		ev.Replays = append(ev.Replays, ReplayInfo{ID: rowID, RequestedAt: time.UnixMicro(req).UTC(), State: ev.State})
+		// The latest delivery's error, only while it is parked or
+		// skipped: the outbox keeps a row's last error after Resume and
+		// after delivery, and a replay's row has its own.
+		ev.LastError = ""
 		if ev.State == StateParked || ev.State == StateSkipped {
 			ev.LastError = lastErr.String
 		}
+		if rowID == id {
+			continue
+		}
+		ev.Replays = append(ev.Replays, ReplayInfo{ID: rowID, RequestedAt: time.UnixMicro(req).UTC(), State: ev.State})
 	}
 	if err := rows.Err(); err != nil {
 		return ev, fmt.Errorf("webhook: event %q: %w", id, err)
@@ -393,7 +398,12 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 	case len(cands) == 0:
 		return res, fmt.Errorf("%w: partner %q, [%v, %v)", ErrReplayNothing, partner, from.UTC(), to.UTC())
 	case len(cands) > MaxReplay:
-		return res, fmt.Errorf("%w: %d events in [%v, %v), at most %d", ErrReplayTooMany, len(cands), from.UTC(), to.UTC(), MaxReplay)
+		// The candidates stop at MaxReplay+1: count the range's events.
+		n, err := s.store.countRange(ctx, partner, from, to)
+		if err != nil {
+			return res, err
+		}
+		return res, fmt.Errorf("%w: %d events in [%v, %v), at most %d", ErrReplayTooMany, n, from.UTC(), to.UTC(), MaxReplay)
 	case !s.known(cands[0].partner):
 		// A partner removed from the configuration since: its new
 		// delivery would fail every attempt, then park a partner that
@@ -633,6 +643,18 @@ func (s *Store) writeReplays(ctx context.Context, cands []*replayCand, rows []st
 		}
 	}
 	return left, tx.Commit()
+}
+
+// countRange counts the partner's events accepted in [from, to) (the
+// filter of replayCandidates' range).
+func (s *Store) countRange(ctx context.Context, partner string, from, to time.Time) (int64, error) {
+	var n int64
+	err := s.db.QueryRowContext(ctx, s.rebind(`SELECT COUNT(*) FROM `+s.intake+` WHERE partner = ? AND received_at >= ? AND received_at < ?`),
+		partner, from.UnixMicro(), to.UnixMicro()).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("webhook: replay: counting the range's events: %w", err)
+	}
+	return n, nil
 }
 
 // replayCandidates reads the events a replay considers (one ID, or a

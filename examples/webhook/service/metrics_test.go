@@ -4,8 +4,10 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -154,4 +156,26 @@ func TestMetricsServed(t *testing.T) {
 	require.Regexp(t, `webhook_partner_parked\{[^}]*partner="p"[^}]*\} 1\n`, body)
 	require.Regexp(t, `webhook_partner_parks_total\{[^}]*partner="p"[^}]*\} 1\n`, body)
 	require.Regexp(t, qDelivered, body) // 3, or more with a redelivery
+
+	// Every metric name the README gives is one served: the Prometheus
+	// names as series of this scrape (it named
+	// webhook_partner_backlog_slope, served as ..._per_second), the
+	// OpenTelemetry ones as the prefix of one. A replay first, so that
+	// its counter has a series.
+	_, err = h.svc.Replay(t.Context(), h.acceptedIDs("q")[0])
+	require.NoError(t, err)
+	body = scrape()
+	readme, err := os.ReadFile("../README.md")
+	require.NoError(t, err)
+	notMetrics := map[string]bool{"webhook_attempt": true, "webhook_replay": true, "webhook_intake": true, "webhook_outbox": true, "keysched_test": true}
+	names := regexp.MustCompile(`\b(?:webhook|keysched)_[a-z_]+\b`).FindAllString(string(readme), -1)
+	require.NotEmpty(t, names)
+	for _, name := range names {
+		if !notMetrics[name] {
+			require.Regexp(t, `(?m)^`+name+`[{ ]`, body, "the README's %s", name)
+		}
+	}
+	for _, m := range regexp.MustCompile("`((?:webhook|keysched)\\.[a-z_.]+)[`{]").FindAllStringSubmatch(string(readme), -1) {
+		require.Regexp(t, `(?m)^`+strings.ReplaceAll(m[1], ".", "_"), body, "the README's %s", m[1])
+	}
 }

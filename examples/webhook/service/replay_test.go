@@ -165,15 +165,17 @@ func TestReplayRangeRecoversParkedAndRequeuesDelivered(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, code)
 }
 
-// A range of more than MaxReplay events is refused whole, naming the count:
-// nothing is replayed (no partial run).
+// A range of more than MaxReplay events is refused whole, naming the count
+// the range holds (it named MaxReplay+1, the query's limit): nothing is
+// replayed (no partial run).
 func TestReplayRangeRefusesTooMany(t *testing.T) {
 	h := newHarness(t, map[string]sim.Behavior{"p": {}}, nil)
 	ctx := context.Background()
 	tx, err := h.store.db.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	base := time.Now().Add(-time.Hour)
-	for i := range MaxReplay + 1 {
+	const held = MaxReplay + 500 // the count named is the range's, not the query's limit + 1
+	for i := range held {
 		_, err := tx.ExecContext(ctx, h.store.rebind(`INSERT INTO `+h.store.intake+` (id, partner, type, received_at) VALUES (?, 'p', 't', ?)`),
 			fmt.Sprintf("old-%04d", i), base.Add(time.Duration(i)*time.Millisecond).UnixMicro())
 		require.NoError(t, err)
@@ -181,7 +183,7 @@ func TestReplayRangeRefusesTooMany(t *testing.T) {
 	require.NoError(t, tx.Commit())
 	_, err = h.svc.ReplayRange(ctx, "p", base, base.Add(time.Minute))
 	require.ErrorIs(t, err, ErrReplayTooMany)
-	require.ErrorContains(t, err, fmt.Sprint(MaxReplay+1))
+	require.ErrorContains(t, err, fmt.Sprintf(": %d events in [", held))
 	var n int
 	require.NoError(t, h.store.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+h.store.replay).Scan(&n))
 	require.Zero(t, n)

@@ -70,6 +70,11 @@ var (
 	// ErrZeroStore is returned by Close on a nil or zero Store (one not
 	// made by NewStore, OpenSQLite or OpenPostgres); Outbox returns nil.
 	ErrZeroStore = errors.New("webhook: nil or zero Store (make one with NewStore, OpenSQLite or OpenPostgres)")
+	// ErrUnconfiguredPartner is returned by New when the store holds
+	// undelivered (pending or parked) events of a partner that is not in
+	// Config.Partners; the error names each such partner and its count.
+	// Add the partner back, or set Config.SkipUnconfigured.
+	ErrUnconfiguredPartner = errors.New("webhook: undelivered events of partners not in the configuration")
 )
 
 // Config configures New. Zero fields take the defaults documented on each.
@@ -179,6 +184,11 @@ type Config struct {
 	// A cleanup deletes what is older every History/10 (at most every 10
 	// minutes, at least every second). Default 7 days; at least a minute.
 	History time.Duration
+	// SkipUnconfigured makes New mark skipped (kept in the outbox, not
+	// delivered, logged per partner with the count) the undelivered events
+	// of partners not in Partners. False (the default): New refuses to
+	// start with ErrUnconfiguredPartner while any is left.
+	SkipUnconfigured bool
 
 	now        func() time.Time // tests
 	trendEvery time.Duration    // tests: the backlog trend's sampling period
@@ -357,6 +367,10 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	s.deliver = d
 	if s.metrics, err = newMetrics(cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("webhook: metrics: %w", err)
+	}
+	if err := s.checkUnconfigured(ctx); err != nil {
+		_ = s.metrics.close()
+		return nil, err
 	}
 	if err := s.store.loadPending(ctx, s.backlog); err != nil {
 		_ = s.metrics.close()

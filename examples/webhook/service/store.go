@@ -3,7 +3,9 @@ package service
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"os"
 	"regexp"
 	"time"
 
@@ -52,22 +54,40 @@ type Store struct {
 	attempt string // the attempt history's table (history.go)
 	replay  string // the replays' table (events.go)
 	ownsDB  bool
+	lock    *os.File // OpenSQLite's lock file (sqlitelock.go), closed by Close
 }
 
 // OpenSQLite opens (creating it if missing) a SQLite database file and its
 // tables. The driver is pure Go (modernc.org/sqlite): no cgo, no server.
+//
+// One process per SQLite file: OpenSQLite takes an exclusive advisory lock
+// (flock) on the file path+".lock" (created if missing, left in place) and
+// holds it until Close; while another Store, in this process or another,
+// holds it, OpenSQLite fails at once with ErrSQLiteInUse naming the file
+// and the holder's pid. (A second process used to start and take the
+// first one's partner leases over.) The kernel drops the lock when its
+// process dies. On platforms without flock (not Linux, macOS or the BSDs)
+// nothing is locked. A *sql.DB given to NewStore is not locked.
 func OpenSQLite(ctx context.Context, path string, opts ...StoreOption) (*Store, error) {
 	db, err := sqldb.OpenSQLite(path)
 	if err != nil {
 		return nil, err
 	}
 	db.SetMaxOpenConns(1)
-	s, err := NewStore(ctx, db, opts...)
+	lock, err := lockSQLite(ctx, db)
 	if err != nil {
 		db.Close()
 		return nil, err
 	}
-	s.ownsDB = true
+	s, err := NewStore(ctx, db, opts...)
+	if err != nil {
+		db.Close()
+		if lock != nil {
+			lock.Close()
+		}
+		return nil, err
+	}
+	s.ownsDB, s.lock = true, lock
 	return s, nil
 }
 
@@ -142,7 +162,13 @@ func (s *Store) Close() error {
 		return ErrZeroStore
 	}
 	if s.ownsDB {
-		return s.db.Close()
+		err := s.db.Close()
+		if s.lock != nil {
+			// After the database: the next process opens it once we
+			// are done with it.
+			err = errors.Join(err, s.lock.Close())
+		}
+		return err
 	}
 	return nil
 }
