@@ -336,19 +336,21 @@ func (m *Metrics[K]) Observer() keysched.Observer[K] {
 }
 
 // Register reports s's counters and oldest task's age at every collection,
-// under m's attributes. Registering s again on the same MeterProvider with
-// the same attributes (through another Metrics) is refused with an error
-// wrapping ErrRegistered: the SDK would sum the two into one series, every
-// task counted twice. (Two different schedulers with the same attributes
-// are summed too, which is their total; their oldest ages are then one of
-// the two: tell them apart with WithAttributes.)
+// under m's attributes, until Unregister. Each collection reads s.Stats and
+// s.OldestAge (which walks s's live keys' heads: see
+// keysched.Scheduler.OldestAge); the age is 0 unless s was made with the
+// Observer (or keysched.WithTaskAges).
 //
-// until Unregister. Each collection reads s.Stats and s.OldestAge (which
-// walks s's live keys' heads: see keysched.Scheduler.OldestAge); the age is
-// 0 unless s was made with the Observer (or keysched.WithTaskAges).
+// Registering s again on the same MeterProvider with the same attributes
+// (through another Metrics) is refused with an error wrapping
+// ErrRegistered: the SDK would sum the two into one series, every task
+// counted twice. (Two different schedulers with the same attributes are
+// summed too, which is their total; their oldest ages are then one of the
+// two: tell them apart with WithAttributes.)
+//
 // It returns ErrRegistered if a scheduler is registered already on m, or s
-// with m's attributes on its MeterProvider,
-// ErrUnregistered after Unregister, or the MeterProvider's error.
+// with m's attributes on its MeterProvider, ErrUnregistered after
+// Unregister, or the MeterProvider's error.
 func (m *Metrics[K]) Register(s *keysched.Scheduler[K]) error {
 	if m.zero() {
 		return ErrZeroMetrics

@@ -224,14 +224,14 @@ func (o *Outbox) recoverQuery(f *RecoverFilter) (where string, args []any, err e
 		from, to time.Time
 	}{{"created_at", f.CreatedFrom, f.CreatedTo}, {"done_at", f.DiedFrom, f.DiedTo}} {
 		if !r.from.IsZero() && !r.to.IsZero() && r.from.After(r.to) {
-			return "", nil, fmt.Errorf("%w: %s range from %v after to %v", ErrInvalidFilter, r.col, r.from, r.to)
+			return "", nil, fmt.Errorf("%w: %s range from %v after to %v", ErrInvalidFilter, r.col, r.from.Format(time.RFC3339Nano), r.to.Format(time.RFC3339Nano))
 		}
 		// A far bound (time.Unix(1<<62, 0), a "max time") overflowed
 		// SQLite's microseconds and PostgreSQL's timestamps: an open
 		// upper bound selected nothing.
 		for _, t := range []time.Time{r.from, r.to} {
 			if !t.IsZero() && (t.Before(minFilterTime) || !t.Before(maxFilterTime)) {
-				return "", nil, fmt.Errorf("%w: %s bound %v: need a time in years 1 to 9999 (a zero time for an open bound)", ErrInvalidFilter, r.col, t)
+				return "", nil, fmt.Errorf("%w: %s bound %v: need a time in years 1 to 9999 (a zero time for an open bound)", ErrInvalidFilter, r.col, t.Format(time.RFC3339Nano))
 			}
 		}
 		if !r.from.IsZero() {
