@@ -87,6 +87,11 @@ var (
 	ErrCommitUnknown = errors.New("inbox: commit cut short (connection lost or ctx ended): outcome unknown")
 	// ErrNilTx is returned by Record and Gate for a nil transaction.
 	ErrNilTx = errors.New("inbox: nil transaction")
+	// ErrNoSchema is wrapped by the error of Apply, Record, Seen, Cleanup
+	// and Versions' Apply, Gate and Current when the table (or a column
+	// of it) is missing: run CreateSchema (or Schema's SQL) first. On an
+	// in-memory SQLite database each connection has its own tables.
+	ErrNoSchema = errors.New("inbox: table missing: run CreateSchema")
 	// ErrNilContext is returned by every method given a nil context (it
 	// is keysched.ErrNilContext).
 	ErrNilContext = keysched.ErrNilContext
@@ -418,7 +423,7 @@ func (in *Inbox) Record(ctx context.Context, tx *sql.Tx, eventID string) (first 
 	}
 	res, err := tx.ExecContext(ctx, in.insert, eventID, timeArg(in.o.dialect, sqldb.Now()))
 	if err != nil {
-		return false, fmt.Errorf("inbox: record %q: %w", eventID, err)
+		return false, noSchema(in.o.table, fmt.Errorf("inbox: record %q: %w", eventID, err))
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
@@ -445,7 +450,7 @@ func (in *Inbox) Seen(ctx context.Context, eventID string) (bool, error) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("inbox: seen %q: %w", eventID, err)
+		return false, noSchema(in.o.table, fmt.Errorf("inbox: seen %q: %w", eventID, err))
 	}
 	return true, nil
 }
@@ -465,7 +470,16 @@ func (in *Inbox) Cleanup(ctx context.Context) (int64, error) {
 	}
 	res, err := in.db.ExecContext(ctx, in.cleanup, timeArg(in.o.dialect, sqldb.Now().Add(-in.o.retention)))
 	if err != nil {
-		return 0, fmt.Errorf("inbox: cleanup: %w", err)
+		return 0, noSchema(in.o.table, fmt.Errorf("inbox: cleanup: %w", err))
 	}
 	return res.RowsAffected()
+}
+
+// noSchema wraps err, an error of a statement on table, with ErrNoSchema
+// when the database says the table or a column of it is missing.
+func noSchema(table string, err error) error {
+	if sqldb.Classify(err) != sqldb.KindSchema {
+		return err
+	}
+	return fmt.Errorf("%w (table %s): %w", ErrNoSchema, table, err)
 }

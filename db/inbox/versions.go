@@ -144,7 +144,7 @@ func (v *Versions) Gate(ctx context.Context, tx *sql.Tx, entity string, version 
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("inbox: version gate %q: %w", entity, err)
+		return false, noSchema(v.o.table, fmt.Errorf("inbox: version gate %q: %w", entity, err))
 	}
 	return true, nil
 }
@@ -166,7 +166,7 @@ func (v *Versions) Current(ctx context.Context, entity string) (version int64, o
 		return 0, false, nil
 	}
 	if err != nil {
-		return 0, false, fmt.Errorf("inbox: version of %q: %w", entity, err)
+		return 0, false, noSchema(v.o.table, fmt.Errorf("inbox: version of %q: %w", entity, err))
 	}
 	return version, true, nil
 }
