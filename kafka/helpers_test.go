@@ -364,3 +364,39 @@ func (tc *testCluster) expectProtocol(t *testing.T, group string, p groupProtoco
 		}
 	}
 }
+
+// How inTxn's function ends its transaction.
+type txnEnd int
+
+const (
+	txnCommit txnEnd = iota
+	txnAbort
+	txnOpen // left open
+)
+
+// inTxn returns a function that writes rs to the cluster in one transaction
+// of a transactional producer (one for the test, id dlq-writer) and ends it
+// as end says.
+func (tc *testCluster) inTxn(t *testing.T) func(end txnEnd, rs ...*kgo.Record) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(tc.addrs...), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.TransactionalID("dlq-writer"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return func(end txnEnd, rs ...*kgo.Record) {
+		t.Helper()
+		ctx := context.Background()
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.ProduceSync(ctx, rs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if end != txnOpen {
+			if err := cl.EndTransaction(ctx, kgo.TransactionEndTry(end == txnCommit)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}

@@ -17,18 +17,8 @@ func TestReplayReadsToTheEndUnderReadCommitted(t *testing.T) {
 	tc := newCluster(t, 1, "t", "dlq")
 	at := time.Now()
 	tc.produce(t, deadLetterRec("dlq", 0, "a", "plain", at, dl("t", 0, 1, "x")))
-	cl, err := kgo.NewClient(kgo.SeedBrokers(tc.addrs...), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.TransactionalID("dlq-writer"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
 	ctx := context.Background()
-	if err := cl.BeginTransaction(); err != nil { // left open
-		t.Fatal(err)
-	}
-	if err := cl.ProduceSync(ctx, deadLetterRec("dlq", 0, "a", "open", at, dl("t", 0, 2, "x"))).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	tc.inTxn(t)(txnOpen, deadLetterRec("dlq", 0, "a", "open", at, dl("t", 0, 2, "x")))
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	rep, err := Replay(rctx, ReplayOptions{DeadLetterTopic: "dlq", DryRun: true},

@@ -449,33 +449,11 @@ func TestReplayRefusesRecordsTooLargeToProduce(t *testing.T) {
 func TestReplayReadsOnlyCommittedDeadLetters(t *testing.T) {
 	tc := newCluster(t, 1, "t", "dlq")
 	at := time.Now()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(tc.addrs...), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.TransactionalID("dlq-writer"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx := context.Background()
-	inTxn := func(commit kgo.TransactionEndTry, rs ...*kgo.Record) {
-		t.Helper()
-		if err := cl.BeginTransaction(); err != nil {
-			t.Fatal(err)
-		}
-		if err := cl.ProduceSync(ctx, rs...).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-		if err := cl.EndTransaction(ctx, commit); err != nil {
-			t.Fatal(err)
-		}
-	}
-	inTxn(kgo.TryAbort, deadLetterRec("dlq", 0, "a", "aborted", at, dl("t", 0, 1, "x")))
+	inTxn := tc.inTxn(t)
+	inTxn(txnAbort, deadLetterRec("dlq", 0, "a", "aborted", at, dl("t", 0, 1, "x")))
 	tc.produce(t, deadLetterRec("dlq", 0, "a", "plain", at, dl("t", 0, 2, "x")))
-	inTxn(kgo.TryCommit, deadLetterRec("dlq", 0, "a", "committed", at, dl("t", 0, 3, "x")))
-	if err := cl.BeginTransaction(); err != nil { // left open
-		t.Fatal(err)
-	}
-	if err := cl.ProduceSync(ctx, deadLetterRec("dlq", 0, "a", "open", at, dl("t", 0, 4, "x"))).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	inTxn(txnCommit, deadLetterRec("dlq", 0, "a", "committed", at, dl("t", 0, 3, "x")))
+	inTxn(txnOpen, deadLetterRec("dlq", 0, "a", "open", at, dl("t", 0, 4, "x"))) // left open
 	rep, err := replay(t, tc, ReplayOptions{DeadLetterTopic: "dlq", DryRun: true})
 	if err != nil {
 		t.Fatal(err)

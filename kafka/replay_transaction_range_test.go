@@ -18,30 +18,18 @@ import (
 func TestReplayRangeEndingInsideACommittedTransactionReadsItsRecords(t *testing.T) {
 	tc := newCluster(t, 1, "t", "dlq")
 	at := time.Now()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(tc.addrs...), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.TransactionalID("dlq-writer"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
 	ctx := context.Background()
-	txn := func(end kgo.TransactionEndTry, vals ...string) {
+	write := tc.inTxn(t)
+	txn := func(end txnEnd, vals ...string) {
 		t.Helper()
-		if err := cl.BeginTransaction(); err != nil {
-			t.Fatal(err)
-		}
+		var rs []*kgo.Record
 		for i, v := range vals {
-			if err := cl.ProduceSync(ctx, deadLetterRec("dlq", 0, "a", v, at, dl("t", 0, int64(len(v)*10+i), "x"))).FirstErr(); err != nil {
-				t.Fatal(err)
-			}
+			rs = append(rs, deadLetterRec("dlq", 0, "a", v, at, dl("t", 0, int64(len(v)*10+i), "x")))
 		}
-		if end == kgo.TryCommit || end == kgo.TryAbort {
-			if err := cl.EndTransaction(ctx, end); err != nil {
-				t.Fatal(err)
-			}
-		}
+		write(end, rs...)
 	}
-	txn(kgo.TryCommit, "c1", "c2")                                                // offsets 0, 1; commit marker 2
-	txn(kgo.TryAbort, "a1")                                                       // 3; abort marker 4
+	txn(txnCommit, "c1", "c2")                                                    // offsets 0, 1; commit marker 2
+	txn(txnAbort, "a1")                                                           // 3; abort marker 4
 	tc.produce(t, deadLetterRec("dlq", 0, "b", "plain", at, dl("t", 0, 99, "x"))) // 5
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
