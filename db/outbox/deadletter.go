@@ -5,11 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/db/sqldb"
 )
 
 // onDeadLetter receives rows whose sink calls failed for good, and rows the
@@ -118,7 +118,7 @@ const maxErrText = 4096
 // left the row in flight for ever, never marked.
 func deadErrText(err error) string {
 	msg := fmt.Sprint(err) // "<nil>" for nil
-	msg = strings.ReplaceAll(strings.ToValidUTF8(msg, "\uFFFD"), "\x00", "\uFFFD")
+	msg = sqldb.StorableText(msg)
 	if len(msg) > maxErrText {
 		cut := maxErrText
 		for cut > 0 && !utf8.RuneStart(msg[cut]) {

@@ -431,6 +431,15 @@ func CheckText(field, v string, max int) error {
 	return nil
 }
 
+// StorableText returns s as a TEXT column of both databases stores it and
+// reads it back: each invalid UTF-8 sequence and each NUL byte becomes
+// U+FFFD (PostgreSQL's TEXT refuses both). For text the caller does not
+// control (an error's message, a response body), where CheckText would
+// refuse it.
+func StorableText(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+}
+
 // An ErrorKind classes a database error by what the caller can expect of a
 // retry. See Classify.
 type ErrorKind int

@@ -69,3 +69,18 @@ func TestOpenPostgresNilContext(t *testing.T) {
 	require.ErrorIs(t, err, keysched.ErrNilContext)
 	require.Nil(t, db)
 }
+
+// StorableText makes text CheckText accepts: NUL bytes and invalid UTF-8
+// become U+FFFD; valid text is kept as it is.
+func TestStorableText(t *testing.T) {
+	for in, want := range map[string]string{
+		"ok, ünïcode": "ok, ünïcode",
+		"a\x00b":      "a\uFFFDb",
+		"a\xffb":      "a\uFFFDb",
+		"":            "",
+	} {
+		got := sqldb.StorableText(in)
+		require.Equal(t, want, got, "%q", in)
+		require.NoError(t, sqldb.CheckText("text", got, 100))
+	}
+}

@@ -5,11 +5,10 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/keysched/keysched/db/outbox"
+	"github.com/keysched/keysched/db/sqldb"
 )
 
 // AttemptBodyBytes bounds the response body kept with each recorded
@@ -182,10 +181,7 @@ func (s *Store) historyTables(ctx context.Context) error {
 }
 
 // text makes b storable as TEXT on both databases.
-func text(b []byte) string {
-	s := strings.ToValidUTF8(string(b), string(utf8.RuneError))
-	return strings.ReplaceAll(s, "\x00", string(utf8.RuneError))
-}
+func text(b []byte) string { return sqldb.StorableText(string(b)) }
 
 func (s *Store) insertAttempt() string {
 	return s.rebind(`INSERT INTO ` + s.attempt + ` (event_id, row_id, partner, at, duration_us, status, error, body, relay) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`)
