@@ -41,3 +41,7 @@ func OnWalk(r *Relay, f func(found []string)) { r.afterWalk = f }
 // BeforeRecoverCommit makes each Recover batch of o call f just before its
 // COMMIT (nil: nothing).
 func BeforeRecoverCommit(o *Outbox, f func()) { o.beforeRecoverCommit = f }
+
+// IdleConfirm is how long a relay must have found no row before it tells
+// writers to notify it.
+const IdleConfirm = idleConfirm

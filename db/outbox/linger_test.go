@@ -151,7 +151,7 @@ func TestRelayWithoutRoomReleasesLingeringKeys(t *testing.T) {
 	})
 }
 
-// A steady stream of rows, a few milliseconds apart, does not make the
+// A steady stream of rows, 15 ms apart, does not make the
 // relay tell writers to notify it between two rows (each notifying commit
 // takes PostgreSQL's server-wide notify lock): a poll that finds nothing
 // just after one that found rows is followed by another look, not by the
@@ -160,16 +160,33 @@ func TestRelayWithoutRoomReleasesLingeringKeys(t *testing.T) {
 func TestSteadyStreamDoesNotMakeWritersNotify(t *testing.T) {
 	db := dbtest.Postgres(t)
 	ob := newOutbox(t, db)
-	const rows = 150
+	const rows = 100
 	rec := newRecorder(rows)
 	r, _ := startRelay(t, ob, rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(20*time.Millisecond))
 	waitUntil(t, "relay idle", func() bool { return outbox.Idle(r) })
+	// A gap between two commits longer than IdleConfirm (a loaded
+	// machine) is idleness the relay may rightly announce: each such gap
+	// allows one notification more, and a run with mostly such gaps
+	// measures nothing.
+	long := 0
+	last := time.Now()
 	for i := range rows {
 		commitEvent(t, ob, key(0), strconv.Itoa(i))
-		time.Sleep(2 * time.Millisecond)
+		if now := time.Now(); i > 0 && now.Sub(last) > outbox.IdleConfirm {
+			long++
+		}
+		last = time.Now()
+		// 15 ms apart: a relay that went idle whenever a poll found
+		// nothing (without the look within IdleConfirm of rows) made the
+		// writers notify at 129-143 of 150 such rows; at 2 ms apart at
+		// 3-17, which no bound tells from the 1-13 of a correct relay.
+		time.Sleep(15 * time.Millisecond)
 	}
 	rec.wait(t, 30*time.Second)
 	n := r.Stats().Notifications
-	t.Logf("notifications: %d for %d rows", n, rows)
-	require.LessOrEqual(t, n, uint64(rows/10), "writers notified the relay between the rows of a steady stream")
+	t.Logf("notifications: %d for %d rows, %d gaps between commits longer than %v", n, rows, long, outbox.IdleConfirm)
+	if long > rows/2 {
+		t.Skipf("machine too loaded to hold a steady stream: %d of %d gaps between commits longer than %v", long, rows-1, outbox.IdleConfirm)
+	}
+	require.LessOrEqual(t, n, uint64(rows/10+long), "writers notified the relay between the rows of a steady stream")
 }
