@@ -22,6 +22,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -121,6 +122,20 @@ var sqliteDefaults = []struct {
 // URI (the driver reads vfs from any name).
 var sqliteURIParams = map[string]bool{"mode": true, "cache": true, "immutable": true, "nolock": true, "psow": true, "modeof": true}
 
+// sqliteDriverParams are the query parameters modernc.org/sqlite (v1.62)
+// reads from any name, in its documentation's order: it ignores every other
+// key without a word, upper-case ones included (_PRAGMA).
+var sqliteDriverParams = []string{"_pragma", "_txlock", "_time_format", "_time_integer_format", "_timezone",
+	"_inttotime", "_texttotime", "_busy_timeout", "_timeout", "_journal_mode", "_journal", "_synchronous", "_sync",
+	"_foreign_keys", "_fk", "_auto_vacuum", "_vacuum", "_query_only", "_dqs", "_defensive", "_error_rc", "vfs"}
+
+// ErrUnknownSQLiteParameter is wrapped by OpenSQLite's error for a query
+// parameter that neither modernc.org/sqlite nor SQLite reads (a misspelt or
+// upper-case key, or a plain file name with a "?" in it): the driver would
+// ignore it and open the database without that setting. The error names the
+// key and the keys accepted.
+var ErrUnknownSQLiteParameter = errors.New("sqldb: SQLite query parameter that neither the driver nor SQLite reads")
+
 // OpenSQLite opens (creating it if missing) the SQLite database file at path
 // with the settings the outbox and inbox rely on: WAL journal (readers do not
 // block the writer), synchronous=NORMAL (durable across a process crash; the
@@ -143,6 +158,15 @@ var sqliteURIParams = map[string]bool{"mode": true, "cache": true, "immutable": 
 // from a file: URI: on a plain file name ("app.db?mode=ro") SQLite would
 // ignore them, so OpenSQLite refuses them there, saying to write
 // "file:app.db?mode=ro". A query string that does not parse is an error.
+// So is a key that neither the driver nor SQLite reads (a misspelt key, an
+// upper-case one such as _PRAGMA: both would be ignored), wrapping
+// ErrUnknownSQLiteParameter, naming the key and the keys read: the driver's
+// (_pragma, _txlock, _time_format, _busy_timeout, vfs, ... as in
+// modernc.org/sqlite v1.62) and, on a file: URI, SQLite's. On a plain file
+// name the first "?" begins the query string, as for the driver: a file
+// whose name has a "?" in it is named by its file: URI, "?" written %3F
+// ("file:a%3Fb.db" is the file a?b.db); "a?b.db" is refused (b.db is no
+// key), and the error gives that URI.
 //
 // In-memory and temporary databases (":memory:", "file::memory:",
 // mode=memory, an empty file: name, vfs=memdb on a name not beginning with
@@ -222,6 +246,9 @@ func sqliteDSN(path string) (string, error) {
 			}
 		}
 	}
+	if err := unknownSQLiteParams(path, name, uri, q); err != nil {
+		return "", err
+	}
 	// The caller's query string is kept as written (SQLite decodes a
 	// file: URI's parameters itself, and reads "+" as "+", not a space),
 	// OpenSQLite's settings appended.
@@ -249,6 +276,34 @@ func sqliteDSN(path string) (string, error) {
 		query += "&"
 	}
 	return name + "?" + query + add.Encode(), nil
+}
+
+// unknownSQLiteParams refuses, with ErrUnknownSQLiteParameter, a key of q
+// that neither the driver nor (on a file: URI) SQLite reads.
+func unknownSQLiteParams(path, name string, uri bool, q url.Values) error {
+	keys := make([]string, 0, len(q))
+	for k := range q {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		if slices.Contains(sqliteDriverParams, k) || uri && sqliteURIParams[k] {
+			continue
+		}
+		accepted := strings.Join(sqliteDriverParams, ", ")
+		if uri {
+			accepted += " and SQLite's mode, cache, immutable, nolock, psow, modeof"
+		}
+		hint := ""
+		if l := strings.ToLower(k); l != k && (slices.Contains(sqliteDriverParams, l) || uri && sqliteURIParams[l]) {
+			hint = fmt.Sprintf(" (keys are case-sensitive: write %s)", l)
+		}
+		if !uri && hint == "" {
+			hint = fmt.Sprintf("; the first \"?\" ends a plain file name: for a file named %q, write %q", path, fileURI(path))
+		}
+		return fmt.Errorf("sqldb: open SQLite %q: %w: %q, which would be ignored%s; the keys read are %s", path, ErrUnknownSQLiteParameter, k, hint, accepted)
+	}
+	return nil
 }
 
 // fileURI is the file: URI of the plain file name name: SQLite decodes a
