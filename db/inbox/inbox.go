@@ -92,6 +92,11 @@ var (
 	// of it) is missing: run CreateSchema (or Schema's SQL) first. On an
 	// in-memory SQLite database each connection has its own tables.
 	ErrNoSchema = errors.New("inbox: table missing: run CreateSchema")
+	// ErrDBClosed (sqldb.ErrDBClosed) is wrapped by the error of a call
+	// on an Inbox or Versions whose *sql.DB was closed (its Close called),
+	// around database/sql's "sql: database is closed": no call can pass
+	// again.
+	ErrDBClosed = sqldb.ErrDBClosed
 	// ErrNilContext is returned by every method given a nil context (it
 	// is keysched.ErrNilContext).
 	ErrNilContext = keysched.ErrNilContext
@@ -276,7 +281,7 @@ func (in *Inbox) CreateSchema(ctx context.Context) error {
 func createSchema(ctx context.Context, db *sql.DB, stmts []string) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("inbox: create schema: %w", err)
+		return fmt.Errorf("inbox: create schema: %w", sqldb.WrapDBClosed(err))
 	}
 	defer tx.Rollback()
 	for _, s := range stmts {
@@ -364,7 +369,7 @@ func (in *Inbox) Apply(ctx context.Context, eventID string, fn func(tx *sql.Tx) 
 func runTx(ctx context.Context, db *sql.DB, body func(tx *sql.Tx) (bool, error), state func(ctx context.Context) string) (done bool, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		return false, fmt.Errorf("inbox: begin: %w", err)
+		return false, fmt.Errorf("inbox: begin: %w", sqldb.WrapDBClosed(err))
 	}
 	ended := func(e error) bool { return errors.Is(e, sql.ErrTxDone) && ctx.Err() == nil }
 	finished := false
@@ -476,10 +481,11 @@ func (in *Inbox) Cleanup(ctx context.Context) (int64, error) {
 }
 
 // noSchema wraps err, an error of a statement on table, with ErrNoSchema
-// when the database says the table or a column of it is missing.
+// when the database says the table or a column of it is missing, and with
+// ErrDBClosed when the *sql.DB was closed.
 func noSchema(table string, err error) error {
 	if sqldb.Classify(err) != sqldb.KindSchema {
-		return err
+		return sqldb.WrapDBClosed(err)
 	}
 	return fmt.Errorf("%w (table %s): %w", ErrNoSchema, table, err)
 }

@@ -95,6 +95,12 @@ var (
 	// failed for longer than WithMaxOutage; the error also says how many
 	// calls failed and wraps the last one's error.
 	ErrDatabaseUnavailable = errors.New("outbox: database unavailable")
+	// ErrDBClosed (sqldb.ErrDBClosed) is wrapped by the error of a call
+	// on an Outbox whose *sql.DB was closed (its Close called), around
+	// database/sql's "sql: database is closed": no call can pass again.
+	// A relay's Run returns it at once rather than wait it out as an
+	// outage.
+	ErrDBClosed = sqldb.ErrDBClosed
 	// ErrZeroOutbox is returned by the methods of a nil or zero Outbox (one
 	// not made by New) that return an error; the others return zero values.
 	ErrZeroOutbox = errors.New("outbox: nil or zero Outbox (make one with New)")
@@ -413,7 +419,8 @@ func (o *Outbox) Schema() []string {
 // concurrent runs deadlocked on the tables' locks (40P01) even on an
 // existing schema; SQLite's write transactions are serialised anyway (with
 // the immediate transactions OpenSQLite sets up).
-func (o *Outbox) CreateSchema(ctx context.Context) error {
+func (o *Outbox) CreateSchema(ctx context.Context) (err error) {
+	defer func() { err = sqldb.WrapDBClosed(err) }()
 	if o.zero() {
 		return ErrZeroOutbox
 	}
@@ -600,7 +607,8 @@ type DeadEvent struct {
 // Dead returns up to limit dead rows (limit >= 1), oldest first: the events
 // that failed for good and have been neither resumed nor skipped. Under the
 // Park policy each such row stops its key.
-func (o *Outbox) Dead(ctx context.Context, limit int) ([]DeadEvent, error) {
+func (o *Outbox) Dead(ctx context.Context, limit int) (_ []DeadEvent, err error) {
+	defer func() { err = sqldb.WrapDBClosed(err) }()
 	if o.zero() {
 		return nil, ErrZeroOutbox
 	}
@@ -639,7 +647,8 @@ func (o *Outbox) Dead(ctx context.Context, limit int) ([]DeadEvent, error) {
 
 // Parked returns the keys that have a dead row, sorted. Under the Park
 // policy these keys are stopped until Resume or Skip.
-func (o *Outbox) Parked(ctx context.Context) ([]string, error) {
+func (o *Outbox) Parked(ctx context.Context) (_ []string, err error) {
+	defer func() { err = sqldb.WrapDBClosed(err) }()
 	if o.zero() {
 		return nil, ErrZeroOutbox
 	}
@@ -698,7 +707,8 @@ func (o *Outbox) SkipHead(ctx context.Context, key string) (id string, err error
 	return o.moveDead(ctx, key, Skipped)
 }
 
-func (o *Outbox) moveDead(ctx context.Context, key string, to State) (string, error) {
+func (o *Outbox) moveDead(ctx context.Context, key string, to State) (_ string, err error) {
+	defer func() { err = sqldb.WrapDBClosed(err) }()
 	if o.zero() {
 		return "", ErrZeroOutbox
 	}
@@ -763,7 +773,8 @@ const maxMoveTries = 1000
 
 // Count returns how many rows are in each state (rows deleted when sent are
 // not counted).
-func (o *Outbox) Count(ctx context.Context) (map[State]int64, error) {
+func (o *Outbox) Count(ctx context.Context) (_ map[State]int64, err error) {
+	defer func() { err = sqldb.WrapDBClosed(err) }()
 	if o.zero() {
 		return nil, ErrZeroOutbox
 	}

@@ -553,8 +553,54 @@ func (k ErrorKind) String() string {
 	return "ErrorKind(" + strconv.Itoa(int(k)) + ")"
 }
 
+// ErrDBClosed is wrapped (see WrapDBClosed) around database/sql's error for
+// a call on a *sql.DB whose Close was called ("sql: database is closed"):
+// no call on it can succeed again, so it is no outage to wait out. The
+// outbox and inbox wrap it around that error wherever they return it, and
+// an outbox relay's Run returns it at once.
+var ErrDBClosed = errors.New("sqldb: the *sql.DB was closed (its Close was called): no call on it can succeed")
+
+// sqlDBClosed is database/sql's error text for a call on a closed *sql.DB
+// (its error value is unexported).
+const sqlDBClosed = "sql: database is closed"
+
+// IsDBClosed reports whether err is, or wraps, database/sql's error for a
+// call on a closed *sql.DB ("sql: database is closed", matched by its text:
+// database/sql does not export it), or wraps ErrDBClosed.
+func IsDBClosed(err error) bool {
+	if err == nil {
+		return false
+	}
+	if err == ErrDBClosed || err.Error() == sqlDBClosed {
+		return true
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return IsDBClosed(u.Unwrap())
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			if IsDBClosed(e) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// WrapDBClosed returns err wrapped with ErrDBClosed when it is database/sql's
+// error for a closed *sql.DB (IsDBClosed) and does not wrap ErrDBClosed
+// already; otherwise err as is (nil for nil). The error keeps err's text
+// after ErrDBClosed's, and errors.Is finds both.
+func WrapDBClosed(err error) error {
+	if !IsDBClosed(err) || errors.Is(err, ErrDBClosed) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrDBClosed, err)
+}
+
 // Classify returns the kind of a database error from either driver (nil is
-// KindOther). A context.Canceled error is KindOther: the caller gave up.
+// KindOther). A context.Canceled error is KindOther: the caller gave up. A
+// call on a closed *sql.DB is KindOther too (IsDBClosed): no retry passes.
 func Classify(err error) ErrorKind {
 	if err == nil {
 		return KindOther
