@@ -560,6 +560,48 @@ func (k ErrorKind) String() string {
 // an outbox relay's Run returns it at once.
 var ErrDBClosed = errors.New("sqldb: the *sql.DB was closed (its Close was called): no call on it can succeed")
 
+// ErrSchemaConflict is wrapped by the outbox's and the inbox's CreateSchema
+// error when a name their schema creates is taken by another object: a
+// table without the columns the schema needs (another outbox's lease
+// table, an inbox's table, the application's), an index or trigger of
+// another table, an object of another kind. CREATE ... IF NOT EXISTS would
+// skip it without a word, and the outbox or inbox would run on the foreign
+// object. The error names the object, what holds the name and what is
+// needed.
+var ErrSchemaConflict = errors.New("sqldb: a name the schema creates is taken by another object")
+
+// DerivedSuffixes are the suffixes the outbox's and the inbox's schemas add
+// to their table's name to name their other tables, indexes and sequences,
+// which share one namespace with tables (on PostgreSQL and on SQLite),
+// longest first. WithTable refuses a name ending in one (see
+// DerivedSuffix). The names of triggers and functions (<table>_notify,
+// <table>_lease_epoch_insert, ...) are in namespaces of their own, and two
+// tables' never meet.
+var DerivedSuffixes = []string{
+	"_processed_at", // inbox: index
+	"_lease_epoch",  // outbox: sequence (PostgreSQL), table (SQLite)
+	"_lease_owner",  // outbox: index on <table>_lease
+	"_pending_key",  // outbox: index
+	"_lease",        // outbox: lease table
+	"_idle",         // outbox, PostgreSQL: idle relays' table
+	"_dead",         // outbox: index
+	"_sent",         // outbox: index
+}
+
+// DerivedSuffix returns the suffix of DerivedSuffixes that name ends in
+// ("" when none): a table of that name would share its name with an object
+// that the outbox or inbox named by the rest of it creates (an outbox
+// "x_lease" and the lease table of an outbox "x"), and each one's CREATE
+// ... IF NOT EXISTS would then skip the other's object and run on it.
+func DerivedSuffix(name string) string {
+	for _, s := range DerivedSuffixes {
+		if strings.HasSuffix(name, s) {
+			return s
+		}
+	}
+	return ""
+}
+
 // sqlDBClosed is database/sql's error text for a call on a closed *sql.DB
 // (its error value is unexported).
 const sqlDBClosed = "sql: database is closed"
