@@ -613,14 +613,14 @@ func IsDBClosed(err error) bool {
 	if err == nil {
 		return false
 	}
-	if err == ErrDBClosed || err.Error() == sqlDBClosed {
+	if errors.Is(err, ErrDBClosed) || err.Error() == sqlDBClosed {
 		return true
 	}
-	switch u := err.(type) {
-	case interface{ Unwrap() error }:
-		return IsDBClosed(u.Unwrap())
-	case interface{ Unwrap() []error }:
-		for _, e := range u.Unwrap() {
+	if u := errors.Unwrap(err); u != nil {
+		return IsDBClosed(u)
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok { // errors.Join, fmt.Errorf with several %w
+		for _, e := range j.Unwrap() {
 			if IsDBClosed(e) {
 				return true
 			}
