@@ -59,6 +59,7 @@ func TestRelayOnAClosedDBReturnsErrDBClosed(t *testing.T) {
 				require.ErrorIs(t, err, outbox.ErrDBClosed)
 				require.ErrorIs(t, err, sqldb.ErrDBClosed)
 				require.ErrorContains(t, err, "sql: database is closed")
+				t.Logf("Run: %v", err)
 				require.NotErrorIs(t, err, outbox.ErrDatabaseUnavailable)
 			case <-time.After(20 * time.Second):
 				t.Fatal("Run did not return on a closed *sql.DB (retried as an outage)")

@@ -193,7 +193,7 @@ func (r *Relay) lastDBError() error {
 // closed *sql.DB.
 func (r *Relay) outageOver() error {
 	if e := r.dbClosed.Load(); e != nil {
-		return fmt.Errorf("outbox: relay: the outbox's *sql.DB was closed: %w", *e)
+		return fmt.Errorf("outbox: relay: %w", *e)
 	}
 	if r.cfg.maxOutage <= 0 {
 		return nil
