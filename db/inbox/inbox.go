@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/db/internal/schemacheck"
 	"github.com/keysched/keysched/db/sqldb"
 	"github.com/keysched/keysched/internal/optcheck"
 	"github.com/keysched/keysched/internal/opterror"
@@ -92,6 +93,19 @@ var (
 	// of it) is missing: run CreateSchema (or Schema's SQL) first. On an
 	// in-memory SQLite database each connection has its own tables.
 	ErrNoSchema = errors.New("inbox: table missing: run CreateSchema")
+	// ErrSchemaConflict (sqldb.ErrSchemaConflict) is wrapped by
+	// CreateSchema's error (Inbox's and Versions') when a name its schema
+	// creates is taken by another object: a table without the columns it
+	// needs (an outbox's table, another Inbox's or Versions' table, the
+	// application's), an index of another table. CREATE ... IF NOT EXISTS
+	// would have skipped it, and the calls would have run on it. Nothing is
+	// created.
+	ErrSchemaConflict = sqldb.ErrSchemaConflict
+	// ErrDBClosed (sqldb.ErrDBClosed) is wrapped by the error of a call
+	// on an Inbox or Versions whose *sql.DB was closed (its Close called),
+	// around database/sql's "sql: database is closed": no call can pass
+	// again.
+	ErrDBClosed = sqldb.ErrDBClosed
 	// ErrNilContext is returned by every method given a nil context (it
 	// is keysched.ErrNilContext).
 	ErrNilContext = keysched.ErrNilContext
@@ -136,10 +150,16 @@ func WithDialect(d Dialect) Option {
 
 // WithTable names the table (default DefaultTable for an Inbox,
 // DefaultVersionsTable for Versions): [a-z_][a-z0-9_]*, at most 48 bytes,
-// and not a reserved SQL word of PostgreSQL or SQLite (sqldb.Reserved:
+// not a reserved SQL word of PostgreSQL or SQLite (sqldb.Reserved:
 // "select", "order", "user", "table"...; the statements name the table
-// unquoted). A refused name is a *keysched.OptionError naming WithTable and
-// saying why.
+// unquoted), and not ending in a suffix the inbox's or the outbox's schema
+// derives names with (sqldb.DerivedSuffixes: "_processed_at", "_lease",
+// "_dead", ...): an inbox "x_processed_at" would share its table with the
+// index of an inbox "x", an inbox "x_lease" with the lease table of an
+// outbox "x". A refused name is a *keysched.OptionError naming WithTable and
+// saying why. An Inbox also creates the index name+"_processed_at";
+// CreateSchema refuses a name that another object holds
+// (ErrSchemaConflict).
 func WithTable(name string) Option {
 	return func(o *options) error {
 		if sqldb.Reserved(name) {
@@ -147,6 +167,9 @@ func WithTable(name string) Option {
 		}
 		if !sqldb.ValidIdent(name) {
 			return refused(optcheck.Refuse("WithTable", strconv.Quote(name), "want [a-z_][a-z0-9_]*, at most 48 bytes"))
+		}
+		if r := schemacheck.DerivedSuffix(name); r != nil {
+			return refused(r)
 		}
 		o.table = name
 		return nil
@@ -270,15 +293,24 @@ func (in *Inbox) CreateSchema(ctx context.Context) error {
 	if ctx == nil {
 		return ErrNilContext
 	}
-	return createSchema(ctx, in.db, in.Schema())
+	t := in.o.table
+	return createSchema(ctx, in.db, in.o.dialect, "the inbox table "+t, []schemacheck.Object{
+		{Name: t, Kind: schemacheck.Table, Columns: []string{"id", "processed_at"}},
+		{Name: t + "_processed_at", Kind: schemacheck.Index, On: t},
+	}, in.Schema())
 }
 
-func createSchema(ctx context.Context, db *sql.DB, stmts []string) error {
+// createSchema runs stmts in one transaction, after checking that the
+// names of objs are free or already those objects (schemacheck).
+func createSchema(ctx context.Context, db *sql.DB, d Dialect, what string, objs []schemacheck.Object, stmts []string) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("inbox: create schema: %w", err)
+		return fmt.Errorf("inbox: create schema: %w", sqldb.WrapDBClosed(err))
 	}
 	defer tx.Rollback()
+	if err := schemacheck.Check(ctx, tx, d, what, objs); err != nil {
+		return fmt.Errorf("inbox: create schema: %w", err)
+	}
 	for _, s := range stmts {
 		if _, err := tx.ExecContext(ctx, s); err != nil {
 			return fmt.Errorf("inbox: create schema: %w\n%s", err, s)
@@ -364,7 +396,7 @@ func (in *Inbox) Apply(ctx context.Context, eventID string, fn func(tx *sql.Tx) 
 func runTx(ctx context.Context, db *sql.DB, body func(tx *sql.Tx) (bool, error), state func(ctx context.Context) string) (done bool, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		return false, fmt.Errorf("inbox: begin: %w", err)
+		return false, fmt.Errorf("inbox: begin: %w", sqldb.WrapDBClosed(err))
 	}
 	ended := func(e error) bool { return errors.Is(e, sql.ErrTxDone) && ctx.Err() == nil }
 	finished := false
@@ -476,10 +508,11 @@ func (in *Inbox) Cleanup(ctx context.Context) (int64, error) {
 }
 
 // noSchema wraps err, an error of a statement on table, with ErrNoSchema
-// when the database says the table or a column of it is missing.
+// when the database says the table or a column of it is missing, and with
+// ErrDBClosed when the *sql.DB was closed.
 func noSchema(table string, err error) error {
 	if sqldb.Classify(err) != sqldb.KindSchema {
-		return err
+		return sqldb.WrapDBClosed(err)
 	}
 	return fmt.Errorf("%w (table %s): %w", ErrNoSchema, table, err)
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/keysched/keysched/db/internal/schemacheck"
 	"github.com/keysched/keysched/db/sqldb"
 	"github.com/keysched/keysched/internal/optcheck"
 )
@@ -72,7 +73,9 @@ func (v *Versions) CreateSchema(ctx context.Context) error {
 	if ctx == nil {
 		return ErrNilContext
 	}
-	return createSchema(ctx, v.db, v.Schema())
+	return createSchema(ctx, v.db, v.o.dialect, "the versions table "+v.o.table, []schemacheck.Object{
+		{Name: v.o.table, Kind: schemacheck.Table, Columns: []string{"entity", "version"}},
+	}, v.Schema())
 }
 
 // Apply runs fn in a transaction only if version is newer than the version

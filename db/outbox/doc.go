@@ -235,7 +235,9 @@
 // call. Run does not return because of the database unless WithMaxOutage is
 // given (then, once every poll has failed that long, it returns an error
 // wrapping ErrDatabaseUnavailable and the last error); on a database without
-// the outbox's tables it returns ErrNoSchema at once. Close stays bounded by
+// the outbox's tables it returns ErrNoSchema at once, and on a *sql.DB the
+// caller closed (no call on it can ever pass) an error wrapping ErrDBClosed
+// at its next poll. Close stays bounded by
 // its context (plus keysched.CloseGrace) while the database is away, and
 // reports the published rows it could not mark and the leases it could not
 // release.

@@ -50,6 +50,22 @@ const stillFailingFirst = 10
 // first failure after a success ("database failing"), and the 10th, 100th,
 // 1000th... failure in a row ("still failing", with the last error).
 func (r *Relay) dbError(what string, err error) {
+	if sqldb.IsDBClosed(err) {
+		// No call on a closed *sql.DB can pass: no outage to ride out.
+		// Run returns (outageOver), woken if idle.
+		e := fmt.Errorf("%s: %w", what, sqldb.WrapDBClosed(err))
+		if r.dbClosed.CompareAndSwap(nil, &e) && !r.stopping.Load() {
+			r.log.Error("outbox relay: the *sql.DB was closed; Run returns", "op", what, "table", r.o.table, "owner", r.cfg.owner, "err", err)
+			select {
+			case r.wake <- struct{}{}:
+			default:
+			}
+		}
+		r.health.kinds[sqldb.KindOther].Add(1)
+		r.health.total.Add(1)
+		r.st.dbErrors.Add(1)
+		return
+	}
 	if errors.Is(err, context.Canceled) && (r.stopping.Load() || r.closed()) {
 		// The relay cancelled its own call: it is shutting down.
 		return
@@ -172,7 +188,13 @@ func (r *Relay) lastDBError() error {
 
 // outageOver returns an error wrapping ErrDatabaseUnavailable once the
 // database has been failing for WithMaxOutage.
+//
+// It returns an error wrapping ErrDBClosed at once when a call failed on a
+// closed *sql.DB.
 func (r *Relay) outageOver() error {
+	if e := r.dbClosed.Load(); e != nil {
+		return fmt.Errorf("outbox: relay: %w", *e)
+	}
 	if r.cfg.maxOutage <= 0 {
 		return nil
 	}

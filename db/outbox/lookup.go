@@ -74,7 +74,8 @@ type EventStatus struct {
 // SQL), ErrNotFound (wrapped) when no row has the ID (with the default
 // retention a sent row is deleted: see ErrNotFound), ErrNoSchema (wrapped)
 // when the table is missing, or the database's error (ctx's included).
-func (o *Outbox) Lookup(ctx context.Context, id string) (EventStatus, error) {
+func (o *Outbox) Lookup(ctx context.Context, id string) (_ EventStatus, err error) {
+	defer func() { err = sqldb.WrapDBClosed(err) }()
 	if o.zero() {
 		return EventStatus{}, ErrZeroOutbox
 	}
@@ -91,7 +92,7 @@ func (o *Outbox) Lookup(ctx context.Context, id string) (EventStatus, error) {
 	var st int
 	var lastErr sql.NullString
 	created, done := o.q.timeDest(), o.q.timeDest()
-	err := o.db.QueryRowContext(ctx, o.q.lookup, id).Scan(&s.Seq, &s.Key, &s.Type, created, &st, &s.Attempts, &lastErr, done, &s.Ahead, &s.DeadAhead)
+	err = o.db.QueryRowContext(ctx, o.q.lookup, id).Scan(&s.Seq, &s.Key, &s.Type, created, &st, &s.Attempts, &lastErr, done, &s.Ahead, &s.DeadAhead)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return EventStatus{}, fmt.Errorf("%w: %q", ErrNotFound, id)

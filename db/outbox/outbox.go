@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/db/internal/schemacheck"
 	"github.com/keysched/keysched/db/sqldb"
 	"github.com/keysched/keysched/internal/optcheck"
 )
@@ -95,6 +96,20 @@ var (
 	// failed for longer than WithMaxOutage; the error also says how many
 	// calls failed and wraps the last one's error.
 	ErrDatabaseUnavailable = errors.New("outbox: database unavailable")
+	// ErrSchemaConflict (sqldb.ErrSchemaConflict) is wrapped by
+	// CreateSchema's error when a name its schema creates (Schema) is
+	// taken by another object: a table without the columns the outbox
+	// needs (another outbox's lease table, an inbox's table, the
+	// application's), an index or trigger of another table, an object of
+	// another kind. CREATE ... IF NOT EXISTS would have skipped it, and
+	// the outbox would have run on it. Nothing is created.
+	ErrSchemaConflict = sqldb.ErrSchemaConflict
+	// ErrDBClosed (sqldb.ErrDBClosed) is wrapped by the error of a call
+	// on an Outbox whose *sql.DB was closed (its Close called), around
+	// database/sql's "sql: database is closed": no call can pass again.
+	// A relay's Run returns it at once rather than wait it out as an
+	// outage.
+	ErrDBClosed = sqldb.ErrDBClosed
 	// ErrZeroOutbox is returned by the methods of a nil or zero Outbox (one
 	// not made by New) that return an error; the others return zero values.
 	ErrZeroOutbox = errors.New("outbox: nil or zero Outbox (make one with New)")
@@ -190,15 +205,23 @@ func WithDialect(d Dialect) Option {
 
 // WithTable names the outbox table (default DefaultTable): lower-case
 // letters, digits and underscores, starting with a letter or underscore, at
-// most 48 bytes, and not a reserved SQL word of PostgreSQL or SQLite
+// most 48 bytes, not a reserved SQL word of PostgreSQL or SQLite
 // (sqldb.Reserved: "select", "order", "user", "table"...; the statements
-// name the table unquoted). A refused name is a *keysched.OptionError
-// naming WithTable and saying why. The outbox's other objects are named after it:
-// name+"_lease" (the lease table), and on PostgreSQL name+"_idle" (idle
-// relays), name+"_lease_epoch" (the claims' epoch sequence) and the NOTIFY
-// trigger and function name+"_notify"; on SQLite name+"_lease_epoch" is a
-// table, with two triggers on the lease table. Schema lists them all; to
-// remove an outbox, drop them.
+// name the table unquoted), and not ending in a suffix the outbox's or the
+// inbox's schema derives names with (sqldb.DerivedSuffixes: "_lease",
+// "_lease_epoch", "_lease_owner", "_idle", "_pending_key", "_dead",
+// "_sent", "_processed_at"): an outbox "x_lease" would share its table
+// with the lease table of an outbox "x" in the same database. A refused
+// name is a *keysched.OptionError naming WithTable and saying why. The
+// outbox's other objects are named after it: name+"_lease" (the lease
+// table, with the index name+"_lease_owner"), the indexes
+// name+"_pending_key", name+"_dead" and name+"_sent", and on PostgreSQL
+// name+"_idle" (idle relays), name+"_lease_epoch" (the claims' epoch
+// sequence) and the NOTIFY trigger and function name+"_notify"; on SQLite
+// name+"_lease_epoch" is a table, with two triggers on the lease table
+// (name+"_lease_epoch_insert", name+"_lease_epoch_update"). Schema lists
+// them all; to remove an outbox, drop them. CreateSchema refuses a name
+// among them that another object holds (ErrSchemaConflict).
 func WithTable(name string) Option {
 	return func(o *Outbox) error {
 		if sqldb.Reserved(name) {
@@ -206,6 +229,9 @@ func WithTable(name string) Option {
 		}
 		if !sqldb.ValidIdent(name) {
 			return refused(optcheck.Refuse("WithTable", strconv.Quote(name), "want [a-z_][a-z0-9_]*, at most 48 bytes"))
+		}
+		if r := schemacheck.DerivedSuffix(name); r != nil {
+			return refused(r)
 		}
 		o.table = name
 		return nil
@@ -413,7 +439,8 @@ func (o *Outbox) Schema() []string {
 // concurrent runs deadlocked on the tables' locks (40P01) even on an
 // existing schema; SQLite's write transactions are serialised anyway (with
 // the immediate transactions OpenSQLite sets up).
-func (o *Outbox) CreateSchema(ctx context.Context) error {
+func (o *Outbox) CreateSchema(ctx context.Context) (err error) {
+	defer func() { err = sqldb.WrapDBClosed(err) }()
 	if o.zero() {
 		return ErrZeroOutbox
 	}
@@ -429,6 +456,9 @@ func (o *Outbox) CreateSchema(ctx context.Context) error {
 		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "keysched_outbox_schema:"+o.table); err != nil {
 			return fmt.Errorf("outbox: create schema: %w", err)
 		}
+	}
+	if err := schemacheck.Check(ctx, tx, o.dialect, "the outbox table "+o.table, schemaObjects(o.dialect, o.table)); err != nil {
+		return fmt.Errorf("outbox: create schema: %w", err)
 	}
 	for _, stmt := range o.Schema() {
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
@@ -600,7 +630,8 @@ type DeadEvent struct {
 // Dead returns up to limit dead rows (limit >= 1), oldest first: the events
 // that failed for good and have been neither resumed nor skipped. Under the
 // Park policy each such row stops its key.
-func (o *Outbox) Dead(ctx context.Context, limit int) ([]DeadEvent, error) {
+func (o *Outbox) Dead(ctx context.Context, limit int) (_ []DeadEvent, err error) {
+	defer func() { err = sqldb.WrapDBClosed(err) }()
 	if o.zero() {
 		return nil, ErrZeroOutbox
 	}
@@ -639,7 +670,8 @@ func (o *Outbox) Dead(ctx context.Context, limit int) ([]DeadEvent, error) {
 
 // Parked returns the keys that have a dead row, sorted. Under the Park
 // policy these keys are stopped until Resume or Skip.
-func (o *Outbox) Parked(ctx context.Context) ([]string, error) {
+func (o *Outbox) Parked(ctx context.Context) (_ []string, err error) {
+	defer func() { err = sqldb.WrapDBClosed(err) }()
 	if o.zero() {
 		return nil, ErrZeroOutbox
 	}
@@ -698,7 +730,8 @@ func (o *Outbox) SkipHead(ctx context.Context, key string) (id string, err error
 	return o.moveDead(ctx, key, Skipped)
 }
 
-func (o *Outbox) moveDead(ctx context.Context, key string, to State) (string, error) {
+func (o *Outbox) moveDead(ctx context.Context, key string, to State) (_ string, err error) {
+	defer func() { err = sqldb.WrapDBClosed(err) }()
 	if o.zero() {
 		return "", ErrZeroOutbox
 	}
@@ -763,7 +796,8 @@ const maxMoveTries = 1000
 
 // Count returns how many rows are in each state (rows deleted when sent are
 // not counted).
-func (o *Outbox) Count(ctx context.Context) (map[State]int64, error) {
+func (o *Outbox) Count(ctx context.Context) (_ map[State]int64, err error) {
+	defer func() { err = sqldb.WrapDBClosed(err) }()
 	if o.zero() {
 		return nil, ErrZeroOutbox
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/keysched/keysched/db/internal/schemacheck"
 	"github.com/keysched/keysched/db/sqldb"
 )
 
@@ -98,6 +99,32 @@ BEGIN UPDATE ` + t + `_lease_epoch SET n = max(n, NEW.epoch) WHERE id = 1; END`,
 		`CREATE TRIGGER IF NOT EXISTS ` + t + `_lease_epoch_update AFTER UPDATE OF epoch ON ` + t + `_lease
 BEGIN UPDATE ` + t + `_lease_epoch SET n = max(n, NEW.epoch) WHERE id = 1; END`,
 	}
+}
+
+// schemaObjects are the objects schema creates that CreateSchema checks
+// first (schemacheck: a name taken by anything else is refused rather than
+// skipped by IF NOT EXISTS): the tables with the columns the code reads
+// that no ALTER of the schema adds, the indexes and (SQLite) triggers on
+// their tables, the epoch sequence (PostgreSQL).
+func schemaObjects(d Dialect, t string) []schemacheck.Object {
+	l := t + "_lease"
+	objs := []schemacheck.Object{
+		{Name: t, Kind: schemacheck.Table, Columns: []string{"seq", "id", "key", "type", "payload", "headers", "created_at", "state", "attempts", "last_error", "done_at"}},
+		{Name: t + "_pending_key", Kind: schemacheck.Index, On: t},
+		{Name: t + "_dead", Kind: schemacheck.Index, On: t},
+		{Name: t + "_sent", Kind: schemacheck.Index, On: t},
+		{Name: l, Kind: schemacheck.Table, Columns: []string{"key", "owner", "expires_at"}},
+		{Name: l + "_owner", Kind: schemacheck.Index, On: l},
+	}
+	if d == Postgres {
+		return append(objs,
+			schemacheck.Object{Name: l + "_epoch", Kind: schemacheck.Sequence},
+			schemacheck.Object{Name: t + "_idle", Kind: schemacheck.Table, Columns: []string{"token", "until"}})
+	}
+	return append(objs,
+		schemacheck.Object{Name: l + "_epoch", Kind: schemacheck.Table, Columns: []string{"id", "n"}},
+		schemacheck.Object{Name: l + "_epoch_insert", Kind: schemacheck.Trigger, On: l},
+		schemacheck.Object{Name: l + "_epoch_update", Kind: schemacheck.Trigger, On: l})
 }
 
 // notifyTrigger returns PostgreSQL's statements that create (or replace) the

@@ -263,7 +263,8 @@ func (o *Outbox) recoverQuery(f *RecoverFilter) (where string, args []any, err e
 	return b.String(), args, nil
 }
 
-func (o *Outbox) recover(ctx context.Context, f RecoverFilter, dry bool) ([]RecoveredRow, error) {
+func (o *Outbox) recover(ctx context.Context, f RecoverFilter, dry bool) (_ []RecoveredRow, err error) {
+	defer func() { err = sqldb.WrapDBClosed(err) }()
 	if o.zero() {
 		return nil, ErrZeroOutbox
 	}

@@ -57,6 +57,9 @@ type Relay struct {
 	// or closedUnrun (Close came first, Run never ran).
 	started  atomic.Int32
 	stopping atomic.Bool
+	// dbClosed is the first failed call's error on a *sql.DB whose Close
+	// was called (sqldb.IsDBClosed), with the call: Run returns it.
+	dbClosed atomic.Pointer[error]
 
 	// runCtx is Run's context, set once at its start, before any
 	// database call: a call that fails because it ended is the relay
@@ -253,7 +256,13 @@ func (r *Relay) signal() {
 // database that does not answer is an outage, not an error: Run retries
 // every poll interval, then and while it runs, and returns because of the
 // database only with WithMaxOutage (an error wrapping
-// ErrDatabaseUnavailable). See the package doc's "Database faults".
+// ErrDatabaseUnavailable), or when the outbox's *sql.DB was closed (its
+// Close called: no call on it can pass): Run then returns, after the first
+// call that fails so (its next poll, WithPollInterval at most, or a renewal
+// or mark), an error wrapping ErrDBClosed and database/sql's error, having
+// shut down as on Close (its marks and release fail too: the rows published
+// and not marked stay pending, the leases expire). See the package doc's
+// "Database faults".
 func (r *Relay) Run(ctx context.Context) error {
 	if r.zero() {
 		return ErrZeroRelay

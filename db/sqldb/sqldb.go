@@ -22,6 +22,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -121,6 +122,20 @@ var sqliteDefaults = []struct {
 // URI (the driver reads vfs from any name).
 var sqliteURIParams = map[string]bool{"mode": true, "cache": true, "immutable": true, "nolock": true, "psow": true, "modeof": true}
 
+// sqliteDriverParams are the query parameters modernc.org/sqlite (v1.62)
+// reads from any name, in its documentation's order: it ignores every other
+// key without a word, upper-case ones included (_PRAGMA).
+var sqliteDriverParams = []string{"_pragma", "_txlock", "_time_format", "_time_integer_format", "_timezone",
+	"_inttotime", "_texttotime", "_busy_timeout", "_timeout", "_journal_mode", "_journal", "_synchronous", "_sync",
+	"_foreign_keys", "_fk", "_auto_vacuum", "_vacuum", "_query_only", "_dqs", "_defensive", "_error_rc", "vfs"}
+
+// ErrUnknownSQLiteParameter is wrapped by OpenSQLite's error for a query
+// parameter that neither modernc.org/sqlite nor SQLite reads (a misspelt or
+// upper-case key, or a plain file name with a "?" in it): the driver would
+// ignore it and open the database without that setting. The error names the
+// key and the keys accepted.
+var ErrUnknownSQLiteParameter = errors.New("sqldb: SQLite query parameter that neither the driver nor SQLite reads")
+
 // OpenSQLite opens (creating it if missing) the SQLite database file at path
 // with the settings the outbox and inbox rely on: WAL journal (readers do not
 // block the writer), synchronous=NORMAL (durable across a process crash; the
@@ -143,6 +158,15 @@ var sqliteURIParams = map[string]bool{"mode": true, "cache": true, "immutable": 
 // from a file: URI: on a plain file name ("app.db?mode=ro") SQLite would
 // ignore them, so OpenSQLite refuses them there, saying to write
 // "file:app.db?mode=ro". A query string that does not parse is an error.
+// So is a key that neither the driver nor SQLite reads (a misspelt key, an
+// upper-case one such as _PRAGMA: both would be ignored), wrapping
+// ErrUnknownSQLiteParameter, naming the key and the keys read: the driver's
+// (_pragma, _txlock, _time_format, _busy_timeout, vfs, ... as in
+// modernc.org/sqlite v1.62) and, on a file: URI, SQLite's. On a plain file
+// name the first "?" begins the query string, as for the driver: a file
+// whose name has a "?" in it is named by its file: URI, "?" written %3F
+// ("file:a%3Fb.db" is the file a?b.db); "a?b.db" is refused (b.db is no
+// key), and the error gives that URI.
 //
 // In-memory and temporary databases (":memory:", "file::memory:",
 // mode=memory, an empty file: name, vfs=memdb on a name not beginning with
@@ -222,6 +246,9 @@ func sqliteDSN(path string) (string, error) {
 			}
 		}
 	}
+	if err := unknownSQLiteParams(path, name, uri, q); err != nil {
+		return "", err
+	}
 	// The caller's query string is kept as written (SQLite decodes a
 	// file: URI's parameters itself, and reads "+" as "+", not a space),
 	// OpenSQLite's settings appended.
@@ -249,6 +276,34 @@ func sqliteDSN(path string) (string, error) {
 		query += "&"
 	}
 	return name + "?" + query + add.Encode(), nil
+}
+
+// unknownSQLiteParams refuses, with ErrUnknownSQLiteParameter, a key of q
+// that neither the driver nor (on a file: URI) SQLite reads.
+func unknownSQLiteParams(path, name string, uri bool, q url.Values) error {
+	keys := make([]string, 0, len(q))
+	for k := range q {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		if slices.Contains(sqliteDriverParams, k) || uri && sqliteURIParams[k] {
+			continue
+		}
+		accepted := strings.Join(sqliteDriverParams, ", ")
+		if uri {
+			accepted += " and SQLite's mode, cache, immutable, nolock, psow, modeof"
+		}
+		hint := ""
+		if l := strings.ToLower(k); l != k && (slices.Contains(sqliteDriverParams, l) || uri && sqliteURIParams[l]) {
+			hint = fmt.Sprintf(" (keys are case-sensitive: write %s)", l)
+		}
+		if !uri && hint == "" {
+			hint = fmt.Sprintf("; the first \"?\" ends a plain file name: for a file named %q, write %q", path, fileURI(path))
+		}
+		return fmt.Errorf("sqldb: open SQLite %q: %w: %q, which would be ignored%s; the keys read are %s", path, ErrUnknownSQLiteParameter, k, hint, accepted)
+	}
+	return nil
 }
 
 // fileURI is the file: URI of the plain file name name: SQLite decodes a
@@ -498,8 +553,96 @@ func (k ErrorKind) String() string {
 	return "ErrorKind(" + strconv.Itoa(int(k)) + ")"
 }
 
+// ErrDBClosed is wrapped (see WrapDBClosed) around database/sql's error for
+// a call on a *sql.DB whose Close was called ("sql: database is closed"):
+// no call on it can succeed again, so it is no outage to wait out. The
+// outbox and inbox wrap it around that error wherever they return it, and
+// an outbox relay's Run returns it at once.
+var ErrDBClosed = errors.New("sqldb: the *sql.DB was closed (its Close was called): no call on it can succeed")
+
+// ErrSchemaConflict is wrapped by the outbox's and the inbox's CreateSchema
+// error when a name their schema creates is taken by another object: a
+// table without the columns the schema needs (another outbox's lease
+// table, an inbox's table, the application's), an index or trigger of
+// another table, an object of another kind. CREATE ... IF NOT EXISTS would
+// skip it without a word, and the outbox or inbox would run on the foreign
+// object. The error names the object, what holds the name and what is
+// needed.
+var ErrSchemaConflict = errors.New("sqldb: a name the schema creates is taken by another object")
+
+// DerivedSuffixes are the suffixes the outbox's and the inbox's schemas add
+// to their table's name to name their other tables, indexes and sequences,
+// which share one namespace with tables (on PostgreSQL and on SQLite),
+// longest first. WithTable refuses a name ending in one (see
+// DerivedSuffix). The names of triggers and functions (<table>_notify,
+// <table>_lease_epoch_insert, ...) are in namespaces of their own, and two
+// tables' never meet.
+var DerivedSuffixes = []string{
+	"_processed_at", // inbox: index
+	"_lease_epoch",  // outbox: sequence (PostgreSQL), table (SQLite)
+	"_lease_owner",  // outbox: index on <table>_lease
+	"_pending_key",  // outbox: index
+	"_lease",        // outbox: lease table
+	"_idle",         // outbox, PostgreSQL: idle relays' table
+	"_dead",         // outbox: index
+	"_sent",         // outbox: index
+}
+
+// DerivedSuffix returns the suffix of DerivedSuffixes that name ends in
+// ("" when none): a table of that name would share its name with an object
+// that the outbox or inbox named by the rest of it creates (an outbox
+// "x_lease" and the lease table of an outbox "x"), and each one's CREATE
+// ... IF NOT EXISTS would then skip the other's object and run on it.
+func DerivedSuffix(name string) string {
+	for _, s := range DerivedSuffixes {
+		if strings.HasSuffix(name, s) {
+			return s
+		}
+	}
+	return ""
+}
+
+// sqlDBClosed is database/sql's error text for a call on a closed *sql.DB
+// (its error value is unexported).
+const sqlDBClosed = "sql: database is closed"
+
+// IsDBClosed reports whether err is, or wraps, database/sql's error for a
+// call on a closed *sql.DB ("sql: database is closed", matched by its text:
+// database/sql does not export it), or wraps ErrDBClosed.
+func IsDBClosed(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, ErrDBClosed) || err.Error() == sqlDBClosed {
+		return true
+	}
+	if u := errors.Unwrap(err); u != nil {
+		return IsDBClosed(u)
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok { // errors.Join, fmt.Errorf with several %w
+		for _, e := range j.Unwrap() {
+			if IsDBClosed(e) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// WrapDBClosed returns err wrapped with ErrDBClosed when it is database/sql's
+// error for a closed *sql.DB (IsDBClosed) and does not wrap ErrDBClosed
+// already; otherwise err as is (nil for nil). The error keeps err's text
+// after ErrDBClosed's, and errors.Is finds both.
+func WrapDBClosed(err error) error {
+	if !IsDBClosed(err) || errors.Is(err, ErrDBClosed) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrDBClosed, err)
+}
+
 // Classify returns the kind of a database error from either driver (nil is
-// KindOther). A context.Canceled error is KindOther: the caller gave up.
+// KindOther). A context.Canceled error is KindOther: the caller gave up. A
+// call on a closed *sql.DB is KindOther too (IsDBClosed): no retry passes.
 func Classify(err error) ErrorKind {
 	if err == nil {
 		return KindOther

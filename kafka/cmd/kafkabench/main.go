@@ -73,6 +73,26 @@ type cli struct {
 	HotKey       bool          `name:"hot-key" help:"After each consumer, print where the hottest key's time went: from the first polled record to its first record's start, its records' work, the gaps between them (split into: the next record not fetched yet, fetched but not polled, polled but not started) and the tail after its last record."`
 }
 
+// syntheticOnly refuses a flag that shapes the generated stream (--events,
+// --keys, --zipf, --seed) given without --synthetic: the stream read from
+// --trace or the embedded sample has its own size and keys, and the flag
+// would be ignored.
+func syntheticOnly(kctx *kong.Context, synthetic bool) error {
+	if synthetic {
+		return nil
+	}
+	for _, p := range kctx.Path {
+		if p.Flag == nil {
+			continue
+		}
+		switch n := p.Flag.Name; n {
+		case "events", "keys", "zipf", "seed":
+			return fmt.Errorf("--%s applies to --synthetic only (the generated stream): the --trace file or the embedded sample has its own size and keys; add --synthetic, or drop --%s (for fewer events of a trace, --limit)", n, n)
+		}
+	}
+	return nil
+}
+
 // Result is one consumer's run (the --json line).
 type Result struct {
 	Consumer          string  `json:"consumer"`
@@ -131,7 +151,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if _, err := parser.Parse(args); err != nil {
+	kctx, err := parser.Parse(args)
+	if err != nil {
+		return err
+	}
+	if err := syntheticOnly(kctx, c.Synthetic); err != nil {
 		return err
 	}
 	work, err := parseWork(c.Work)

@@ -92,6 +92,27 @@ func TestBadFlags(t *testing.T) {
 	}
 }
 
+// The flags that shape the generated stream, given without --synthetic,
+// would be ignored (the trace or the embedded sample has its own size):
+// refused before any stream is made, naming the flag and --synthetic.
+func TestSyntheticFlagsWithoutSyntheticRefused(t *testing.T) {
+	for _, c := range []struct {
+		flag string
+		args []string
+	}{
+		{"--events", []string{"--events", "1000000"}},
+		{"--events", []string{"--events=1000000", "--trace", "x"}},
+		{"--keys", []string{"--limit", "10", "--keys", "5"}},
+		{"--zipf", []string{"--zipf", "1"}},
+		{"--seed", []string{"--seed", "2"}},
+	} {
+		var out, errOut bytes.Buffer
+		if err := run(c.args, &out, &errOut); err == nil || !strings.Contains(err.Error(), c.flag+" applies to --synthetic only") {
+			t.Errorf("%v: %v", c.args, err)
+		}
+	}
+}
+
 // --hot-key and the ideal consumer: the hottest key's time splits into
 // lead-in, work, gaps and tail that add up to the run's time; the ideal
 // consumer handles every event, in order, with no broker.
