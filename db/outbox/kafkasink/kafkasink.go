@@ -8,9 +8,12 @@
 //	sink, _ := kafkasink.New(cl, "orders")
 //	relay, _ := ob.NewRelay(sink)
 //
-// The record's key is the event's key, its value the payload, its timestamp
-// the event's creation time; its headers are the event's headers (sorted by name) plus
-// HeaderID, HeaderType and HeaderSeq. With franz-go's default partitioner a
+// The record's key is the event's key, its value the payload (never null:
+// an empty payload is an empty value, not a tombstone), its timestamp the
+// event's creation time; its headers are the event's headers (sorted by
+// name) plus HeaderID, HeaderType and HeaderSeq. An event with a header of
+// one of those three names is refused (ErrReservedHeader, permanent: the row
+// is marked dead). With franz-go's default partitioner a
 // key's records go to one partition, and the relay produces a key's events
 // one at a time, in order, so a key's events land in its partition in write
 // order.
@@ -18,6 +21,10 @@
 // franz-go's producer is idempotent by default (do not set
 // kgo.DisableIdempotentWrite, and keep the default acks, all in-sync
 // replicas): a produce retried inside the client is written once, in order.
+// New refuses a client with kgo.RequiredAcks(kgo.NoAck()), whose produce
+// returns before any broker has the record: the relay would mark it sent.
+// A failed produce returns an error naming the event (ID, key, seq) and the
+// topic, wrapping franz-go's (errors.Is finds the kerr error).
 // A produce the relay retries (after an error, or after a relay died between
 // producing and marking the row sent) is a new record: consumers deduplicate
 // on the HeaderID header (see package inbox).
@@ -52,6 +59,12 @@ const (
 // keysched.ErrInvalidOption too).
 var ErrInvalidOption = errors.New("kafkasink: invalid option")
 
+// ErrReservedHeader is wrapped by the sink's error (permanent: the relay
+// marks the row dead) for an event with a header named HeaderID, HeaderType
+// or HeaderSeq: produced next to the sink's own, a consumer could read it
+// as the event's ID, type or seq. The error names the header.
+var ErrReservedHeader = errors.New("kafkasink: event header has a name the sink reserves")
+
 // An Option configures New. Options meet by keysched.Option's rule, the one
 // rule of every keysched module (see its "How options meet"): the last
 // WithTopicFunc wins over it and over New's topic.
@@ -80,10 +93,15 @@ func WithTopicFunc(fn func(outbox.Event) (string, error)) Option {
 
 // New returns a Sink that produces each event to topic through cl. The
 // client is the caller's: the sink never closes it. Close the relay before
-// the client. topic may be empty only with WithTopicFunc.
+// the client. topic may be empty only with WithTopicFunc. A nil client, or
+// one made with kgo.RequiredAcks(kgo.NoAck()) (its produce returns before a
+// broker has the record), is refused with ErrInvalidOption.
 func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
 	if cl == nil {
 		return nil, fmt.Errorf("%w: nil *kgo.Client", ErrInvalidOption)
+	}
+	if acks, ok := cl.OptValue(kgo.RequiredAcks).(kgo.Acks); ok && acks == kgo.NoAck() {
+		return nil, fmt.Errorf("%w: a client with kgo.RequiredAcks(kgo.NoAck()): its produce returns before any broker has the record, so the relay would mark unacknowledged events sent (use the default, kgo.AllISRAcks())", ErrInvalidOption)
 	}
 	c := config{}
 	if topic != "" {
@@ -108,11 +126,21 @@ func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
 		if err != nil {
 			return keysched.Permanent(fmt.Errorf("kafkasink: topic for event %s: %w", e.ID, err))
 		}
-		return cl.ProduceSync(ctx, Record(t, e)).FirstErr()
+		for _, h := range [...]string{HeaderID, HeaderType, HeaderSeq} {
+			if _, ok := e.Headers[h]; ok {
+				return keysched.Permanent(fmt.Errorf("%w: event %s has a header %q (the sink sets it)", ErrReservedHeader, e.ID, h))
+			}
+		}
+		if err := cl.ProduceSync(ctx, Record(t, e)).FirstErr(); err != nil {
+			return fmt.Errorf("kafkasink: produce event %s (key %q, seq %d) to topic %q: %w", e.ID, e.Key, e.Seq, t, err)
+		}
+		return nil
 	}, nil
 }
 
-// Record returns the record New's sink produces for e on topic.
+// Record returns the record New's sink produces for e on topic. It does not
+// check e's headers: the sink refuses an event with a header named HeaderID,
+// HeaderType or HeaderSeq before calling it (ErrReservedHeader).
 func Record(topic string, e outbox.Event) *kgo.Record {
 	hs := make([]kgo.RecordHeader, 0, len(e.Headers)+3)
 	for _, k := range slices.Sorted(maps.Keys(e.Headers)) {
@@ -123,5 +151,12 @@ func Record(topic string, e outbox.Event) *kgo.Record {
 		kgo.RecordHeader{Key: HeaderType, Value: []byte(e.Type)},
 		kgo.RecordHeader{Key: HeaderSeq, Value: []byte(strconv.FormatInt(e.Seq, 10))},
 	)
-	return &kgo.Record{Topic: topic, Key: []byte(e.Key), Value: e.Payload, Headers: hs, Timestamp: e.CreatedAt}
+	v := e.Payload
+	if v == nil {
+		// An empty payload (SQLite reads an empty BLOB back as nil) is an
+		// empty value: a null one is a tombstone, which deletes the key
+		// on a compacted topic.
+		v = []byte{}
+	}
+	return &kgo.Record{Topic: topic, Key: []byte(e.Key), Value: v, Headers: hs, Timestamp: e.CreatedAt}
 }
