@@ -37,6 +37,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -45,6 +46,12 @@ import (
 	"github.com/keysched/keysched/internal/optcheck"
 	"github.com/keysched/keysched/internal/opterror"
 )
+
+// ClosedClientSnooze is how long the sink's call snoozes (keysched.Snooze:
+// tried again later without spending an attempt) when the client was closed
+// before the relay: the rows stay pending, none is marked dead, until the
+// relay is closed (or given a new sink).
+const ClosedClientSnooze = time.Second
 
 // Headers the sink adds to every record.
 const (
@@ -93,7 +100,9 @@ func WithTopicFunc(fn func(outbox.Event) (string, error)) Option {
 
 // New returns a Sink that produces each event to topic through cl. The
 // client is the caller's: the sink never closes it. Close the relay before
-// the client. topic may be empty only with WithTopicFunc. A nil client, or
+// the client: a sink whose client was closed snoozes each call
+// (ClosedClientSnooze) rather than fail it, so the pending rows are not
+// marked dead. topic may be empty only with WithTopicFunc. A nil client, or
 // one made with kgo.RequiredAcks(kgo.NoAck()) (its produce returns before a
 // broker has the record), is refused with ErrInvalidOption.
 func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
@@ -132,7 +141,14 @@ func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
 			}
 		}
 		if err := cl.ProduceSync(ctx, Record(t, e)).FirstErr(); err != nil {
-			return fmt.Errorf("kafkasink: produce event %s (key %q, seq %d) to topic %q: %w", e.ID, e.Key, e.Seq, t, err)
+			err = fmt.Errorf("kafkasink: produce event %s (key %q, seq %d) to topic %q: %w", e.ID, e.Key, e.Seq, t, err)
+			if errors.Is(err, kgo.ErrClientClosed) {
+				// A local refusal, not the event's fault: spending
+				// attempts on it would mark every pending row dead
+				// within the retry policy's budget.
+				return keysched.Snooze(err, ClosedClientSnooze)
+			}
+			return err
 		}
 		return nil
 	}, nil
