@@ -91,6 +91,10 @@ func (v *Versions) CreateSchema(ctx context.Context) error {
 //
 // Concurrent Applys on one entity serialise on its row: the newest version
 // wins, whatever the arrival order, and each version's fn runs at most once.
+// On PostgreSQL under REPEATABLE READ or SERIALIZABLE, a gate that fails
+// with a serialization failure (the row changed since the snapshot) begins
+// a new transaction, fn not having run, up to 10 in all, as Inbox.Apply's
+// insert does.
 // A panic in fn rolls back and is re-raised.
 func (v *Versions) Apply(ctx context.Context, entity string, version int64, fn func(tx *sql.Tx) error) (applied bool, err error) {
 	if v.zero() {
@@ -108,7 +112,7 @@ func (v *Versions) Apply(ctx context.Context, entity string, version int64, fn f
 	return runTx(ctx, v.db, func(tx *sql.Tx) (bool, error) {
 		newer, err := v.Gate(ctx, tx, entity, version)
 		if err != nil || !newer {
-			return false, err
+			return false, gateConflict(v.o.dialect, err)
 		}
 		return true, fn(tx)
 	}, func(ctx context.Context) string {
