@@ -319,7 +319,11 @@ func timeArg(d Dialect, t time.Time) any {
 //     the ID is recorded if and only if fn's writes are, so a redelivery
 //     is still safe (applied once, or "already handled"). ctx ending
 //     during the commit is the same case (ErrCommitUnknown, wrapping
-//     ctx's error): the server may complete the commit.
+//     ctx's error): the server may complete the commit. An fn that ends
+//     tx itself while ctx also ends cannot be told from database/sql's
+//     rollback at ctx's end: Apply then returns ctx's error (or fn's),
+//     without ErrTxEnded, and the ID is recorded if fn committed (Seen
+//     says); a redelivery is still safe.
 //
 // Concurrent deliveries of one ID run fn at most once in total: the second
 // one's insert waits for the first transaction (PostgreSQL's unique index,

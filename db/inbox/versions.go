@@ -85,7 +85,8 @@ func (v *Versions) CreateSchema(ctx context.Context) error {
 //     was written. Two exceptions: an error wrapping ErrTxEnded: fn
 //     committed or rolled back tx itself (a bug in fn); if it committed,
 //     the version and fn's writes before the commit are stored, and the
-//     error says so. And an error wrapping ErrCommitUnknown: the
+//     error says so (or, when a newer version was stored since, that
+//     whether fn committed is unknown). And an error wrapping ErrCommitUnknown: the
 //     connection broke, or ctx ended, during the commit, which may have
 //     taken effect (the version is stored if and only if fn's writes are).
 //
@@ -118,8 +119,12 @@ func (v *Versions) Apply(ctx context.Context, entity string, version int64, fn f
 	}, func(ctx context.Context) string {
 		if cur, ok, err := v.Current(ctx, entity); err != nil {
 			return fmt.Sprintf("whether version %d of %q is stored is unknown: %v", version, entity, err)
-		} else if ok && cur >= version {
+		} else if ok && cur == version {
 			return fmt.Sprintf("%q is at version %d: fn committed", entity, cur)
+		} else if ok && cur > version {
+			// A newer version was stored since: whether this one's
+			// commit took effect before it cannot be told from here.
+			return fmt.Sprintf("%q is at version %d, newer than %d: whether fn committed is unknown", entity, cur, version)
 		}
 		return fmt.Sprintf("version %d of %q is not stored", version, entity)
 	})
