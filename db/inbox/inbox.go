@@ -452,7 +452,10 @@ func runTxOnce(ctx context.Context, db *sql.DB, body func(tx *sql.Tx) (bool, err
 // Record records eventID inside tx, the caller's transaction, and reports
 // whether it was new. When it returns false, the event was handled already:
 // roll tx back (or go on without the effect). Use it when you manage the
-// transaction yourself; Apply is Record plus the transaction.
+// transaction yourself; Apply is Record plus the transaction. On PostgreSQL
+// under REPEATABLE READ or SERIALIZABLE, Record fails with a serialization
+// failure (SQLSTATE 40001) when a concurrent transaction recorded the ID
+// since tx's snapshot: roll tx back and begin again (Apply does).
 func (in *Inbox) Record(ctx context.Context, tx *sql.Tx, eventID string) (first bool, err error) {
 	if in.zero() {
 		return false, ErrZeroInbox

@@ -133,7 +133,9 @@ func (v *Versions) Apply(ctx context.Context, entity string, version int64, fn f
 // Gate stores version for entity inside tx, the caller's transaction, if it
 // is newer than the stored one, and reports whether it was. On false, skip
 // the write (or roll back). On PostgreSQL it locks the entity's row until tx
-// ends.
+// ends; under REPEATABLE READ or SERIALIZABLE it fails with a serialization
+// failure (SQLSTATE 40001) when the row changed since tx's snapshot: roll tx
+// back and begin again (Apply does).
 func (v *Versions) Gate(ctx context.Context, tx *sql.Tx, entity string, version int64) (newer bool, err error) {
 	if v.zero() {
 		return false, ErrZeroVersions
