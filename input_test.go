@@ -129,7 +129,7 @@ func TestZeroCompletionWaitInsideTask(t *testing.T) {
 		wctx, cancel := context.WithCancel(tctx)
 		cancel()
 		if err := z.Wait(wctx); !errors.Is(err, ErrNilCompletion) {
-			return fmt.Errorf("got %v, want ErrNilCompletion", err)
+			return fmt.Errorf("got %w, want ErrNilCompletion", err)
 		}
 		return nil
 	})

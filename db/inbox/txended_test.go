@@ -91,7 +91,7 @@ func TestVersionsTxEndedDoesNotClaimANewerVersionAsFnsCommit(t *testing.T) {
 			// Another delivery, a newer version, lands meanwhile.
 			newer, err := v.Apply(ctx, "acct-1", 5, func(*sql.Tx) error { return nil })
 			if err != nil || !newer {
-				return fmt.Errorf("version 5: %v, %v", newer, err)
+				return fmt.Errorf("version 5: %v, %w", newer, err)
 			}
 			return nil
 		})
