@@ -33,11 +33,10 @@
 // broker acks, the row is marked sent). franz-go decides per batch by the
 // context of the batch's first record, so records of other keys buffered for
 // the same partition fail with that context's error too (the relay retries
-// them, each a spent attempt). Measured on kfake (2026-12-02), a broker
-// holding every produce 2 s, 20 sink calls in flight: Relay.Close with a
-// 300 ms context returned after 400 ms saying 20 calls still ran; they were
-// acked and marked sent 1.5 s after the Close began, the other 80 rows
-// stayed pending.
+// them, each a spent attempt). On kfake, with the broker holding every
+// produce 1 s, Relay.Close with a 100 ms context returns an error saying
+// the sink calls still run; their rows are marked sent once acked, the
+// others stay pending (TestCloseUnderLoadMarksOnlyAckedRows).
 // A produce the relay retries (after an error, or after a relay died between
 // producing and marking the row sent) is a new record: consumers deduplicate
 // on the HeaderID header (see package inbox).
