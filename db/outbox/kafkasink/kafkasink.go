@@ -26,20 +26,21 @@
 // A failed produce returns an error naming the event (ID, key, seq) and the
 // topic, wrapping franz-go's (errors.Is finds the kerr error).
 //
+// A produce the relay retries (after an error, or after a relay died between
+// producing and marking the row sent) is a new record: consumers deduplicate
+// on the HeaderID header (see package inbox).
+//
 // The sink's context (the relay's lease on the key, or its shutdown) ends a
 // produce only while franz-go can still fail it safely: once its request was
 // sent, the idempotent producer waits for the broker's answer, and so does
 // the sink (Relay.Close then reports it as a sink call still running; if the
-// broker acks, the row is marked sent). franz-go decides per batch by the
-// context of the batch's first record, so records of other keys buffered for
-// the same partition fail with that context's error too (the relay retries
-// them, each a spent attempt). On kfake, with the broker holding every
+// broker acks, the row is marked sent). franz-go (its Produce doc) decides
+// per batch by the context of the batch's first record, so records of other
+// keys buffered for the same partition fail with that context's error too
+// (the relay retries them, each a spent attempt). On kfake, with the broker holding every
 // produce 1 s, Relay.Close with a 100 ms context returns an error saying
 // the sink calls still run; their rows are marked sent once acked, the
 // others stay pending (TestCloseUnderLoadMarksOnlyAckedRows).
-// A produce the relay retries (after an error, or after a relay died between
-// producing and marking the row sent) is a new record: consumers deduplicate
-// on the HeaderID header (see package inbox).
 package kafkasink
 
 import (
