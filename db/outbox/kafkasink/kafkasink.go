@@ -24,7 +24,10 @@
 // New refuses a client with kgo.RequiredAcks(kgo.NoAck()), whose produce
 // returns before any broker has the record: the relay would mark it sent.
 // A failed produce returns an error naming the event (ID, key, seq) and the
-// topic, wrapping franz-go's (errors.Is finds the kerr error).
+// topic, wrapping franz-go's (errors.Is finds the kerr error); a record too
+// large for the client or the broker (kerr.MessageTooLarge,
+// kerr.RecordListTooLarge) fails the same way on every attempt, so its error
+// is permanent (the row is marked dead at once).
 //
 // A produce the relay retries (after an error, or after a relay died between
 // producing and marking the row sent) is a new record: consumers deduplicate
@@ -52,6 +55,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/keysched/keysched"
@@ -99,8 +103,9 @@ type config struct {
 }
 
 // WithTopicFunc chooses each event's topic (for example by Event.Type)
-// instead of the topic given to New. An empty topic or an error makes that
-// event's produce fail permanently: the row is marked dead.
+// instead of the topic given to New. An error, or a topic Kafka refuses (as
+// New does), makes that event's produce fail permanently: the row is marked
+// dead.
 func WithTopicFunc(fn func(outbox.Event) (string, error)) Option {
 	return func(c *config) error {
 		if r := optcheck.NotNil("WithTopicFunc", fn == nil, "a function"); r != nil {
@@ -115,7 +120,9 @@ func WithTopicFunc(fn func(outbox.Event) (string, error)) Option {
 // client is the caller's: the sink never closes it. Close the relay before
 // the client: a sink whose client was closed snoozes each call
 // (ClosedClientSnooze) rather than fail it, so the pending rows are not
-// marked dead. topic may be empty only with WithTopicFunc. A nil client, or
+// marked dead. topic may be empty only with WithTopicFunc; otherwise it must
+// be a name Kafka accepts (1 to MaxTopicLen bytes of [a-zA-Z0-9._-], not "."
+// or ".."), or New fails with ErrInvalidOption. A nil client, or
 // one made with kgo.RequiredAcks(kgo.NoAck()) (its produce returns before a
 // broker has the record), is refused with ErrInvalidOption.
 func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
@@ -140,10 +147,15 @@ func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
 	if c.topicFor == nil {
 		return nil, fmt.Errorf("%w: no topic (give one to New, or WithTopicFunc)", ErrInvalidOption)
 	}
+	if topic != "" {
+		if err := validTopic(topic); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
+		}
+	}
 	return func(ctx context.Context, e outbox.Event) error {
 		t, err := c.topicFor(e)
-		if err == nil && t == "" {
-			err = errors.New("empty topic")
+		if err == nil {
+			err = validTopic(t)
 		}
 		if err != nil {
 			return keysched.Permanent(fmt.Errorf("kafkasink: topic for event %s: %w", e.ID, err))
@@ -155,16 +167,43 @@ func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
 		}
 		if err := cl.ProduceSync(ctx, Record(t, e)).FirstErr(); err != nil {
 			err = fmt.Errorf("kafkasink: produce event %s (key %q, seq %d) to topic %q: %w", e.ID, e.Key, e.Seq, t, err)
-			if errors.Is(err, kgo.ErrClientClosed) {
+			switch {
+			case errors.Is(err, kgo.ErrClientClosed):
 				// A local refusal, not the event's fault: spending
 				// attempts on it would mark every pending row dead
 				// within the retry policy's budget.
 				return keysched.Snooze(err, ClosedClientSnooze)
+			case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge):
+				// The same record is too large on every attempt.
+				return keysched.Permanent(err)
 			}
 			return err
 		}
 		return nil
 	}, nil
+}
+
+// MaxTopicLen is the longest topic name Kafka accepts, in bytes.
+const MaxTopicLen = 249
+
+// validTopic refuses a topic name Kafka refuses (its Topic.validate): a
+// produce to one would wait for metadata that never comes, then fail with a
+// retryable UNKNOWN_TOPIC_OR_PARTITION.
+func validTopic(t string) error {
+	switch {
+	case t == "":
+		return errors.New("empty topic")
+	case len(t) > MaxTopicLen:
+		return fmt.Errorf("topic of %d bytes (at most %d)", len(t), MaxTopicLen)
+	case t == "." || t == "..":
+		return fmt.Errorf("topic %q (Kafka refuses \".\" and \"..\")", t)
+	}
+	for i := 0; i < len(t); i++ {
+		if c := t[i]; !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("topic %q: byte %q at %d (want [a-zA-Z0-9._-])", t, c, i)
+		}
+	}
+	return nil
 }
 
 // Record returns the record New's sink produces for e on topic. It does not
