@@ -38,8 +38,8 @@ func openWithIsolation(t *testing.T, level string) *sql.DB {
 // PostgreSQL whose default isolation is REPEATABLE READ or SERIALIZABLE,
 // duplicates of one event delivered concurrently (16 at a time, from two
 // pools) got "could not serialize access due to concurrent update"
-// (SQLSTATE 40001) from the ID's insert, 58 of 320 deliveries, instead of
-// "already handled"; Versions' gate the same, 38 of 160.
+// (SQLSTATE 40001) from the ID's insert instead of "already handled";
+// Versions' gate the same.
 //
 // Under either level, concurrent duplicates apply once and the others get
 // (false, nil); concurrent versions of one entity all return without an

@@ -18,9 +18,9 @@ import (
 // Found by attacking the code (adversarial review, 2026-12-02): a client
 // closed before the relay (the shutdown order the package doc warns
 // against) failed every produce at once with kgo.ErrClientClosed, so the
-// relay spent each row's attempts in a row and marked it dead: with the
-// default retry policy, 4 of 5 pending rows were dead 40 s after the close,
-// waiting for an operator's Resume though none was ever published.
+// relay spent each row's attempts in a row and marked it dead within the
+// retry policy's delays, waiting for an operator's Resume though none was
+// ever published.
 //
 // A sink whose client is closed snoozes (no attempt spent): each row is
 // tried again and again, and stays pending; none is marked dead. The

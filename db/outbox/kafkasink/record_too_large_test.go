@@ -16,7 +16,7 @@ import (
 // larger than the client's or the broker's maximum (a 2 MiB payload, the
 // default limit being 1 MB) failed with MESSAGE_TOO_LARGE every time, but as
 // a retryable error: the relay spent the whole retry policy on it (10
-// attempts, about 25 s by default) holding its key, before marking it dead.
+// attempts by default) holding its key, before marking it dead.
 //
 // A record too large is a permanent failure (the row is marked dead at
 // once), the error naming the event, with kerr.MessageTooLarge in its chain.

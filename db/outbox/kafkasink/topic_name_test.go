@@ -15,9 +15,9 @@ import (
 
 // Found by attacking the code (adversarial review, 2026-12-02): New took a
 // topic Kafka cannot have ("bad topic", a 300-byte name), and every produce
-// to it then waited 10 to 20 s for metadata before failing with
+// to it then waited for metadata that never came before failing with
 // UNKNOWN_TOPIC_OR_PARTITION, an error the relay retries: each event of the
-// key held it for minutes before it was marked dead.
+// key held it for the whole retry policy before it was marked dead.
 //
 // A topic name Kafka refuses (empty, over 249 bytes, "." or "..", a byte
 // outside [a-zA-Z0-9._-]) is refused by New (ErrInvalidOption, naming it)
