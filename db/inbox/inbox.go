@@ -332,10 +332,11 @@ func timeArg(d Dialect, t time.Time) any {
 // returned as an error, nor, on PostgreSQL under REPEATABLE READ or
 // SERIALIZABLE (default_transaction_isolation), the serialization failure
 // of the insert that waited: Apply then begins a new transaction (fn has not
-// run), up to 10 in all, and finds the ID. A serialization failure of fn's
-// statements or of the commit is returned (nothing recorded). fn must do its work through tx (writes made any other
-// way are not undone with it) and must not commit or roll it back. A panic in
-// fn rolls the transaction back and is re-raised.
+// run), up to 100 in all, and finds the ID. A serialization failure of fn's
+// statements or of the commit is returned (nothing recorded). fn must do its
+// work through tx (writes made any other way are not undone with it) and must
+// not commit or roll it back. A panic in fn rolls the transaction back and is
+// re-raised.
 func (in *Inbox) Apply(ctx context.Context, eventID string, fn func(tx *sql.Tx) error) (applied bool, err error) {
 	if in.zero() {
 		return false, ErrZeroInbox
@@ -367,7 +368,7 @@ func (in *Inbox) Apply(ctx context.Context, eventID string, fn func(tx *sql.Tx) 
 
 // maxGateAttempts bounds the transactions Apply begins for one call when the
 // ID's insert (or the version's gate) fails with a serialization failure.
-const maxGateAttempts = 10
+const maxGateAttempts = 100
 
 // conflictErr marks an error of the gate step (Record or Gate, before fn
 // ran) that a new transaction resolves: a serialization failure or deadlock

@@ -94,7 +94,7 @@ func (v *Versions) CreateSchema(ctx context.Context) error {
 // wins, whatever the arrival order, and each version's fn runs at most once.
 // On PostgreSQL under REPEATABLE READ or SERIALIZABLE, a gate that fails
 // with a serialization failure (the row changed since the snapshot) begins
-// a new transaction, fn not having run, up to 10 in all, as Inbox.Apply's
+// a new transaction, fn not having run, up to 100 in all, as Inbox.Apply's
 // insert does.
 // A panic in fn rolls back and is re-raised.
 func (v *Versions) Apply(ctx context.Context, entity string, version int64, fn func(tx *sql.Tx) error) (applied bool, err error) {
