@@ -171,15 +171,17 @@ func (c *Completion) core() *core { return c.hdr.core }
 // first call. A task that receives from it to wait for another task is not
 // checked for a deadlock (see ErrDeadlock): use Wait with the task's context.
 // A nil *Completion (what Submit returns with an error) is done: its channel
-// is closed, and Err and Wait return ErrNilCompletion.
+// is closed, and Err and Wait return ErrNilCompletion. So is a zero
+// Completion (one no scheduler returned): it is no task.
 func (c *Completion) Done() <-chan struct{} {
 	if c == nil {
 		return *closedChan
 	}
 	g := c.signals()
 	ch, made := g.done.get()
-	if made && c.state.Load() == stDone {
-		// finish may have looked for the channel before it existed.
+	if made && (c.state.Load() == stDone || c.hdr == nil) {
+		// finish may have looked for the channel before it existed; a
+		// zero Completion never finishes.
 		g.done.close()
 	}
 	return ch
@@ -190,12 +192,15 @@ func (c *Completion) Done() <-chan struct{} {
 // *PanicError when it panicked; context.Canceled when Cancel withdrew it
 // before it ran; ErrAborted when Close's context ended before it ran (an
 // error matching ErrAborted, saying so, when it had run: parked, or waiting
-// to run again).
+// to run again). On a nil or zero Completion it is ErrNilCompletion.
 func (c *Completion) Err() error {
 	if c == nil {
 		return ErrNilCompletion
 	}
 	if c.state.Load() != stDone {
+		if c.hdr == nil {
+			return ErrNilCompletion // a zero Completion: no task
+		}
 		return nil
 	}
 	if x := c.more.Load(); x != nil {
@@ -206,6 +211,8 @@ func (c *Completion) Err() error {
 
 // Wait blocks until the task is done and returns Err, or returns ctx's error
 // if ctx ends first (the task is not affected). A nil ctx gets ErrNilContext.
+// A nil or zero Completion (no scheduler returned it) gets ErrNilCompletion
+// at once.
 //
 // Called with the context of a running task (or one derived from it), Wait
 // fails at once with an error wrapping ErrDeadlock when the wait could never
@@ -226,6 +233,9 @@ func (c *Completion) Wait(ctx context.Context) error {
 	}
 	if c.state.Load() == stDone {
 		return c.Err()
+	}
+	if c.hdr == nil {
+		return ErrNilCompletion // a zero Completion: no task, never done
 	}
 	if ctx == nil {
 		return ErrNilContext

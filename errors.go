@@ -43,7 +43,9 @@ var (
 	ErrEmptyBatch = errors.New("keysched: empty batch")
 	// ErrNilCompletion is what Err and Wait return on a nil *Completion:
 	// the one Submit (or TrySubmit) returns together with its error. Check
-	// Submit's error first; a nil Completion's Done channel is closed.
+	// Submit's error first; a nil Completion's Done channel is closed. A
+	// zero Completion (made by the caller, not returned by a scheduler)
+	// answers the same.
 	ErrNilCompletion = errors.New("keysched: nil *Completion (the task was not accepted: check Submit's error)")
 	// ErrNilContext is returned when a nil context.Context is passed.
 	ErrNilContext = errors.New("keysched: nil context")

@@ -7,6 +7,7 @@ package keysched
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -88,6 +89,33 @@ func TestZeroCompletionCancelAndWait(t *testing.T) {
 	require.Error(t, c.Wait(ctx))
 }
 
+// Found by attacking the code (adversarial review, 2026-12-02): Wait on a
+// zero Completion with a context that never ends blocked for ever, Done
+// never closed and Err said nil ("not done yet") for ever.
+//
+// A Completion the caller made itself (the zero value) answers as a nil one
+// does: Wait and Err return ErrNilCompletion at once, Done is closed.
+func TestZeroCompletionAnswersAsANilOne(t *testing.T) {
+	var c Completion
+	waited := make(chan error, 1)
+	go func() { waited <- c.Wait(context.Background()) }()
+	select {
+	case err := <-waited:
+		require.ErrorIs(t, err, ErrNilCompletion)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Wait on a zero Completion with a context that never ends blocked 10 s")
+	}
+	require.ErrorIs(t, c.Err(), ErrNilCompletion)
+	select {
+	case <-c.Done():
+	default:
+		t.Fatal("a zero Completion's Done channel is not closed")
+	}
+	var d Completion
+	<-d.Done() // Done first, then Wait: the same answers
+	require.ErrorIs(t, d.Wait(context.Background()), ErrNilCompletion)
+}
+
 // Found by attacking the code (adversarial review, 2026-11-30): Wait with a
 // task's context walked the zero Completion's nil chain header and panicked.
 //
@@ -100,8 +128,8 @@ func TestZeroCompletionWaitInsideTask(t *testing.T) {
 		var z Completion
 		wctx, cancel := context.WithCancel(tctx)
 		cancel()
-		if err := z.Wait(wctx); !errors.Is(err, context.Canceled) {
-			return errors.New("want context.Canceled")
+		if err := z.Wait(wctx); !errors.Is(err, ErrNilCompletion) {
+			return fmt.Errorf("got %w, want ErrNilCompletion", err)
 		}
 		return nil
 	})

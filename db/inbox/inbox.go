@@ -351,15 +351,24 @@ func timeArg(d Dialect, t time.Time) any {
 //     the ID is recorded if and only if fn's writes are, so a redelivery
 //     is still safe (applied once, or "already handled"). ctx ending
 //     during the commit is the same case (ErrCommitUnknown, wrapping
-//     ctx's error): the server may complete the commit.
+//     ctx's error): the server may complete the commit. An fn that ends
+//     tx itself while ctx also ends cannot be told from database/sql's
+//     rollback at ctx's end: Apply then returns ctx's error (or fn's),
+//     without ErrTxEnded, and the ID is recorded if fn committed (Seen
+//     says); a redelivery is still safe.
 //
 // Concurrent deliveries of one ID run fn at most once in total: the second
 // one's insert waits for the first transaction (PostgreSQL's unique index,
 // SQLite's single writer) and then finds the ID, or, if the first rolled
 // back, records it and runs fn itself. A uniqueness violation is never
-// returned as an error. fn must do its work through tx (writes made any other
-// way are not undone with it) and must not commit or roll it back. A panic in
-// fn rolls the transaction back and is re-raised.
+// returned as an error, nor, on PostgreSQL under REPEATABLE READ or
+// SERIALIZABLE (default_transaction_isolation), the serialization failure
+// of the insert that waited: Apply then begins a new transaction (fn has not
+// run), up to 100 in all, and finds the ID. A serialization failure of fn's
+// statements or of the commit is returned (nothing recorded). fn must do its
+// work through tx (writes made any other way are not undone with it) and must
+// not commit or roll it back. A panic in fn rolls the transaction back and is
+// re-raised.
 func (in *Inbox) Apply(ctx context.Context, eventID string, fn func(tx *sql.Tx) error) (applied bool, err error) {
 	if in.zero() {
 		return false, ErrZeroInbox
@@ -376,7 +385,7 @@ func (in *Inbox) Apply(ctx context.Context, eventID string, fn func(tx *sql.Tx) 
 	return runTx(ctx, in.db, func(tx *sql.Tx) (bool, error) {
 		first, err := in.Record(ctx, tx, eventID)
 		if err != nil || !first {
-			return false, err
+			return false, gateConflict(in.o.dialect, err)
 		}
 		return true, fn(tx)
 	}, func(ctx context.Context) string {
@@ -389,11 +398,48 @@ func (in *Inbox) Apply(ctx context.Context, eventID string, fn func(tx *sql.Tx) 
 	})
 }
 
+// maxGateAttempts bounds the transactions Apply begins for one call when the
+// ID's insert (or the version's gate) fails with a serialization failure.
+const maxGateAttempts = 100
+
+// conflictErr marks an error of the gate step (Record or Gate, before fn
+// ran) that a new transaction resolves: a serialization failure or deadlock
+// on PostgreSQL (REPEATABLE READ or SERIALIZABLE, where a row committed
+// since the transaction's snapshot cannot be read through ON CONFLICT).
+type conflictErr struct{ err error }
+
+func (c *conflictErr) Error() string { return c.err.Error() }
+func (c *conflictErr) Unwrap() error { return c.err }
+
+// gateConflict returns err marked as a conflictErr when it is one.
+func gateConflict(d Dialect, err error) error {
+	if err != nil && d == Postgres && sqldb.Classify(err) == sqldb.KindConflict {
+		return &conflictErr{err}
+	}
+	return err
+}
+
 // runTx runs body in a transaction and commits when body returns (true, nil).
 // If body's fn ended the transaction itself (the commit or rollback finds it
 // done while ctx is live), the error wraps ErrTxEnded and what state says
-// (whether the transaction's writes are recorded).
+// (whether the transaction's writes are recorded). When body fails with a
+// conflictErr (fn has not run), it begins a new transaction, up to
+// maxGateAttempts in all: the conflict came from a transaction that has
+// since committed, whose row the new snapshot sees.
 func runTx(ctx context.Context, db *sql.DB, body func(tx *sql.Tx) (bool, error), state func(ctx context.Context) string) (done bool, err error) {
+	for attempt := 1; ; attempt++ {
+		done, err = runTxOnce(ctx, db, body, state)
+		var c *conflictErr
+		if !errors.As(err, &c) {
+			return done, err
+		}
+		if attempt == maxGateAttempts || ctx.Err() != nil {
+			return false, c.err
+		}
+	}
+}
+
+func runTxOnce(ctx context.Context, db *sql.DB, body func(tx *sql.Tx) (bool, error), state func(ctx context.Context) string) (done bool, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return false, fmt.Errorf("inbox: begin: %w", sqldb.WrapDBClosed(err))
@@ -439,7 +485,10 @@ func runTx(ctx context.Context, db *sql.DB, body func(tx *sql.Tx) (bool, error),
 // Record records eventID inside tx, the caller's transaction, and reports
 // whether it was new. When it returns false, the event was handled already:
 // roll tx back (or go on without the effect). Use it when you manage the
-// transaction yourself; Apply is Record plus the transaction.
+// transaction yourself; Apply is Record plus the transaction. On PostgreSQL
+// under REPEATABLE READ or SERIALIZABLE, Record fails with a serialization
+// failure (SQLSTATE 40001) when a concurrent transaction recorded the ID
+// since tx's snapshot: roll tx back and begin again (Apply does).
 func (in *Inbox) Record(ctx context.Context, tx *sql.Tx, eventID string) (first bool, err error) {
 	if in.zero() {
 		return false, ErrZeroInbox

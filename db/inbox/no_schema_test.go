@@ -43,3 +43,41 @@ func TestCallsBeforeCreateSchemaSaySo(t *testing.T) {
 		require.True(t, applied)
 	})
 }
+
+// Found by attacking the code (adversarial review, 2026-12-02): an Inbox and
+// a Versions given one table name (CreateSchema of the second keeps the
+// first's table) failed on SQLite with the raw "table ... has no column
+// named entity", while PostgreSQL's "column does not exist" was ErrNoSchema.
+//
+// A table of the other's shape is ErrNoSchema, naming the table, on both
+// databases, for every call that writes or reads it.
+func TestATableOfAnotherShapeIsErrNoSchema(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ctx := context.Background()
+		for _, inboxFirst := range []bool{true, false} {
+			table := dbtest.Table(t, db, "shape")
+			in, err := inbox.New(db, inbox.WithTable(table))
+			require.NoError(t, err)
+			v, err := inbox.NewVersions(db, inbox.WithTable(table))
+			require.NoError(t, err)
+			if inboxFirst {
+				require.NoError(t, in.CreateSchema(ctx))
+				require.NoError(t, v.CreateSchema(ctx)) // IF NOT EXISTS: the inbox's table stays
+				_, err = v.Apply(ctx, "acct", 1, func(*sql.Tx) error { return nil })
+				require.ErrorIs(t, err, inbox.ErrNoSchema, "Versions.Apply")
+				require.ErrorContains(t, err, table)
+				_, _, err = v.Current(ctx, "acct")
+				require.ErrorIs(t, err, inbox.ErrNoSchema, "Current")
+			} else {
+				require.NoError(t, v.CreateSchema(ctx))
+				// The versions table stays; the index on processed_at fails.
+				require.ErrorContains(t, in.CreateSchema(ctx), "processed_at")
+				_, err = in.Apply(ctx, "e1", func(*sql.Tx) error { return nil })
+				require.ErrorIs(t, err, inbox.ErrNoSchema, "Apply")
+				require.ErrorContains(t, err, table)
+				_, err = in.Seen(ctx, "e1")
+				require.ErrorIs(t, err, inbox.ErrNoSchema, "Seen")
+			}
+		}
+	})
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -66,5 +67,37 @@ func TestApplyFnEndsTx(t *testing.T) {
 		require.False(t, ok)
 		require.ErrorIs(t, err, inbox.ErrTxEnded)
 		require.ErrorContains(t, err, "is at version 3: fn committed")
+	})
+}
+
+// Found by attacking the code (adversarial review, 2026-12-02): a Versions
+// fn that rolled back Apply's transaction, after which a newer version of
+// the entity was stored, got ErrTxEnded saying "is at version 5: fn
+// committed": the look after the rollback took any version at least as new
+// for this one's commit.
+//
+// ErrTxEnded says fn committed only when the stored version is this one; a
+// newer one stored since makes it say so, and not that fn committed.
+func TestVersionsTxEndedDoesNotClaimANewerVersionAsFnsCommit(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ctx := context.Background()
+		v, err := inbox.NewVersions(db, inbox.WithTable(dbtest.Table(t, db, "vernewer")))
+		require.NoError(t, err)
+		require.NoError(t, v.CreateSchema(ctx))
+		ok, err := v.Apply(ctx, "acct-1", 3, func(tx *sql.Tx) error {
+			if err := tx.Rollback(); err != nil {
+				return err
+			}
+			// Another delivery, a newer version, lands meanwhile.
+			newer, err := v.Apply(ctx, "acct-1", 5, func(*sql.Tx) error { return nil })
+			if err != nil || !newer {
+				return fmt.Errorf("version 5: %v, %w", newer, err)
+			}
+			return nil
+		})
+		require.False(t, ok)
+		require.ErrorIs(t, err, inbox.ErrTxEnded)
+		require.NotContains(t, err.Error(), "5: fn committed")
+		require.ErrorContains(t, err, "at version 5")
 	})
 }

@@ -88,12 +88,17 @@ func (v *Versions) CreateSchema(ctx context.Context) error {
 //     was written. Two exceptions: an error wrapping ErrTxEnded: fn
 //     committed or rolled back tx itself (a bug in fn); if it committed,
 //     the version and fn's writes before the commit are stored, and the
-//     error says so. And an error wrapping ErrCommitUnknown: the
+//     error says so (or, when a newer version was stored since, that
+//     whether fn committed is unknown). And an error wrapping ErrCommitUnknown: the
 //     connection broke, or ctx ended, during the commit, which may have
 //     taken effect (the version is stored if and only if fn's writes are).
 //
 // Concurrent Applys on one entity serialise on its row: the newest version
 // wins, whatever the arrival order, and each version's fn runs at most once.
+// On PostgreSQL under REPEATABLE READ or SERIALIZABLE, a gate that fails
+// with a serialization failure (the row changed since the snapshot) begins
+// a new transaction, fn not having run, up to 100 in all, as Inbox.Apply's
+// insert does.
 // A panic in fn rolls back and is re-raised.
 func (v *Versions) Apply(ctx context.Context, entity string, version int64, fn func(tx *sql.Tx) error) (applied bool, err error) {
 	if v.zero() {
@@ -111,14 +116,18 @@ func (v *Versions) Apply(ctx context.Context, entity string, version int64, fn f
 	return runTx(ctx, v.db, func(tx *sql.Tx) (bool, error) {
 		newer, err := v.Gate(ctx, tx, entity, version)
 		if err != nil || !newer {
-			return false, err
+			return false, gateConflict(v.o.dialect, err)
 		}
 		return true, fn(tx)
 	}, func(ctx context.Context) string {
 		if cur, ok, err := v.Current(ctx, entity); err != nil {
 			return fmt.Sprintf("whether version %d of %q is stored is unknown: %v", version, entity, err)
-		} else if ok && cur >= version {
+		} else if ok && cur == version {
 			return fmt.Sprintf("%q is at version %d: fn committed", entity, cur)
+		} else if ok && cur > version {
+			// A newer version was stored since: whether this one's
+			// commit took effect before it cannot be told from here.
+			return fmt.Sprintf("%q is at version %d, newer than %d: whether fn committed is unknown", entity, cur, version)
 		}
 		return fmt.Sprintf("version %d of %q is not stored", version, entity)
 	})
@@ -127,7 +136,9 @@ func (v *Versions) Apply(ctx context.Context, entity string, version int64, fn f
 // Gate stores version for entity inside tx, the caller's transaction, if it
 // is newer than the stored one, and reports whether it was. On false, skip
 // the write (or roll back). On PostgreSQL it locks the entity's row until tx
-// ends.
+// ends; under REPEATABLE READ or SERIALIZABLE it fails with a serialization
+// failure (SQLSTATE 40001) when the row changed since tx's snapshot: roll tx
+// back and begin again (Apply does).
 func (v *Versions) Gate(ctx context.Context, tx *sql.Tx, entity string, version int64) (newer bool, err error) {
 	if v.zero() {
 		return false, ErrZeroVersions

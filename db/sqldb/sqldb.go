@@ -433,9 +433,17 @@ func IsUniqueViolation(err error) bool {
 	return false
 }
 
+// sqliteNoColumn reports whether m, an SQLITE_ERROR's text, says a column is
+// missing: "no such column: x" (a read or an UPDATE), "table t has no column
+// named x" (an INSERT's column list).
+func sqliteNoColumn(m string) bool {
+	return strings.Contains(m, "no such column") || strings.Contains(m, "has no column named")
+}
+
 // IsUndefinedColumn reports whether err says a statement named a column the
 // table does not have: SQLSTATE 42703 on PostgreSQL, SQLITE_ERROR "no such
-// column" on SQLite (a schema older than the statement).
+// column" or "has no column named" on SQLite (a schema older than the
+// statement).
 func IsUndefinedColumn(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
@@ -443,7 +451,7 @@ func IsUndefinedColumn(err error) bool {
 	}
 	var sqErr *sqlite.Error
 	if errors.As(err, &sqErr) {
-		return sqErr.Code()&0xff == 1 && strings.Contains(sqErr.Error(), "no such column")
+		return sqErr.Code()&0xff == 1 && sqliteNoColumn(sqErr.Error())
 	}
 	return false
 }
@@ -673,7 +681,7 @@ func Classify(err error) ErrorKind {
 		case 8, 10, 13, 14: // SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN
 			return KindStorage
 		case 1:
-			if m := sqErr.Error(); strings.Contains(m, "no such table") || strings.Contains(m, "no such column") {
+			if m := sqErr.Error(); strings.Contains(m, "no such table") || sqliteNoColumn(m) {
 				return KindSchema
 			}
 		}

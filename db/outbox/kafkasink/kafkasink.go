@@ -8,9 +8,12 @@
 //	sink, _ := kafkasink.New(cl, "orders")
 //	relay, _ := ob.NewRelay(sink)
 //
-// The record's key is the event's key, its value the payload, its timestamp
-// the event's creation time; its headers are the event's headers (sorted by name) plus
-// HeaderID, HeaderType and HeaderSeq. With franz-go's default partitioner a
+// The record's key is the event's key, its value the payload (never null:
+// an empty payload is an empty value, not a tombstone), its timestamp the
+// event's creation time; its headers are the event's headers (sorted by
+// name) plus HeaderID, HeaderType and HeaderSeq. An event with a header of
+// one of those three names is refused (ErrReservedHeader, permanent: the row
+// is marked dead). With franz-go's default partitioner a
 // key's records go to one partition, and the relay produces a key's events
 // one at a time, in order, so a key's events land in its partition in write
 // order.
@@ -18,9 +21,29 @@
 // franz-go's producer is idempotent by default (do not set
 // kgo.DisableIdempotentWrite, and keep the default acks, all in-sync
 // replicas): a produce retried inside the client is written once, in order.
+// New refuses a client with kgo.RequiredAcks(kgo.NoAck()), whose produce
+// returns before any broker has the record: the relay would mark it sent.
+// A failed produce returns an error naming the event (ID, key, seq) and the
+// topic, wrapping franz-go's (errors.Is finds the kerr error); a record too
+// large for the client or the broker (kerr.MessageTooLarge,
+// kerr.RecordListTooLarge) fails the same way on every attempt, so its error
+// is permanent (the row is marked dead at once).
+//
 // A produce the relay retries (after an error, or after a relay died between
 // producing and marking the row sent) is a new record: consumers deduplicate
 // on the HeaderID header (see package inbox).
+//
+// The sink's context (the relay's lease on the key, or its shutdown) ends a
+// produce only while franz-go can still fail it safely: once its request was
+// sent, the idempotent producer waits for the broker's answer, and so does
+// the sink (Relay.Close then reports it as a sink call still running; if the
+// broker acks, the row is marked sent). franz-go (its Produce doc) decides
+// per batch by the context of the batch's first record, so records of other
+// keys buffered for the same partition fail with that context's error too
+// (the relay retries them, each a spent attempt). On kfake, with the broker holding every
+// produce 1 s, Relay.Close with a 100 ms context returns an error saying
+// the sink calls still run; their rows are marked sent once acked, the
+// others stay pending (TestCloseUnderLoadMarksOnlyAckedRows).
 package kafkasink
 
 import (
@@ -30,7 +53,9 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/keysched/keysched"
@@ -38,6 +63,12 @@ import (
 	"github.com/keysched/keysched/internal/optcheck"
 	"github.com/keysched/keysched/internal/opterror"
 )
+
+// ClosedClientSnooze is how long the sink's call snoozes (keysched.Snooze:
+// tried again later without spending an attempt) when the client was closed
+// before the relay: the rows stay pending, none is marked dead, until the
+// relay is closed (or given a new sink).
+const ClosedClientSnooze = time.Second
 
 // Headers the sink adds to every record.
 const (
@@ -51,6 +82,12 @@ const (
 // as it does every keysched module's refused option; errors.Is matches
 // keysched.ErrInvalidOption too).
 var ErrInvalidOption = errors.New("kafkasink: invalid option")
+
+// ErrReservedHeader is wrapped by the sink's error (permanent: the relay
+// marks the row dead) for an event with a header named HeaderID, HeaderType
+// or HeaderSeq: produced next to the sink's own, a consumer could read it
+// as the event's ID, type or seq. The error names the header.
+var ErrReservedHeader = errors.New("kafkasink: event header has a name the sink reserves")
 
 // An Option configures New. Options meet by keysched.Option's rule, the one
 // rule of every keysched module (see its "How options meet"): the last
@@ -66,8 +103,9 @@ type config struct {
 }
 
 // WithTopicFunc chooses each event's topic (for example by Event.Type)
-// instead of the topic given to New. An empty topic or an error makes that
-// event's produce fail permanently: the row is marked dead.
+// instead of the topic given to New. An error, or a topic Kafka refuses (as
+// New does), makes that event's produce fail permanently: the row is marked
+// dead.
 func WithTopicFunc(fn func(outbox.Event) (string, error)) Option {
 	return func(c *config) error {
 		if r := optcheck.NotNil("WithTopicFunc", fn == nil, "a function"); r != nil {
@@ -80,10 +118,19 @@ func WithTopicFunc(fn func(outbox.Event) (string, error)) Option {
 
 // New returns a Sink that produces each event to topic through cl. The
 // client is the caller's: the sink never closes it. Close the relay before
-// the client. topic may be empty only with WithTopicFunc.
+// the client: a sink whose client was closed snoozes each call
+// (ClosedClientSnooze) rather than fail it, so the pending rows are not
+// marked dead. topic may be empty only with WithTopicFunc; otherwise it must
+// be a name Kafka accepts (1 to MaxTopicLen bytes of [a-zA-Z0-9._-], not "."
+// or ".."), or New fails with ErrInvalidOption. A nil client, or
+// one made with kgo.RequiredAcks(kgo.NoAck()) (its produce returns before a
+// broker has the record), is refused with ErrInvalidOption.
 func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
 	if cl == nil {
 		return nil, fmt.Errorf("%w: nil *kgo.Client", ErrInvalidOption)
+	}
+	if acks, ok := cl.OptValue(kgo.RequiredAcks).(kgo.Acks); ok && acks == kgo.NoAck() {
+		return nil, fmt.Errorf("%w: a client with kgo.RequiredAcks(kgo.NoAck()): its produce returns before any broker has the record, so the relay would mark unacknowledged events sent (use the default, kgo.AllISRAcks())", ErrInvalidOption)
 	}
 	c := config{}
 	if topic != "" {
@@ -100,19 +147,68 @@ func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
 	if c.topicFor == nil {
 		return nil, fmt.Errorf("%w: no topic (give one to New, or WithTopicFunc)", ErrInvalidOption)
 	}
+	if topic != "" {
+		if err := validTopic(topic); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
+		}
+	}
 	return func(ctx context.Context, e outbox.Event) error {
 		t, err := c.topicFor(e)
-		if err == nil && t == "" {
-			err = errors.New("empty topic")
+		if err == nil {
+			err = validTopic(t)
 		}
 		if err != nil {
 			return keysched.Permanent(fmt.Errorf("kafkasink: topic for event %s: %w", e.ID, err))
 		}
-		return cl.ProduceSync(ctx, Record(t, e)).FirstErr()
+		for _, h := range [...]string{HeaderID, HeaderType, HeaderSeq} {
+			if _, ok := e.Headers[h]; ok {
+				return keysched.Permanent(fmt.Errorf("%w: event %s has a header %q (the sink sets it)", ErrReservedHeader, e.ID, h))
+			}
+		}
+		if err := cl.ProduceSync(ctx, Record(t, e)).FirstErr(); err != nil {
+			err = fmt.Errorf("kafkasink: produce event %s (key %q, seq %d) to topic %q: %w", e.ID, e.Key, e.Seq, t, err)
+			switch {
+			case errors.Is(err, kgo.ErrClientClosed):
+				// A local refusal, not the event's fault: spending
+				// attempts on it would mark every pending row dead
+				// within the retry policy's budget.
+				return keysched.Snooze(err, ClosedClientSnooze)
+			case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge):
+				// The same record is too large on every attempt.
+				return keysched.Permanent(err)
+			}
+			return err
+		}
+		return nil
 	}, nil
 }
 
-// Record returns the record New's sink produces for e on topic.
+// MaxTopicLen is the longest topic name Kafka accepts, in bytes.
+const MaxTopicLen = 249
+
+// validTopic refuses a topic name Kafka refuses (its Topic.validate): a
+// produce to one would wait for metadata that never comes, then fail with a
+// retryable UNKNOWN_TOPIC_OR_PARTITION.
+func validTopic(t string) error {
+	switch {
+	case t == "":
+		return errors.New("empty topic")
+	case len(t) > MaxTopicLen:
+		return fmt.Errorf("topic of %d bytes (at most %d)", len(t), MaxTopicLen)
+	case t == "." || t == "..":
+		return fmt.Errorf("topic %q (Kafka refuses \".\" and \"..\")", t)
+	}
+	for i := 0; i < len(t); i++ {
+		if c := t[i]; !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("topic %q: byte %q at %d (want [a-zA-Z0-9._-])", t, c, i)
+		}
+	}
+	return nil
+}
+
+// Record returns the record New's sink produces for e on topic. It does not
+// check e's headers: the sink refuses an event with a header named HeaderID,
+// HeaderType or HeaderSeq before calling it (ErrReservedHeader).
 func Record(topic string, e outbox.Event) *kgo.Record {
 	hs := make([]kgo.RecordHeader, 0, len(e.Headers)+3)
 	for _, k := range slices.Sorted(maps.Keys(e.Headers)) {
@@ -123,5 +219,12 @@ func Record(topic string, e outbox.Event) *kgo.Record {
 		kgo.RecordHeader{Key: HeaderType, Value: []byte(e.Type)},
 		kgo.RecordHeader{Key: HeaderSeq, Value: []byte(strconv.FormatInt(e.Seq, 10))},
 	)
-	return &kgo.Record{Topic: topic, Key: []byte(e.Key), Value: e.Payload, Headers: hs, Timestamp: e.CreatedAt}
+	v := e.Payload
+	if v == nil {
+		// An empty payload (SQLite reads an empty BLOB back as nil) is an
+		// empty value: a null one is a tombstone, which deletes the key
+		// on a compacted topic.
+		v = []byte{}
+	}
+	return &kgo.Record{Topic: topic, Key: []byte(e.Key), Value: v, Headers: hs, Timestamp: e.CreatedAt}
 }
