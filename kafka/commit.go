@@ -120,6 +120,9 @@ func decodeFinished(meta string, base int64) []span {
 // onOffsetsFetched reads back the committed offsets and their metadata of
 // newly assigned partitions, before fetching starts.
 func (c *Consumer) onOffsetsFetched(_ context.Context, _ *kgo.Client, resp *kmsg.OffsetFetchResponse) error {
+	if !c.made() {
+		return nil
+	}
 	for _, t := range resp.Topics {
 		for _, pp := range t.Partitions {
 			c.fetchedOffset(t.Topic, pp.Partition, pp.Offset, pp.Metadata)

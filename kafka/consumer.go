@@ -60,6 +60,12 @@ type Consumer struct {
 	h      Handler
 	cl     *kgo.Client
 	sched  *keysched.Scheduler[schedKey]
+	// built is closed once NewConsumer has decided: c.cl set (made), or
+	// left nil (refused after the client was made). franz-go calls the
+	// group callbacks from its own goroutines as soon as NewClient
+	// returns: they wait for built, and do nothing for a refused consumer
+	// (whose client NewConsumer closes, which revokes what it was given).
+	built chan struct{}
 	group  string
 	log    *slog.Logger
 	dlqSet bool
@@ -155,6 +161,7 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		failing:    make(map[schedKey]*group),
 		revokeWake: make(chan struct{}, 1),
 		wakeCh:     make(chan struct{}, 1),
+		built:      make(chan struct{}),
 		runCtx:     context.Background(),
 		runDone:    make(chan struct{}),
 		closeDone:  make(chan struct{}),
@@ -223,23 +230,37 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 	}
 	group, _ := cl.OptValue(kgo.ConsumerGroup).(string)
 	if r := clientConflicts(cl, group, &c.cfg); r != nil {
+		close(c.built) // refused: the callbacks do nothing
 		cl.Close()
 		clientCancel()
 		_ = s.Close(context.Background())
 		return nil, refused(r)
 	}
-	c.cl, c.group = cl, group
-	c.clientCancel = clientCancel
-	c.intervalCommitTimeout = intervalCommitTimeout(cl)
 	if c.metrics != nil {
 		if err := c.metrics.register(); err != nil {
+			close(c.built)
 			cl.Close()
 			clientCancel()
 			_ = s.Close(context.Background())
 			return nil, err
 		}
 	}
+	c.cl, c.group = cl, group
+	c.clientCancel = clientCancel
+	c.intervalCommitTimeout = intervalCommitTimeout(cl)
+	close(c.built)
 	return c, nil
+}
+
+// made waits until NewConsumer has decided and reports whether it made c
+// (false: refused; the caller, a group callback, does nothing). A Consumer
+// not made by NewConsumer (tests) counts as made.
+func (c *Consumer) made() bool {
+	if c.built == nil {
+		return true
+	}
+	<-c.built
+	return c.cl != nil
 }
 
 // hasTaskTimeout runs one probe task on s and reports whether its context

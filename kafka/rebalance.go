@@ -9,6 +9,9 @@ import (
 
 // onAssigned starts a new assignment (a new epoch) for each partition.
 func (c *Consumer) onAssigned(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+	if !c.made() {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for t, ps := range m {
@@ -38,10 +41,16 @@ func (c *Consumer) take(m map[string][]int32) []*partition {
 }
 
 func (c *Consumer) onRevoked(ctx context.Context, _ *kgo.Client, m map[string][]int32) {
+	if !c.made() {
+		return
+	}
 	c.revoke(ctx, c.take(m), true)
 }
 
 func (c *Consumer) onLost(ctx context.Context, _ *kgo.Client, m map[string][]int32) {
+	if !c.made() {
+		return
+	}
 	c.revoke(ctx, c.take(m), false)
 }
 
