@@ -56,16 +56,16 @@ type tp struct {
 // zero Consumer return ErrZeroConsumer (those with an error result) or zero
 // values, and do nothing else.
 type Consumer struct {
-	cfg    config
-	h      Handler
-	cl     *kgo.Client
-	sched  *keysched.Scheduler[schedKey]
+	cfg   config
+	h     Handler
+	cl    *kgo.Client
+	sched *keysched.Scheduler[schedKey]
 	// built is closed once NewConsumer has decided: c.cl set (made), or
 	// left nil (refused after the client was made). franz-go calls the
 	// group callbacks from its own goroutines as soon as NewClient
 	// returns: they wait for built, and do nothing for a refused consumer
 	// (whose client NewConsumer closes, which revokes what it was given).
-	built chan struct{}
+	built  chan struct{}
 	group  string
 	log    *slog.Logger
 	dlqSet bool
