@@ -64,11 +64,12 @@ var (
 	// ErrNotParked is returned by Resume, Skip, SkipHead and SkipEvent for
 	// a key with no dead row.
 	ErrNotParked = errors.New("outbox: key has no dead row")
-	// ErrHeadChanged is wrapped by SkipEvent's error when the key's oldest
-	// dead row (its head) is another event than the one given: the head
-	// seen was resumed, skipped or recovered meanwhile (and a later row may
-	// have died since). The error names the key, the ID given and the
-	// current head's ID, read just after the refused move. Nothing moved.
+	// ErrHeadChanged is matched (errors.Is) by SkipEvent's error when the
+	// key's oldest dead row (its head) is another event than the one
+	// given: the head seen was resumed, skipped or recovered meanwhile (and
+	// a later row may have died since). Nothing moved. The error is a
+	// *HeadChangedError (errors.As) naming the key, the ID given and the
+	// current head's ID.
 	ErrHeadChanged = errors.New("outbox: the key's dead head is another event")
 	// ErrOutcomeUnknown is wrapped by the error of Resume, Skip, SkipHead,
 	// SkipEvent and Recover when the connection broke, or ctx ended, while a
@@ -715,7 +716,8 @@ func (o *Outbox) SkipHead(ctx context.Context, key string) (id string, err error
 // never given up in its place. Use it when an operator decides from what
 // they saw.
 //
-// Errors: ErrHeadChanged (wrapped, naming the current head's ID) when the
+// Errors: a *HeadChangedError (errors.Is ErrHeadChanged; its Head names the
+// current head's ID) when the
 // key's head is another row (id was given up or resumed meanwhile, or is
 // not dead, or is no row of key), ErrNotParked (wrapped) when the key has
 // no dead row, ErrInvalidKey or ErrInvalidID (wrapped, before any SQL) for
@@ -804,7 +806,7 @@ func (o *Outbox) moveDead(ctx context.Context, key string, to State, want string
 			return "", fmt.Errorf("outbox: %v key %q: %w", to, key, err)
 		}
 		if want != "" && id != want {
-			return "", fmt.Errorf("%w: key %q: its head (oldest dead row) is %q, not %q; nothing moved", ErrHeadChanged, key, id, want)
+			return "", &HeadChangedError{Key: key, ID: want, Head: id}
 		}
 	}
 	return "", fmt.Errorf("outbox: %v key %q: still contended after %d tries", to, key, maxMoveTries)
@@ -822,6 +824,23 @@ func inFlight(ctx context.Context, live bool, err error) bool {
 	}
 	return sqldb.Classify(err) == sqldb.KindConnection || live && ctx.Err() != nil && !errors.Is(err, sql.ErrTxDone)
 }
+
+// HeadChangedError is SkipEvent's error when the key's dead head is not the
+// event given (errors.Is(err, ErrHeadChanged) matches it). Head is the
+// head's ID read just after the refused move: it may have changed again
+// since.
+type HeadChangedError struct {
+	Key  string // the key given
+	ID   string // the event given
+	Head string // the key's oldest dead row's ID
+}
+
+func (e *HeadChangedError) Error() string {
+	return fmt.Sprintf("outbox: the key's dead head is another event: key %q: its head (oldest dead row) is %q, not %q; nothing moved", e.Key, e.Head, e.ID)
+}
+
+// Is makes errors.Is(err, ErrHeadChanged) match.
+func (e *HeadChangedError) Is(target error) bool { return target == ErrHeadChanged }
 
 // maxMoveTries bounds moveDead's retries under contention.
 const maxMoveTries = 1000

@@ -68,6 +68,9 @@ func TestSkipEventGivesUpOnlyTheHeadSeen(t *testing.T) {
 		require.ErrorIs(t, err, outbox.ErrHeadChanged)
 		require.NotErrorIs(t, err, outbox.ErrNotParked)
 		require.Contains(t, err.Error(), ids[1], "names the current head")
+		var hc *outbox.HeadChangedError
+		require.ErrorAs(t, err, &hc)
+		require.Equal(t, outbox.HeadChangedError{Key: key(0), ID: seen, Head: ids[1]}, *hc)
 		require.Equal(t, outbox.Dead, state(ids[1]), "the event not seen is not given up")
 		require.Equal(t, outbox.Sent, state(ids[0]))
 
