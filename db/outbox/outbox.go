@@ -717,10 +717,9 @@ func (o *Outbox) SkipHead(ctx context.Context, key string) (id string, err error
 // they saw.
 //
 // Errors: a *HeadChangedError (errors.Is ErrHeadChanged; its Head names the
-// current head's ID) when the
-// key's head is another row (id was given up or resumed meanwhile, or is
-// not dead, or is no row of key), ErrNotParked (wrapped) when the key has
-// no dead row, ErrInvalidKey or ErrInvalidID (wrapped, before any SQL) for
+// current head's ID) when the key's head is another row (id was given up
+// or resumed meanwhile, or is not dead, or is no row of key), and nothing
+// moved; ErrNotParked (wrapped) when the key has no dead row; ErrInvalidKey or ErrInvalidID (wrapped, before any SQL) for
 // a key or an ID no event can have, ErrOutcomeUnknown (wrapped) when the
 // connection broke, or ctx ended, while the move was in flight: it may
 // have taken effect. Tried again after ErrOutcomeUnknown it is safe: a move
