@@ -457,10 +457,11 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 			var unknown []string
 			if errors.Is(err, outbox.ErrOutcomeUnknown) {
 				// The batch whose COMMIT was cut short may have
-				// retried them: Recover's error names it.
+				// retried them (Recover's error names it; the
+				// batches after it, if any, were not tried).
 				unknown, notRetried = notRetried, nil
 			}
-			return res, halfway(res.Recovered, notRetried, notSent, unknown, closedAs(err))
+			return res, halfway(res.Recovered, notRetried, unknown, nil, notSent, closedAs(err))
 		}
 	}
 	if len(requeue) > 0 {
@@ -473,12 +474,12 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 			// committed. Not "not sent again".
 			unknown := res.Requeued
 			res.Requeued = nil
-			return res, halfway(res.Recovered, nil, nil, unknown, err)
+			return res, halfway(res.Recovered, nil, nil, unknown, nil, err)
 		}
 		if err != nil {
 			notSent := res.Requeued
 			res.Requeued = nil
-			return res, halfway(res.Recovered, nil, notSent, nil, err)
+			return res, halfway(res.Recovered, nil, nil, nil, notSent, err)
 		}
 		// Events that changed since the candidates were read: a row the
 		// retention deleted (expired), a replay of a concurrent replay
@@ -518,17 +519,20 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 
 // halfway is the error of a replay that stopped at err: it names the parked
 // events it retried before (their partner resumed), those it did not retry
-// or send again, and those whose retry or new delivery may or may not have
-// been written (unknown: the write's COMMIT was cut short; err then wraps
-// outbox.ErrOutcomeUnknown), so that the operator knows what was done.
-func halfway(retried, notRetried, notSent, unknown []string, err error) error {
+// or send again, and those whose retry (unknownRetried) or new delivery
+// (unknownSent) may or may not have been written: the write's COMMIT was
+// cut short, and err wraps outbox.ErrOutcomeUnknown. The operator knows
+// what was done, and what to look up before replaying again.
+func halfway(retried, notRetried, unknownRetried, unknownSent, notSent []string, err error) error {
 	var b strings.Builder
 	b.WriteString("webhook: replay: ")
 	for _, part := range []struct {
 		ids  []string
 		what string
-	}{{retried, "parked %s retried"}, {notRetried, "parked %s not retried"}, {notSent, "%s not sent again"},
-		{unknown, "%s retried or sent again, or not: outcome unknown (look them up before replaying again)"}} {
+	}{{retried, "parked %s retried"}, {notRetried, "parked %s not retried"},
+		{unknownRetried, "parked %s retried or not (outcome unknown: look them up before replaying again)"},
+		{unknownSent, "%s sent again or not (outcome unknown: look them up before replaying again)"},
+		{notSent, "%s not sent again"}} {
 		if len(part.ids) == 0 {
 			continue
 		}
