@@ -337,8 +337,9 @@ type Service struct {
 	syncStop, syncDone chan struct{} // backlog sync (BacklogSync > 0)
 
 	// The watchers of unknown outcomes (unknown.go).
-	unknownMu sync.Mutex
-	unknown   sync.WaitGroup
+	unknownMu        sync.Mutex
+	unknown          sync.WaitGroup
+	unknownReplayFor time.Duration
 
 	closeOnce sync.Once
 	closeErr  error
@@ -351,7 +352,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, log: cfg.Logger, now: cfg.now, store: cfg.Store}
+	s := &Service{cfg: cfg, log: cfg.Logger, now: cfg.now, store: cfg.Store, unknownReplayFor: unknownReplayFor}
 	for p := range cfg.Partners {
 		s.partners = append(s.partners, p)
 	}

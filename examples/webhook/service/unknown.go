@@ -26,7 +26,7 @@ const unknownPoll = time.Second
 // unknownReplayFor bounds how long a replay's new deliveries, whose commit
 // was cut short, are looked for: not found by then, they were not written
 // (a COMMIT the server still runs after that long is not expected), and
-// they leave the backlog.
+// they leave the backlog. (Service.unknownReplayFor, for tests.)
 const unknownReplayFor = time.Minute
 
 // watchUnknown runs check at once, then every unknownPoll, until it returns
@@ -104,7 +104,7 @@ func (s *Service) settleUnknownSkip(partner, id string) {
 // the rows still not found after unknownReplayFor were not, and leave the
 // backlog.
 func (s *Service) settleUnknownReplay(partner string, rows []string) {
-	deadline := s.now().Add(unknownReplayFor)
+	deadline := time.Now().Add(s.unknownReplayFor)
 	left := append([]string(nil), rows...)
 	s.watchUnknown(func(ctx context.Context) bool {
 		var still []string
@@ -125,13 +125,13 @@ func (s *Service) settleUnknownReplay(partner string, rows []string) {
 		if len(left) == 0 {
 			return true
 		}
-		if s.now().Before(deadline) {
+		if time.Now().Before(deadline) {
 			return false
 		}
 		for _, row := range left {
 			s.backlog.drop(partner, row)
 		}
-		s.log.Info("replay, outcome unknown: new deliveries not written", "partner", partner, "rows", len(left), "after", unknownReplayFor)
+		s.log.Info("replay, outcome unknown: new deliveries not written", "partner", partner, "rows", len(left), "after", s.unknownReplayFor)
 		return true
 	})
 }
