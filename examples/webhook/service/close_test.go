@@ -20,7 +20,7 @@ import (
 func TestOperatorActionAfterCloseIs503(t *testing.T) {
 	h := newHarness(t, map[string]sim.Behavior{"p": {}}, nil)
 	require.NoError(t, h.svc.Close(t.Context()))
-	for _, a := range []string{"resume", "skip"} {
+	for _, a := range []string{"resume", "skip?event=e"} {
 		require.Equal(t, http.StatusServiceUnavailable, adminPost(t, h.admin.URL+"/partners/p/"+a, nil), a)
 	}
 }
