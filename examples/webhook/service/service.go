@@ -565,8 +565,9 @@ func (s *Service) Resume(ctx context.Context, partner string) error {
 // flight: it may have been skipped. Calling Skip again with the same head
 // is then safe (it skips nothing more: ErrHeadChanged or ErrNotParked if
 // the first took effect). After such an outcome the service reads the
-// event's state until it is known (every few seconds, until Close) and, if
-// it was skipped, takes it off the partner's backlog and counts it then.
+// event's state until it is known (at once, then every second while the
+// event is still parked, until Close) and, if it was skipped, takes it off
+// the partner's backlog and counts it then.
 // The action is logged with the event's ID.
 func (s *Service) Skip(ctx context.Context, partner, head string) error {
 	if s.zero() {
