@@ -551,8 +551,8 @@ func (s *Service) Resume(ctx context.Context, partner string) error {
 
 // Skip gives up a parked partner's head event (it is not delivered; the
 // store keeps it marked as skipped) and lets its later events go on, only
-// if that head is head, the ID the operator saw: PartnerStatus.Head (the
-// event's ID, or a replay's delivery ID when the head is a replay). The
+// if the head is still head, the ID the operator saw: PartnerStatus.Head
+// (the event's ID, or a replay's delivery ID when the head is a replay). The
 // check and the move are one statement (outbox.SkipEvent): a head resumed
 // and delivered after the operator looked, with a later event parked
 // since, is never given up in its place.
@@ -567,8 +567,9 @@ func (s *Service) Resume(ctx context.Context, partner string) error {
 // the first took effect). After such an outcome the service reads the
 // event's state until it is known (at once, then every second while the
 // event is still parked, until Close) and, if it was skipped, takes it off
-// the partner's backlog and counts it then.
-// The action is logged with the event's ID.
+// the partner's backlog and counts it then. The action is logged with the
+// event's ID. Safe for concurrent use: of concurrent Skips of one head, one
+// gives it up.
 func (s *Service) Skip(ctx context.Context, partner, head string) error {
 	if s.zero() {
 		return ErrZeroService
