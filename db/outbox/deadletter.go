@@ -163,8 +163,9 @@ func (r *Relay) Skip(ctx context.Context, key string) error {
 }
 
 // SkipHead is Skip that also returns the ID of the row it gave up (see
-// Outbox.SkipHead). After Close, Skip and SkipHead return ErrClosed and move
-// nothing (Outbox.Skip needs no relay).
+// Outbox.SkipHead; an operator acting on a row they saw wants SkipEvent).
+// After Close, Skip and SkipHead return ErrClosed and move nothing
+// (Outbox.Skip needs no relay).
 func (r *Relay) SkipHead(ctx context.Context, key string) (string, error) {
 	if r.zero() {
 		return "", ErrZeroRelay
@@ -178,4 +179,21 @@ func (r *Relay) SkipHead(ctx context.Context, key string) (string, error) {
 	}
 	r.signal()
 	return id, nil
+}
+
+// SkipEvent gives up the key's dead head only if it is the event id (see
+// Outbox.SkipEvent: errors, concurrency) and wakes the relay. After Close
+// it returns ErrClosed and moves nothing (Outbox.SkipEvent needs no relay).
+func (r *Relay) SkipEvent(ctx context.Context, key, id string) error {
+	if r.zero() {
+		return ErrZeroRelay
+	}
+	if r.closed() {
+		return ErrClosed
+	}
+	if err := r.o.SkipEvent(ctx, key, id); err != nil {
+		return err
+	}
+	r.signal()
+	return nil
 }

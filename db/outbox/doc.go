@@ -194,7 +194,13 @@
 //     restarts,
 //     until an operator calls Resume (publish the dead row again, then the
 //     rest) or Skip (give it up and go on; SkipHead also returns the ID of
-//     the row it gave up). Parked lists such keys, Dead the rows.
+//     the row it gave up). Parked lists such keys, Dead the rows. An
+//     operator who decided from a view of the head (a page, a Dead
+//     listing) calls SkipEvent(ctx, key, id): it gives up the head only if
+//     it is still the event id (one statement), else returns
+//     ErrHeadChanged naming the current head; Skip gives up whatever the
+//     head is when its statement runs, which may be an event the operator
+//     never saw (the head seen resumed and published, the next one dead).
 //
 // Recover is the operator's bulk form: the dead (and, on request, skipped)
 // rows matching a RecoverFilter (keys, IDs, type, time ranges, error text)

@@ -19,7 +19,7 @@ var (
 	// rolled back); a relay made WithRetention(d) keeps sent rows for d
 	// (Lookup then says Sent), then deletes them.
 	ErrNotFound = errors.New("outbox: no event with this ID (sent and deleted, or never written)")
-	// ErrInvalidID is wrapped by Lookup's error for an ID no event can
+	// ErrInvalidID is wrapped by Lookup's and SkipEvent's error for an ID no event can
 	// have: empty, longer than MaxIDLen bytes, or with a NUL byte or
 	// invalid UTF-8. It is returned before any SQL.
 	ErrInvalidID = errors.New("outbox: invalid event ID")

@@ -23,7 +23,7 @@ func TestMoveCutShortInFlightSaysItMayHaveHappened(t *testing.T) {
 	db := proxy.Open(t)
 	db.SetMaxOpenConns(1) // the statements below on a connection just used
 	ob := newOutbox(t, db)
-	writeEvents(t, ob, 3, 2, 10)
+	writeEvents(t, ob, 4, 2, 10)
 	bg := context.Background()
 	_, err := db.ExecContext(bg, `UPDATE `+ob.Table()+` SET state = 2`)
 	require.NoError(t, err)
@@ -59,6 +59,18 @@ func TestMoveCutShortInFlightSaysItMayHaveHappened(t *testing.T) {
 		require.Eventually(t, func() bool { return counts(t, ob)[c.state] == 1 }, 5*time.Second, 10*time.Millisecond,
 			"%s: the move took effect", name)
 	}
+	// SkipEvent, and tried again after the unknown outcome: the retry
+	// does not give up the key's next dead row (SkipHead's would).
+	var head string
+	require.NoError(t, db.QueryRowContext(bg, `SELECT id FROM `+ob.Table()+` WHERE key = $1 ORDER BY seq LIMIT 1`, key(3)).Scan(&head))
+	require.ErrorIs(t, ob.SkipEvent(bg, "none", head), outbox.ErrNotParked)
+	err = inFlight(func(ctx context.Context) error { return ob.SkipEvent(ctx, key(3), head) })
+	require.ErrorIs(t, err, outbox.ErrOutcomeUnknown)
+	require.ErrorIs(t, err, context.Canceled)
+	require.Eventually(t, func() bool { return counts(t, ob)[outbox.Skipped] == 2 }, 5*time.Second, 10*time.Millisecond,
+		"SkipEvent: the move took effect")
+	require.ErrorIs(t, ob.SkipEvent(bg, key(3), head), outbox.ErrHeadChanged, "the retry")
+	require.EqualValues(t, 2, counts(t, ob)[outbox.Skipped], "the retry gave up nothing")
 	// Recover: its context ends while the batch's COMMIT is held.
 	f := outbox.RecoverFilter{Keys: []string{key(2)}}
 	ctx, cancel := context.WithCancel(bg)

@@ -49,8 +49,8 @@ var (
 	// value. It is returned before any SQL: nothing was written and tx is
 	// untouched (still usable, also on PostgreSQL).
 	ErrInvalidEvent = errors.New("outbox: invalid event")
-	// ErrInvalidKey is wrapped by the error of Resume, Skip and SkipHead
-	// (of an Outbox or a Relay) for a key no event can have: empty, longer
+	// ErrInvalidKey is wrapped by the error of Resume, Skip, SkipHead and
+	// SkipEvent (of an Outbox or a Relay) for a key no event can have: empty, longer
 	// than MaxKeyLen bytes, or with a NUL byte or invalid UTF-8.
 	ErrInvalidKey = errors.New("outbox: invalid key")
 	// ErrNilContext is returned by every method given a nil context (it is
@@ -62,15 +62,24 @@ var (
 	ErrDuplicateID = errors.New("outbox: duplicate event ID")
 	// ErrNilTx is returned by Write for a nil transaction.
 	ErrNilTx = errors.New("outbox: nil transaction")
-	// ErrNotParked is returned by Resume and Skip for a key with no dead row.
+	// ErrNotParked is returned by Resume, Skip, SkipHead and SkipEvent for
+	// a key with no dead row.
 	ErrNotParked = errors.New("outbox: key has no dead row")
-	// ErrOutcomeUnknown is wrapped by the error of Resume, Skip, SkipHead
-	// and Recover when the connection broke, or ctx ended, while a
+	// ErrHeadChanged is matched (errors.Is) by SkipEvent's error when the
+	// key's oldest dead row (its head) is another event than the one
+	// given: the head seen was resumed, skipped or recovered meanwhile (and
+	// a later row may have died since). Nothing moved. The error is a
+	// *HeadChangedError (errors.As) naming the key, the ID given and the
+	// current head's ID.
+	ErrHeadChanged = errors.New("outbox: the key's dead head is another event")
+	// ErrOutcomeUnknown is wrapped by the error of Resume, Skip, SkipHead,
+	// SkipEvent and Recover when the connection broke, or ctx ended, while a
 	// statement that moves rows (Recover: a batch's COMMIT) was in flight:
 	// the server may have made the move, and the client cannot tell from
 	// the failed call. Look (Dead, Parked, Recoverable) before trying
 	// again: a Skip tried again after one that took effect gives up the
-	// key's next dead row too.
+	// key's next dead row too (a SkipEvent tried again does not: it
+	// answers ErrHeadChanged or ErrNotParked).
 	ErrOutcomeUnknown = errors.New("outbox: outcome unknown: the database may have made the move")
 	// ErrClosed is returned by Run after Close, and by the Relay's Resume,
 	// Skip, SkipHead and Recover after Close (use the Outbox's, which need
@@ -706,7 +715,7 @@ func (o *Outbox) Parked(ctx context.Context) (_ []string, err error) {
 // A connection broken, or ctx ended, while the move was in flight is an
 // error wrapping ErrOutcomeUnknown: it may have taken effect.
 func (o *Outbox) Resume(ctx context.Context, key string) error {
-	_, err := o.moveDead(ctx, key, Pending)
+	_, err := o.moveDead(ctx, key, Pending, "")
 	return err
 }
 
@@ -725,12 +734,52 @@ func (o *Outbox) Skip(ctx context.Context, key string) error {
 // SkipHead is Skip that also returns the ID of the row it gave up, moved and
 // named by one statement. (Reading the key's oldest dead row, then calling
 // Skip, can name another row than the one skipped: the head may be resumed,
-// published, and the next row die in between.) Errors as Skip's.
+// published, and the next row die in between.) Errors as Skip's. An
+// operator who decides from a view of the head (a page, a Dead listing)
+// wants SkipEvent, which gives up only the row seen.
 func (o *Outbox) SkipHead(ctx context.Context, key string) (id string, err error) {
-	return o.moveDead(ctx, key, Skipped)
+	return o.moveDead(ctx, key, Skipped, "")
 }
 
-func (o *Outbox) moveDead(ctx context.Context, key string, to State) (_ string, err error) {
+// SkipEvent gives up the key's oldest dead row (its head) for good, as Skip
+// does, only if that row is the event id: the check and the move are one
+// statement, so a head resumed, published and replaced by the next row's
+// death after the caller looked (a stale page, a concurrent operator) is
+// never given up in its place. Use it when an operator decides from what
+// they saw.
+//
+// Errors: a *HeadChangedError (errors.Is ErrHeadChanged; its Head names the
+// current head's ID) when the key's head is another row (id was given up
+// or resumed meanwhile, or is not dead, or is no row of key), and nothing
+// moved; ErrNotParked (wrapped) when the key has no dead row; ErrInvalidKey or ErrInvalidID (wrapped, before any SQL) for
+// a key or an ID no event can have, ErrOutcomeUnknown (wrapped) when the
+// connection broke, or ctx ended, while the move was in flight: it may
+// have taken effect. Tried again after ErrOutcomeUnknown it is safe: a move
+// that took effect makes the retry answer ErrHeadChanged or ErrNotParked,
+// never give up the next row. Safe for concurrent use; of concurrent calls
+// for one head, one moves it and the others get ErrHeadChanged or
+// ErrNotParked.
+func (o *Outbox) SkipEvent(ctx context.Context, key, id string) error {
+	if o.zero() {
+		return ErrZeroOutbox
+	}
+	if ctx == nil {
+		return keysched.ErrNilContext
+	}
+	// Never "": moveDead would move whatever the head is.
+	if id == "" {
+		return fmt.Errorf("%w: empty ID", ErrInvalidID)
+	}
+	if err := sqldb.CheckText("ID", id, MaxIDLen); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidID, err)
+	}
+	_, err := o.moveDead(ctx, key, Skipped, id)
+	return err
+}
+
+// moveDead moves the key's oldest dead row to the state to and returns its
+// ID; with want set (SkipEvent), only if that row is the event want.
+func (o *Outbox) moveDead(ctx context.Context, key string, to State, want string) (_ string, err error) {
 	defer func() { err = sqldb.WrapDBClosed(err) }()
 	if o.zero() {
 		return "", ErrZeroOutbox
@@ -749,11 +798,20 @@ func (o *Outbox) moveDead(ctx context.Context, key string, to State) (_ string, 
 	// the row no longer dead and moves nothing, while the key may have
 	// more dead rows: ErrNotParked was reported for a key still parked.
 	// So a move of nothing is retried while the key has a dead row (each
-	// retry follows another caller's committed move: progress).
+	// retry follows another caller's committed move: progress). With want,
+	// a move of nothing is retried only while the key's head is still want
+	// (it was moved away, and is dead again, between the two statements);
+	// a head now another row is the caller's answer (ErrHeadChanged), and
+	// no head ErrNotParked. The retries' bound (maxMoveTries) is the same:
+	// each one follows a committed change of the key's dead rows.
 	for range maxMoveTries {
 		var id string
 		live := ctx.Err() == nil
-		err := o.db.QueryRowContext(ctx, o.q.moveDead, int(to), key, key).Scan(&id)
+		if want == "" {
+			err = o.db.QueryRowContext(ctx, o.q.moveDead, int(to), key, key).Scan(&id)
+		} else {
+			err = o.db.QueryRowContext(ctx, o.q.skipEvent, int(to), key, key, want).Scan(&id)
+		}
 		if err == nil {
 			return id, nil
 		}
@@ -766,13 +824,20 @@ func (o *Outbox) moveDead(ctx context.Context, key string, to State) (_ string, 
 			}
 			return "", fmt.Errorf("outbox: %v key %q: %w", to, key, err)
 		}
-		var one int
-		err = o.db.QueryRowContext(ctx, o.q.hasDead, key).Scan(&one)
+		if want == "" {
+			var one int
+			err = o.db.QueryRowContext(ctx, o.q.hasDead, key).Scan(&one)
+		} else {
+			err = o.db.QueryRowContext(ctx, o.q.deadHead, key).Scan(&id)
+		}
 		if errors.Is(err, sql.ErrNoRows) {
 			return "", fmt.Errorf("%w: %q", ErrNotParked, key)
 		}
 		if err != nil {
 			return "", fmt.Errorf("outbox: %v key %q: %w", to, key, err)
+		}
+		if want != "" && id != want {
+			return "", &HeadChangedError{Key: key, ID: want, Head: id}
 		}
 	}
 	return "", fmt.Errorf("outbox: %v key %q: still contended after %d tries", to, key, maxMoveTries)
@@ -790,6 +855,23 @@ func inFlight(ctx context.Context, live bool, err error) bool {
 	}
 	return sqldb.Classify(err) == sqldb.KindConnection || live && ctx.Err() != nil && !errors.Is(err, sql.ErrTxDone)
 }
+
+// HeadChangedError is SkipEvent's error when the key's dead head is not the
+// event given (errors.Is(err, ErrHeadChanged) matches it). Head is the
+// head's ID read just after the refused move: it may have changed again
+// since.
+type HeadChangedError struct {
+	Key  string // the key given
+	ID   string // the event given
+	Head string // the key's oldest dead row's ID
+}
+
+func (e *HeadChangedError) Error() string {
+	return fmt.Sprintf("outbox: the key's dead head is another event: key %q: its head (oldest dead row) is %q, not %q; nothing moved", e.Key, e.Head, e.ID)
+}
+
+// Is makes errors.Is(err, ErrHeadChanged) match.
+func (e *HeadChangedError) Is(target error) bool { return target == ErrHeadChanged }
 
 // maxMoveTries bounds moveDead's retries under contention.
 const maxMoveTries = 1000

@@ -141,6 +141,54 @@ func ExampleOutbox_SkipHead() {
 	// skipped rows kept: 1
 }
 
+// SkipEvent is the operator's Skip: it gives up the key's dead head only if
+// it is the event the operator looked at. A stale view (here an ID that is
+// not the head) is refused with the head as it is now, and nothing moves.
+func ExampleOutbox_SkipEvent() {
+	ctx := context.Background()
+	ob, cleanup := exampleOutbox(ctx, "opened", "garbled", "deposited 100")
+	defer cleanup()
+
+	published := make(chan string, 10)
+	died := make(chan struct{}, 1)
+	relay, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+		if string(e.Payload) == "garbled" {
+			return keysched.Permanent(errors.New("cannot encode"))
+		}
+		published <- string(e.Payload)
+		return nil
+	}, outbox.WithFailurePolicy(keysched.Park), outbox.WithPollInterval(10*time.Millisecond),
+		outbox.WithOnDead(func(outbox.DeadEvent) { died <- struct{}{} }))
+	if err != nil {
+		panic(err)
+	}
+	go relay.Run(ctx)
+	fmt.Println("published:", <-published)
+	<-died
+
+	var hc *outbox.HeadChangedError
+	if err := relay.SkipEvent(ctx, "acct-1", "evt-3"); errors.As(err, &hc) {
+		fmt.Println("refused: the head is", hc.Head)
+	}
+	dead, err := ob.Dead(ctx, 10) // what the operator's page shows
+	if err != nil {
+		panic(err)
+	}
+	if err := relay.SkipEvent(ctx, "acct-1", dead[0].ID); err != nil {
+		panic(err)
+	}
+	fmt.Println("skipped:", dead[0].ID)
+	fmt.Println("published:", <-published)
+	if err := relay.Close(ctx); err != nil {
+		panic(err)
+	}
+	// Output:
+	// published: opened
+	// refused: the head is evt-2
+	// skipped: evt-2
+	// published: deposited 100
+}
+
 // Recover is the operator's bulk Resume: after a fault is fixed it makes
 // every dead row the filter selects (here: by its last error) pending again,
 // key by key, and returns the rows it moved. It needs no relay; the relays

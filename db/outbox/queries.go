@@ -202,6 +202,7 @@ type queries struct {
 	insertNotify string // Postgres, WithNotifyFromWrite: insert, notifying while a relay is idle
 
 	listDead, parkedKeys, moveDead, hasDead, countStates string
+	skipEvent, deadHead                                  string
 	lookup                                               string
 
 	// relay. Every statement on a claim names it by its key and epoch
@@ -280,6 +281,9 @@ SELECT pg_notify('` + t + `', '') FROM ` + t + `_idle WHERE until > now() LIMIT 
 	q.parkedKeys = `SELECT DISTINCT key FROM ` + t + ` WHERE state = 2 ORDER BY key`
 	q.moveDead = r(`UPDATE ` + t + ` SET state = ? WHERE seq = (SELECT MIN(seq) FROM ` + t + ` WHERE key = ? AND state = 2) AND key = ? AND state = 2 RETURNING id`)
 	q.hasDead = r(`SELECT 1 FROM ` + t + ` WHERE key = ? AND state = 2 LIMIT 1`)
+	// SkipEvent: the key's oldest dead row, only if it has the ID given.
+	q.skipEvent = r(`UPDATE ` + t + ` SET state = ? WHERE seq = (SELECT MIN(seq) FROM ` + t + ` WHERE key = ? AND state = 2) AND key = ? AND state = 2 AND id = ? RETURNING id`)
+	q.deadHead = r(`SELECT id FROM ` + t + ` WHERE key = ? AND state = 2 ORDER BY seq LIMIT 1`)
 	q.countStates = `SELECT state, COUNT(*) FROM ` + t + ` GROUP BY state`
 	q.lookup = r(lookupQuery(t))
 

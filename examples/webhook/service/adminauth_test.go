@@ -3,6 +3,7 @@ package service
 import (
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -78,7 +79,7 @@ func TestAdminRequiresTokenAndDoesNotSayWhy(t *testing.T) {
 	code, body, _ = do(http.MethodGet, "/metrics", func(r *http.Request) { r.SetBasicAuth("anyone", testAdminToken) })
 	require.Equal(t, http.StatusOK, code)
 	require.Equal(t, "metrics", body)
-	code, _, _ = do(http.MethodPost, "/partners/p/skip", bearer(testAdminToken))
+	code, _, _ = do(http.MethodPost, "/partners/p/skip?event="+url.QueryEscape(h.head("p")), bearer(testAdminToken))
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Empty(t, h.parked())
 }

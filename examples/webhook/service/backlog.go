@@ -118,6 +118,10 @@ func (b *backlog) done(partner, id string, delivered bool) {
 	if p == nil {
 		return
 	}
+	b.doneLocked(p, id, delivered)
+}
+
+func (b *backlog) doneLocked(p *partnerBacklog, id string, delivered bool) {
 	if e, ok := p.byID[id]; ok {
 		p.order.Remove(e)
 		delete(p.byID, id)
@@ -128,6 +132,22 @@ func (b *backlog) done(partner, id string, delivered bool) {
 	} else {
 		p.skipped++
 	}
+}
+
+// doneIfPending is done for an event the backlog still holds; it reports
+// whether it did (an event already taken off is not counted twice).
+func (b *backlog) doneIfPending(partner, id string, delivered bool) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	p := b.partners[partner]
+	if p == nil {
+		return false
+	}
+	if _, ok := p.byID[id]; !ok {
+		return false
+	}
+	b.doneLocked(p, id, delivered)
+	return true
 }
 
 func (b *backlog) failedAttempt(partner string, err error) {
@@ -160,6 +180,11 @@ type PartnerStatus struct {
 	Parks       uint64 // times the partner was parked, since start
 	Skipped     uint64 // events skipped by an operator, since start
 	LastError   string // the last failed attempt's error
+	// Head is, for a parked partner, the ID of its parked head delivery
+	// (the oldest dead outbox row): the event's ID, or for a replay of it
+	// the replay's ID; Skip takes it. HeadEvent is that event's ID (Head
+	// unless the head is a replay). Both empty when not parked.
+	Head, HeadEvent string
 }
 
 // snapshot returns every partner's status, by backlog then age, largest

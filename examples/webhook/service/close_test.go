@@ -20,7 +20,7 @@ import (
 func TestOperatorActionAfterCloseIs503(t *testing.T) {
 	h := newHarness(t, map[string]sim.Behavior{"p": {}}, nil)
 	require.NoError(t, h.svc.Close(t.Context()))
-	for _, a := range []string{"resume", "skip"} {
+	for _, a := range []string{"resume", "skip?event=e"} {
 		require.Equal(t, http.StatusServiceUnavailable, adminPost(t, h.admin.URL+"/partners/p/"+a, nil), a)
 	}
 }
@@ -98,7 +98,7 @@ func TestIntakeAfterCloseFailsClearly(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, c)
 	require.NoError(t, h.svc.Close(t.Context()), "Close is idempotent")
 	require.ErrorIs(t, h.svc.Resume(t.Context(), "p"), ErrClosed)
-	require.ErrorIs(t, h.svc.Skip(t.Context(), "p"), ErrClosed)
+	require.ErrorIs(t, h.svc.Skip(t.Context(), "p", "e"), ErrClosed)
 }
 
 // Found by attacking the code: Resume, Skip and a parked event's Replay
@@ -117,7 +117,7 @@ func TestOperatorActionsRacingCloseAnswerClosed(t *testing.T) {
 	ctx := context.Background()
 	require.NoError(t, h.svc.relay.r.Close(ctx))
 	require.ErrorIs(t, h.svc.Resume(ctx, "p"), ErrClosed)
-	require.ErrorIs(t, h.svc.Skip(ctx, "p"), ErrClosed)
+	require.ErrorIs(t, h.svc.Skip(ctx, "p", e0), ErrClosed)
 	_, err := h.svc.Replay(ctx, e0)
 	require.ErrorIs(t, err, ErrClosed)
 	code, body := adminForm(t, h.admin.URL+"/events/"+e0+"/replay", nil, nil)

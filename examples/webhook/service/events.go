@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/keysched/keysched/db/outbox"
+	"github.com/keysched/keysched/db/sqldb"
 )
 
 // Errors of Event, Replay and ReplayRange.
@@ -453,7 +454,14 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 		if err != nil {
 			notSent := res.Requeued
 			res.Requeued = nil
-			return res, halfway(res.Recovered, notRetried, notSent, closedAs(err))
+			var unknown []string
+			if errors.Is(err, outbox.ErrOutcomeUnknown) {
+				// The batch whose COMMIT was cut short may have
+				// retried them (Recover's error names it; the
+				// batches after it, if any, were not tried).
+				unknown, notRetried = notRetried, nil
+			}
+			return res, halfway(res.Recovered, notRetried, unknown, nil, notSent, closedAs(err))
 		}
 	}
 	if len(requeue) > 0 {
@@ -461,10 +469,17 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 			s.beforeRequeue()
 		}
 		left, err := s.requeue(ctx, requeue)
+		if errors.Is(err, outbox.ErrOutcomeUnknown) {
+			// The write's COMMIT was cut short: it may have
+			// committed. Not "not sent again".
+			unknown := res.Requeued
+			res.Requeued = nil
+			return res, halfway(res.Recovered, nil, nil, unknown, nil, err)
+		}
 		if err != nil {
 			notSent := res.Requeued
 			res.Requeued = nil
-			return res, halfway(res.Recovered, nil, notSent, err)
+			return res, halfway(res.Recovered, nil, nil, nil, notSent, err)
 		}
 		// Events that changed since the candidates were read: a row the
 		// retention deleted (expired), a replay of a concurrent replay
@@ -503,15 +518,21 @@ func (s *Service) replay(ctx context.Context, partner, id string, from, to time.
 }
 
 // halfway is the error of a replay that stopped at err: it names the parked
-// events it retried before (their partner resumed), and those it did not
-// retry or send again, so that the operator knows what was done.
-func halfway(retried, notRetried, notSent []string, err error) error {
+// events it retried before (their partner resumed), those it did not retry
+// or send again, and those whose retry (unknownRetried) or new delivery
+// (unknownSent) may or may not have been written: the write's COMMIT was
+// cut short, and err wraps outbox.ErrOutcomeUnknown. The operator knows
+// what was done, and what to look up before replaying again.
+func halfway(retried, notRetried, unknownRetried, unknownSent, notSent []string, err error) error {
 	var b strings.Builder
 	b.WriteString("webhook: replay: ")
 	for _, part := range []struct {
 		ids  []string
 		what string
-	}{{retried, "parked %s retried"}, {notRetried, "parked %s not retried"}, {notSent, "%s not sent again"}} {
+	}{{retried, "parked %s retried"}, {notRetried, "parked %s not retried"},
+		{unknownRetried, "parked %s retried or not (outcome unknown: look them up before replaying again)"},
+		{unknownSent, "%s sent again or not (outcome unknown: look them up before replaying again)"},
+		{notSent, "%s not sent again"}} {
 		if len(part.ids) == 0 {
 			continue
 		}
@@ -560,6 +581,11 @@ func (s *Service) requeue(ctx context.Context, cands []*replayCand) (map[string]
 		s.backlog.load(c.partner, rows[i], now)
 	}
 	left, err := s.store.writeReplays(ctx, cands, rows, now)
+	if errors.Is(err, outbox.ErrOutcomeUnknown) {
+		// Written or not: counted until the rows tell (unknown.go).
+		s.settleUnknownReplay(cands[0].partner, rows)
+		return nil, err
+	}
 	if err != nil {
 		for i, c := range cands {
 			s.backlog.drop(c.partner, rows[i])
@@ -642,7 +668,29 @@ func (s *Store) writeReplays(ctx context.Context, cands []*replayCand, rows []st
 			return nil, err
 		}
 	}
-	return left, tx.Commit()
+	// An error before the COMMIT left nothing written (the transaction
+	// is rolled back, by the server when the connection broke). The
+	// COMMIT itself, cut short (the connection broke, or ctx ended, while
+	// it was in flight), may have committed: the server goes on with it.
+	live := ctx.Err() == nil
+	if err := tx.Commit(); err != nil {
+		if commitInFlight(ctx, live, err) {
+			return nil, errCommitUnknown(err)
+		}
+		return nil, err
+	}
+	return left, nil
+}
+
+// commitInFlight reports whether err, a COMMIT's error (ctx live before
+// it), leaves its outcome unknown: the connection broke, or ctx ended,
+// while it may have been in flight. sql.ErrTxDone (the transaction was
+// rolled back first, by ctx's end) leaves nothing unknown.
+func commitInFlight(ctx context.Context, live bool, err error) bool {
+	if errors.Is(err, sql.ErrTxDone) {
+		return false
+	}
+	return sqldb.Classify(err) == sqldb.KindConnection || live && ctx.Err() != nil
 }
 
 // countRange counts the partner's events accepted in [from, to) (the

@@ -235,6 +235,10 @@ func (h *harness) checkOrder(partner string) int {
 
 const waitLong = 30 * time.Second
 
+// head returns the parked partner's head (PartnerStatus.Head: what Skip
+// takes), "" when it is not parked.
+func (h *harness) head(partner string) string { return h.status(partner).Head }
+
 func (h *harness) parked() []string {
 	p, err := h.svc.Parked(context.Background())
 	require.NoError(h.t, err)

@@ -43,7 +43,7 @@ func TestLastErrorOnlyWhileParkedOrSkipped(t *testing.T) {
 	h.eps["p"].Set(sim.Behavior{Down: true})
 	_, b := h.post("p", 1)
 	require.Eventually(t, parked, waitLong, 5*time.Millisecond)
-	require.NoError(t, h.svc.Skip(t.Context(), "p"))
+	require.NoError(t, h.svc.Skip(t.Context(), "p", b))
 	ev = event(b)
 	require.Equal(t, StateSkipped, ev.State)
 	require.NotEmpty(t, ev.LastError)

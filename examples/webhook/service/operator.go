@@ -40,15 +40,15 @@ form { display: inline; }
 {{if .Parked}}
 <h2>Parked</h2>
 <p>A parked partner's head event failed its attempts; its later events wait, none is dropped.
-Resume retries the head with a fresh attempt budget; Skip gives the head event up (it is not delivered) and goes on.</p>
+Resume retries the head with a fresh attempt budget; Skip gives up the head event shown (it is not delivered) and goes on: if the head changed since this page was loaded, nothing is skipped.</p>
 <table id="parked">
-<tr><th>partner</th><th>backlog</th><th>oldest</th><th>last error</th><th></th></tr>
+<tr><th>partner</th><th>head event</th><th>backlog</th><th>oldest</th><th>last error</th><th></th></tr>
 {{range .Parked}}
-<tr class="parked" data-partner="{{.Partner}}">
-<td>{{.Partner}}</td><td>{{.Backlog}}</td><td>{{age .OldestAge}}</td><td class="err" title="{{.LastError}}">{{.LastError}}</td>
+<tr class="parked" data-partner="{{.Partner}}" data-head="{{.Head}}">
+<td>{{.Partner}}</td><td class="head"><a href="/ui/events/{{.HeadEvent}}">{{.HeadEvent}}</a>{{if ne .Head .HeadEvent}} (replay {{.Head}}){{end}}</td><td>{{.Backlog}}</td><td>{{age .OldestAge}}</td><td class="err" title="{{.LastError}}">{{.LastError}}</td>
 <td>
 <form method="post" action="/partners/{{.Partner}}/resume"><button type="submit" id="resume-{{.Partner}}">Resume</button></form>
-<form method="post" action="/partners/{{.Partner}}/skip"><button type="submit" id="skip-{{.Partner}}">Skip</button></form>
+<form method="post" action="/partners/{{.Partner}}/skip"><input type="hidden" name="event" value="{{.Head}}"><button type="submit" id="skip-{{.Partner}}">Skip</button></form>
 </td>
 </tr>
 {{end}}
@@ -112,7 +112,10 @@ func (s *Service) handleOperatorPage(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleOperatorAction is POST /partners/{partner}/{action}, action resume or
-// skip; it redirects back to the page (303).
+// skip; it redirects back to the page (303). A skip needs the form field
+// event, the head the operator saw (PartnerStatus.Head; the page's Skip
+// button sends it): without it 400, and 409 with the current head when the
+// head changed (nothing skipped) or the partner is not parked.
 func (s *Service) handleOperatorAction(w http.ResponseWriter, r *http.Request) {
 	partner, action := r.PathValue("partner"), r.PathValue("action")
 	if !s.known(partner) {
@@ -124,14 +127,25 @@ func (s *Service) handleOperatorAction(w http.ResponseWriter, r *http.Request) {
 	case "resume":
 		err = s.Resume(r.Context(), partner)
 	case "skip":
-		err = s.Skip(r.Context(), partner)
+		head := r.FormValue("event")
+		if head == "" {
+			http.Error(w, fmt.Sprintf("skip of partner %q needs the form field event: the ID of the parked head event you decided to give up (the operator page's Skip button sends it; GET / shows it)", partner), http.StatusBadRequest)
+			return
+		}
+		err = s.Skip(r.Context(), partner, head)
 	default:
 		http.Error(w, fmt.Sprintf("unknown action %q (resume or skip)", action), http.StatusNotFound)
 		return
 	}
 	switch {
+	case errors.Is(err, ErrHeadChanged):
+		http.Error(w, err.Error()+"\nReload the operator page and decide again.", http.StatusConflict)
+		return
 	case errors.Is(err, ErrNotParked):
 		http.Error(w, fmt.Sprintf("partner %q is not parked", partner), http.StatusConflict)
+		return
+	case errors.Is(err, ErrUnknownEvent):
+		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	case errors.Is(err, ErrClosed):
 		http.Error(w, "the service is shutting down", http.StatusServiceUnavailable)

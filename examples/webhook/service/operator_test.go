@@ -2,8 +2,6 @@ package service
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -64,10 +62,10 @@ func TestOperatorActionsRefuseCrossOrigin(t *testing.T) {
 	require.Zero(t, h.status("p").Skipped)
 	// The page's own form (same origin) and a script without browser
 	// headers still work.
-	require.Equal(t, http.StatusSeeOther, adminPost(t, skip, map[string]string{"Sec-Fetch-Site": "same-origin"}))
+	require.Equal(t, http.StatusSeeOther, adminPost(t, skip+"?event="+url.QueryEscape(h.head("p")), map[string]string{"Sec-Fetch-Site": "same-origin"}))
 	require.Equal(t, uint64(1), h.status("p").Skipped)
 	require.Eventually(t, func() bool { return len(h.parked()) == 1 && h.status("p").Backlog == 1 }, waitLong, 5*time.Millisecond)
-	require.Equal(t, http.StatusSeeOther, adminPost(t, skip, nil))
+	require.Equal(t, http.StatusSeeOther, adminPost(t, skip+"?event="+url.QueryEscape(h.head("p")), nil))
 	require.Equal(t, uint64(2), h.status("p").Skipped)
 }
 
@@ -77,18 +75,23 @@ func TestOperatorActionsRefuseCrossOrigin(t *testing.T) {
 // to skip "the oldest dead row": two statements. If, between them, the head
 // was resumed, delivered, and the next event died (a Resume pressed in
 // another tab, a retry budget of 1), the outbox skipped that next event
-// while the service logged and uncounted the first one: an event given up
-// in the name of another, and a backlog that counted the skipped event for
-// ever. The hook forces that interleaving.
-func TestSkipRacingResumeSkipsAndReportsOneEvent(t *testing.T) {
+// while the service logged and uncounted the first one. SkipHead (one
+// statement) fixed the count, but still gave up whatever the head was when
+// it ran: an operator who saw x on the page, pressed Skip a moment after x
+// was resumed and delivered, gave up y, an event never shown. Skip now takes
+// the head seen and gives up only that one: here it is refused
+// (ErrHeadChanged naming y; on the admin API 409 with the message), nothing
+// is skipped, the backlog is the database's; skipping y, once seen, works.
+// The hook forces the interleaving.
+func TestSkipOfAHeadResumedMeanwhileIsRefused(t *testing.T) {
 	t.Run("sqlite", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "webhook.db")
-		testSkipRacingResume(t, func() (*Store, error) { return OpenSQLite(t.Context(), path) })
+		testSkipOfAHeadResumedMeanwhile(t, func() (*Store, error) { return OpenSQLite(t.Context(), path) })
 	})
-	t.Run("postgres", func(t *testing.T) { testSkipRacingResume(t, postgresStore(t)) })
+	t.Run("postgres", func(t *testing.T) { testSkipOfAHeadResumedMeanwhile(t, postgresStore(t)) })
 }
 
-func testSkipRacingResume(t *testing.T, open func() (*Store, error)) {
+func testSkipOfAHeadResumedMeanwhile(t *testing.T, open func() (*Store, error)) {
 	var (
 		mu      sync.Mutex
 		okID    string // the one event the endpoint accepts
@@ -114,58 +117,61 @@ func testSkipRacingResume(t *testing.T, open func() (*Store, error)) {
 	})
 	_, x := h.post("p", 0)
 	_, y := h.post("p", 1)
-	head := func() string {
-		id, err := h.store.parkedHead(context.Background(), "p")
-		if err != nil {
-			return ""
-		}
-		return id
-	}
-	require.Eventually(t, func() bool { return head() == x }, waitLong, 5*time.Millisecond)
-	h.svc.relay.beforeSkip = func(string) {
+	require.Eventually(t, func() bool { return h.head("p") == x }, waitLong, 5*time.Millisecond)
+	seen := h.head("p") // what the operator page shows
+	resumeMeanwhile := func(string) {
 		// Another operator resumes x; it is delivered; y dies.
 		mu.Lock()
 		okID = x
 		mu.Unlock()
 		require.NoError(t, h.svc.Resume(context.Background(), "p"))
-		require.Eventually(t, func() bool { return head() == y }, waitLong, 5*time.Millisecond)
+		require.Eventually(t, func() bool { return h.head("p") == y }, waitLong, 5*time.Millisecond)
 	}
-	err := h.svc.Skip(context.Background(), "p")
+	h.svc.relay.beforeSkip = resumeMeanwhile
+	err := h.svc.Skip(context.Background(), "p", seen)
 	h.svc.relay.beforeSkip = nil
-	var skipped []string
-	rows, qerr := h.store.db.Query(`SELECT id FROM ` + h.store.Outbox().Table() + ` WHERE state = 3`)
-	require.NoError(t, qerr)
-	for rows.Next() {
-		var id string
-		require.NoError(t, rows.Scan(&id))
-		skipped = append(skipped, id)
+	require.ErrorIs(t, err, ErrHeadChanged)
+	require.Contains(t, err.Error(), y, "names the current head")
+	skippedRows := func() []string {
+		var skipped []string
+		rows, qerr := h.store.db.Query(`SELECT id FROM ` + h.store.Outbox().Table() + ` WHERE state = 3`)
+		require.NoError(t, qerr)
+		for rows.Next() {
+			var id string
+			require.NoError(t, rows.Scan(&id))
+			skipped = append(skipped, id)
+		}
+		require.NoError(t, rows.Close())
+		return skipped
 	}
-	require.NoError(t, rows.Close())
+	require.Empty(t, skippedRows(), "an event never shown was given up")
+	require.Equal(t, y, h.head("p"), "y still parked")
 	var undelivered int
 	require.NoError(t, h.store.db.QueryRow(`SELECT COUNT(*) FROM `+h.store.Outbox().Table()+` WHERE state IN (0, 2)`).Scan(&undelivered))
-	// Whatever Skip decided, the backlog is the database's, and what was
-	// logged as skipped is what the outbox marked skipped.
-	require.Equal(t, undelivered, h.status("p").Backlog, "backlog in memory vs undelivered rows (Skip returned %v)", err)
-	for _, id := range skipped {
-		require.Contains(t, logs.String(), "event="+id, "the skipped event is the one logged")
-	}
-	if err == nil {
-		require.Len(t, skipped, 1)
-	} else {
-		require.ErrorIs(t, err, ErrNotParked)
-		require.Empty(t, skipped)
-	}
-}
+	require.Equal(t, undelivered, h.status("p").Backlog, "backlog in memory vs undelivered rows")
+	require.Zero(t, h.status("p").Skipped)
+	require.NotContains(t, logs.String(), "operator skipped")
 
-// parkedHead returns the ID of the partner's oldest dead outbox row (the one
-// Skip gives up next).
-func (s *Store) parkedHead(ctx context.Context, partner string) (string, error) {
-	var id string
-	err := s.db.QueryRowContext(ctx, s.rebind(`SELECT id FROM `+s.ob.Table()+` WHERE key = ? AND state = 2 ORDER BY seq LIMIT 1`), partner).Scan(&id)
-	if errors.Is(err, sql.ErrNoRows) {
-		return "", ErrNotParked
-	}
-	return id, err
+	// The admin API: the stale page's post is refused with 409 and why.
+	code, body := adminForm(t, h.admin.URL+"/partners/p/skip", url.Values{"event": {seen}}, nil)
+	require.Equal(t, http.StatusConflict, code)
+	require.Contains(t, body, "is now \""+y+"\"")
+	code, body = adminForm(t, h.admin.URL+"/partners/p/skip", nil, nil)
+	require.Equal(t, http.StatusBadRequest, code, "a skip without the head seen")
+	require.Contains(t, body, "needs the form field event")
+	require.Empty(t, skippedRows())
+	// The page reloaded shows y, with it in its Skip form.
+	resp, gerr := http.Get(h.admin.URL + "/")
+	require.NoError(t, gerr)
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Contains(t, string(page), `name="event" value="`+y+`"`)
+	code, _ = adminForm(t, h.admin.URL+"/partners/p/skip", url.Values{"event": {y}}, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Equal(t, []string{y}, skippedRows())
+	require.Contains(t, logs.String(), "event="+y, "the skipped event is the one logged")
+	require.Equal(t, uint64(1), h.status("p").Skipped)
+	require.Zero(t, h.status("p").Backlog)
 }
 
 // Found by attacking the code (adversarial review of the service: first written as a failing reproducer).

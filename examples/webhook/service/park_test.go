@@ -56,8 +56,9 @@ func TestSkipGivesUpTheHeadOnly(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return len(h.parked()) == 1 }, waitLong, 5*time.Millisecond)
 	h.eps["p"].Set(sim.Behavior{})
-	require.NoError(t, h.svc.Skip(t.Context(), "p"))
 	ids := h.acceptedIDs("p")
+	require.Equal(t, ids[0], h.head("p"))
+	require.NoError(t, h.svc.Skip(t.Context(), "p", ids[0]))
 	require.Eventually(t, func() bool { return len(h.rec.IDs("p")) >= 3 }, waitLong, 5*time.Millisecond)
 	_, err := sim.CheckOrder(ids[1:], h.rec.IDs("p"))
 	require.NoError(t, err, "the head was skipped, the rest delivered in order")
@@ -65,5 +66,5 @@ func TestSkipGivesUpTheHeadOnly(t *testing.T) {
 	// counts it a moment later.)
 	require.Eventually(t, func() bool { return h.status("p").Backlog == 0 }, waitLong, 5*time.Millisecond)
 	require.Equal(t, uint64(1), h.status("p").Skipped)
-	require.ErrorIs(t, h.svc.Skip(t.Context(), "p"), ErrNotParked)
+	require.ErrorIs(t, h.svc.Skip(t.Context(), "p", ids[0]), ErrNotParked)
 }

@@ -86,24 +86,28 @@ func closedAs(err error) error {
 	return err
 }
 
-// skip gives up the partner's head (its oldest dead row) and returns its ID:
-// outbox's SkipHead moves and names the row in one statement. (Skip read the
-// head, then asked the outbox to skip "the oldest dead row": if the head was
-// resumed, delivered and the next event died in between, the outbox skipped
-// that next event while the service logged and uncounted the first, and the
-// backlog counted the skipped event for ever.)
-func (rl *relay) skip(ctx context.Context, partner string) (string, error) {
+// skip gives up the partner's head (its oldest dead row) only if it is the
+// row head: outbox's SkipEvent checks and moves in one statement. (Skip
+// asked the outbox to skip "the oldest dead row": if the head the operator
+// saw was resumed, delivered and the next event died in between, the outbox
+// skipped that next event, one the operator never saw.)
+func (rl *relay) skip(ctx context.Context, partner, head string) error {
 	if rl.beforeSkip != nil {
 		rl.beforeSkip(partner)
 	}
-	id, err := rl.r.SkipHead(ctx, partner)
-	if err != nil {
-		if errors.Is(err, outbox.ErrNotParked) {
-			return "", fmt.Errorf("%w: %q", ErrNotParked, partner)
-		}
-		return "", closedAs(err)
+	err := rl.r.SkipEvent(ctx, partner, head)
+	var hc *outbox.HeadChangedError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &hc):
+		return fmt.Errorf("%w: partner %q: its head is now %q, not %q: nothing was skipped (look again, then decide)", ErrHeadChanged, partner, hc.Head, head)
+	case errors.Is(err, outbox.ErrNotParked):
+		return fmt.Errorf("%w: %q: nothing was skipped", ErrNotParked, partner)
+	case errors.Is(err, outbox.ErrInvalidID):
+		return fmt.Errorf("%w: %w", ErrUnknownEvent, err)
 	}
-	return id, nil
+	return closedAs(err)
 }
 
 // close stops the relay: deliveries in flight finish until ctx ends (then

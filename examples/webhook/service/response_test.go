@@ -298,7 +298,7 @@ func TestClientErrorIsPermanentAndParks(t *testing.T) {
 	require.Contains(t, dead[0].Err, "422")
 	require.Contains(t, dead[0].Err, `unknown event type`)
 	require.Len(t, ep.callTimes(), 1)
-	require.NoError(t, h.svc.Skip(context.Background(), "p"))
+	require.NoError(t, h.svc.Skip(context.Background(), "p", first))
 	require.Eventually(t, func() bool { return len(ep.callTimes()) == 2 }, waitLong, 5*time.Millisecond)
 	require.Eventually(t, func() bool { return h.status("p").Backlog == 0 }, waitLong, 5*time.Millisecond)
 	require.Contains(t, h.status("p").LastError, "endpoint answered 422")

@@ -58,6 +58,12 @@ var (
 	// ErrNotParked is returned by Resume and Skip for a partner that is not
 	// parked.
 	ErrNotParked = errors.New("webhook: partner is not parked")
+	// ErrHeadChanged is wrapped by Skip's error when the partner's parked
+	// head is no longer the event given (it was resumed, skipped or
+	// replayed meanwhile, and a later event may have parked the partner
+	// since): nothing was skipped. The error names the current head. The
+	// admin API answers 409 with it.
+	ErrHeadChanged = errors.New("webhook: the partner's parked head is another event")
 	// ErrClosed is returned by calls made after Close.
 	ErrClosed = errors.New("webhook: service closed")
 	// ErrZeroService is returned by the methods of a nil or zero Service
@@ -330,6 +336,11 @@ type Service struct {
 
 	syncStop, syncDone chan struct{} // backlog sync (BacklogSync > 0)
 
+	// The watchers of unknown outcomes (unknown.go).
+	unknownMu        sync.Mutex
+	unknown          sync.WaitGroup
+	unknownReplayFor time.Duration
+
 	closeOnce sync.Once
 	closeErr  error
 	closed    atomic.Bool
@@ -341,7 +352,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, log: cfg.Logger, now: cfg.now, store: cfg.Store}
+	s := &Service{cfg: cfg, log: cfg.Logger, now: cfg.now, store: cfg.Store, unknownReplayFor: unknownReplayFor}
 	for p := range cfg.Partners {
 		s.partners = append(s.partners, p)
 	}
@@ -481,24 +492,23 @@ func (s *Service) AdminHandler() http.Handler {
 }
 
 // Status returns every partner's backlog, age of its oldest undelivered
-// event, parked state and counters, sorted by backlog then age, largest
-// first. It costs a walk of the partners (in memory) and one indexed query
-// for the parked partners.
+// event, parked state (with the parked head's ID, which Skip takes) and
+// counters, sorted by backlog then age, largest first. It costs a walk of
+// the partners (in memory) and one indexed query for the parked partners'
+// heads.
 func (s *Service) Status(ctx context.Context) ([]PartnerStatus, error) {
 	if s.zero() {
 		return nil, ErrZeroService
 	}
 	out := s.backlog.snapshot(s.now())
-	parked := map[string]bool{}
-	keys, err := s.relay.parked(ctx)
+	heads, err := s.store.parkedHeads(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("webhook: parked partners: %w", err)
 	}
-	for _, p := range keys {
-		parked[p] = true
-	}
 	for i := range out {
-		out[i].Parked = parked[out[i].Partner]
+		if h, ok := heads[out[i].Partner]; ok {
+			out[i].Parked, out[i].Head, out[i].HeadEvent = true, h.row, h.event
+		}
 		out[i].Destination = s.deliver.Destination(out[i].Partner)
 		if st, ok := s.deliver.BreakerState(out[i].Destination); ok {
 			out[i].Breaker = st.String()
@@ -540,24 +550,57 @@ func (s *Service) Resume(ctx context.Context, partner string) error {
 }
 
 // Skip gives up a parked partner's head event (it is not delivered; the
-// store keeps it marked as skipped) and lets its later events go on.
-// ErrNotParked if it is not parked, ErrClosed after Close. The action is
-// logged with the event's ID.
-func (s *Service) Skip(ctx context.Context, partner string) error {
+// store keeps it marked as skipped) and lets its later events go on, only
+// if the head is still head, the ID the operator saw: PartnerStatus.Head
+// (the event's ID, or a replay's delivery ID when the head is a replay). The
+// check and the move are one statement (outbox.SkipEvent): a head resumed
+// and delivered after the operator looked, with a later event parked
+// since, is never given up in its place.
+//
+// Errors: ErrHeadChanged (wrapped, naming the current head) when the head
+// is another event, nothing skipped; ErrNotParked when the partner is not
+// parked; ErrUnknownEvent for an empty head or an ID no event can have;
+// ErrClosed after Close; an error wrapping outbox.ErrOutcomeUnknown when
+// the database connection broke, or ctx ended, while the move was in
+// flight: it may have been skipped. Calling Skip again with the same head
+// is then safe (it skips nothing more: ErrHeadChanged or ErrNotParked if
+// the first took effect). After such an outcome the service reads the
+// event's state until it is known (at once, then every second while the
+// event is still parked, until Close) and, if it was skipped, takes it off
+// the partner's backlog and counts it then. The action is logged with the
+// event's ID. Safe for concurrent use: of concurrent Skips of one head, one
+// gives it up.
+func (s *Service) Skip(ctx context.Context, partner, head string) error {
 	if s.zero() {
 		return ErrZeroService
 	}
 	if s.closed.Load() {
 		return ErrClosed
 	}
-	id, err := s.relay.skip(ctx, partner)
+	if head == "" {
+		return fmt.Errorf("%w: the empty ID: Skip needs the ID of the parked head event (PartnerStatus.Head)", ErrUnknownEvent)
+	}
+	if err := checkEventID(head); err != nil {
+		return err
+	}
+	err := s.relay.skip(ctx, partner, head)
+	if errors.Is(err, outbox.ErrOutcomeUnknown) {
+		s.log.Warn("operator skip: outcome unknown (the event may have been skipped); its state is read until known", "partner", partner, "event", head, "err", err)
+		s.settleUnknownSkip(partner, head)
+	}
 	if err != nil {
 		return err
 	}
-	s.backlog.done(partner, id, false)
-	s.metrics.settled(ctx, partner)
-	s.log.Warn("operator skipped an event", "partner", partner, "event", id)
+	s.skipped(partner, head)
 	return nil
+}
+
+// skipped takes a skipped event off the partner's backlog, counts it and
+// logs it.
+func (s *Service) skipped(partner, id string) {
+	s.backlog.done(partner, id, false)
+	s.metrics.settled(context.Background(), partner)
+	s.log.Warn("operator skipped an event", "partner", partner, "event", id)
 }
 
 // Close stops delivering: it lets the attempts in flight finish until ctx
@@ -583,6 +626,7 @@ func (s *Service) Close(ctx context.Context) error {
 		for _, d := range s.bgDone {
 			<-d
 		}
+		s.waitUnknown()
 		s.closeErr = errors.Join(s.relay.close(ctx), s.metrics.close(), unreg)
 		// After the relay: the attempts in flight at Close are recorded.
 		s.history.close()

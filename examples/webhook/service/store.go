@@ -226,3 +226,30 @@ JOIN `+s.ob.Table()+` o ON o.id = r.row_id WHERE o.state IN (0, 2)
 	}
 	return nil
 }
+
+// parkedHead is a parked partner's head: its oldest dead outbox row, and
+// the event it delivers (the row's own ID, or a replay's event).
+type parkedHead struct{ row, event string }
+
+// parkedHeads returns each parked partner's head (one query, by the outbox's
+// index of dead rows).
+func (s *Store) parkedHeads(ctx context.Context) (map[string]parkedHead, error) {
+	t := s.ob.Table()
+	rows, err := s.db.QueryContext(ctx, `SELECT o.key, o.id, COALESCE(r.event_id, o.id) FROM `+t+` o
+LEFT JOIN `+s.replay+` r ON r.row_id = o.id
+WHERE o.state = 2 AND NOT EXISTS (SELECT 1 FROM `+t+` x WHERE x.key = o.key AND x.state = 2 AND x.seq < o.seq)`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]parkedHead{}
+	for rows.Next() {
+		var p string
+		var h parkedHead
+		if err := rows.Scan(&p, &h.row, &h.event); err != nil {
+			return nil, err
+		}
+		out[p] = h
+	}
+	return out, rows.Err()
+}
