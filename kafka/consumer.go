@@ -226,7 +226,9 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		if r := missingGroup(cfg.clientOpts); r != nil {
 			return nil, refused(r)
 		}
-		return nil, fmt.Errorf("%w: WithClientOptions: franz-go refuses the client's options (the adapter needs kgo.ConsumerGroup and kgo.ConsumeTopics or kgo.ConsumeRegex, and sets kgo.DisableAutoCommit itself: no kgo.AutoCommitMarks): %w", ErrInvalidOption, err)
+		oe := refused(optcheck.Refuse("WithClientOptions", nil, "franz-go refuses the client's options (the adapter needs kgo.ConsumerGroup and kgo.ConsumeTopics or kgo.ConsumeRegex, and sets kgo.DisableAutoCommit itself: no kgo.AutoCommitMarks): %v", err)).(*keysched.OptionError)
+		oe.Err = err
+		return nil, oe
 	}
 	group, _ := cl.OptValue(kgo.ConsumerGroup).(string)
 	if r := clientConflicts(cl, group, &c.cfg); r != nil {

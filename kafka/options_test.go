@@ -207,6 +207,11 @@ func TestOptionsConflictingWithTheClientAreRefusedNamingBoth(t *testing.T) {
 	if !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "kgo.AutoCommitMarks") {
 		t.Errorf("kgo.AutoCommitMarks: %v, want an ErrInvalidOption naming it", err)
 	}
+	// An *OptionError as every other refusal, carrying franz-go's error.
+	var oe *keysched.OptionError
+	if !errors.As(err, &oe) || oe.Option != "WithClientOptions" || oe.Err == nil || !errors.Is(err, keysched.ErrInvalidOption) {
+		t.Errorf("kgo.AutoCommitMarks: %#v, want a *keysched.OptionError of WithClientOptions with franz-go's error in Err", err)
+	}
 	c, err := NewConsumer(h, WithDeadLetterTopic("t.dlq"), WithRevokeTimeout(4*time.Second),
 		WithClientOptions(seed, kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"), kgo.RebalanceTimeout(5*time.Second)))
 	if err != nil {
