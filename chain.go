@@ -62,6 +62,7 @@ type Scheduler[K comparable] struct {
 	closing   chan struct{} // closed when Close starts: wakes waiting submitters
 	giveUp    chan struct{} // closed when a later Close's context ends: the first Close aborts
 	giveUpOne sync.Once
+	giveUpWhy error // the later Close's ctx error, set before giveUp is closed
 	closeOnce sync.Once
 	closed    chan struct{} // closed when the first Close returns
 	closeErr  error

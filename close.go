@@ -58,7 +58,7 @@ type CloseError struct {
 	// counts those tasks).
 	Undelivered int
 	// Cause is why Close gave up: its context's error, or an error saying
-	// that a later Close's context ended.
+	// that a later Close's context ended, wrapping that context's error.
 	Cause error
 }
 
@@ -312,7 +312,8 @@ func (s *Scheduler[K]) awaitPassing() {
 // Close is idempotent: later calls wait for the first to finish and return
 // its result; if a later call's ctx ends first, the first Close gives up as
 // if its own had ended (so a Close(context.Background()) waiting on a parked
-// key can be escalated). With a task's context it returns ErrInsideTask and
+// key can be escalated), and both return a *CloseError whose Cause says so
+// and wraps that ctx's error. With a task's context it returns ErrInsideTask and
 // does nothing.
 //
 // Called from inside a task with any other context (context.Background(),
@@ -346,8 +347,14 @@ func (s *Scheduler[K]) Close(ctx context.Context) error {
 		case <-s.closed:
 			return s.closeErr
 		case <-ctx.Done():
-			// Escalate: the first Close gives up now too.
-			s.giveUpOne.Do(func() { close(s.giveUp) })
+			// Escalate: the first Close gives up now too, its cause
+			// wrapping this ctx's error (errors.Is(err,
+			// context.DeadlineExceeded) holds for the caller whose
+			// deadline it was).
+			s.giveUpOne.Do(func() {
+				s.giveUpWhy = context.Cause(ctx)
+				close(s.giveUp)
+			})
 			<-s.closed
 			return s.closeErr
 		}
@@ -359,6 +366,9 @@ func (s *Scheduler[K]) Close(ctx context.Context) error {
 	werr := s.pending.waitIdle(ctx, s.giveUp)
 	warn.Stop()
 	if werr != nil {
+		if werr == errGaveUp { //nolint:errorlint // waitIdle's own value
+			werr = fmt.Errorf("%w: %w", errGaveUp, s.giveUpWhy)
+		}
 		err = s.giveUpOnTasks(werr) // close.go
 		s.workers.releaseNow()
 	} else {
@@ -393,11 +403,24 @@ const CloseWaitWarning = 10 * time.Second
 func (s *Scheduler[K]) warnCloseWaits() {
 	defer func() { _ = recover() }() // a logger that panics: Close goes on waiting
 	st := s.Stats()
-	s.cfg.logger.Warn("keysched: Close still waiting for unfinished tasks; a task that calls Close, "+
-		"or Waits for a later task of its own key, with a context other than its own waits for ever "+
-		"(pass the task's context: ErrInsideTask, ErrDeadlock)",
+	s.cfg.logger.Warn(closeWaitsMessage(st.Running, st.ParkedKeys),
 		"waited", CloseWaitWarning, "pending", st.Pending, "running", st.Running,
 		"parked_keys", st.ParkedKeys, "waiting_to_run_again", s.core.waiting.Load())
+}
+
+// closeWaitsMessage is warnCloseWaits' message: what Close waits for, with
+// the hint that fits it (parked keys wait for an operator; running tasks may
+// be the one hang Close cannot detect).
+func closeWaitsMessage(running, parkedKeys int) string {
+	msg := "keysched: Close still waiting for unfinished tasks"
+	if parkedKeys > 0 {
+		msg += "; parked keys wait for Resume or Skip (or for Close's context to end)"
+	}
+	if running > 0 {
+		msg += "; a task that calls Close, or Waits for a later task of its own key, with a context " +
+			"other than its own waits for ever (pass the task's context: ErrInsideTask, ErrDeadlock)"
+	}
+	return msg
 }
 
 // abort gives up on every task that has not started: Close's context ended.

@@ -617,10 +617,14 @@ func TestLaterCloseEscalates(t *testing.T) {
 	for !s.pending.closed() {
 		runtime.Gosched()
 	}
-	short, cancel := context.WithCancel(ctx)
-	cancel()
+	short, cancel := context.WithTimeout(ctx, time.Millisecond)
+	defer cancel()
 	err = s.Close(short)
 	require.ErrorIs(t, err, ErrAborted)
+	// The caller whose deadline it was can tell (errors.Is), as with a
+	// Close of its own.
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "a later Close's context ended")
 	require.ErrorIs(t, <-first, ErrAborted)
 	require.ErrorIs(t, parked.Err(), ErrAborted)
 }

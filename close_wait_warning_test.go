@@ -62,3 +62,18 @@ func TestCloseStillWaitingLogsAWarningOnce(t *testing.T) {
 		require.Empty(t, logged())
 	})
 }
+
+// The warning gives the hint that fits what Close waits for: a parked key
+// waits for an operator, not for a task that called Close (the hang hint
+// led the warning even when only a parked key held Close).
+func TestCloseWaitWarningFitsWhatCloseWaitsFor(t *testing.T) {
+	parked := closeWaitsMessage(0, 1)
+	require.Contains(t, parked, "Resume or Skip")
+	require.NotContains(t, parked, "a task that calls Close")
+	running := closeWaitsMessage(1, 0)
+	require.Contains(t, running, "a task that calls Close")
+	require.NotContains(t, running, "Resume or Skip")
+	both := closeWaitsMessage(2, 3)
+	require.Contains(t, both, "Resume or Skip")
+	require.Contains(t, both, "a task that calls Close")
+}
