@@ -15,8 +15,7 @@ import (
 // Found by attacking the code (adversarial review, 2026-12-02): New took a
 // client made with kgo.ManualFlushing, whose records wait in its buffer
 // until somebody calls Flush: the sink's produce never returned, not even
-// when its context ended (a 2 s context, still blocked a minute later), so
-// the relay's key was stuck for good.
+// when its context ended, so the relay's key was stuck for good.
 //
 // New refuses a client with manual flushing, saying why
 // (ErrInvalidOption).
