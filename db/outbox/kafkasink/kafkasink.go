@@ -40,10 +40,10 @@
 // broker acks, the row is marked sent). franz-go (its Produce doc) decides
 // per batch by the context of the batch's first record, so records of other
 // keys buffered for the same partition fail with that context's error too
-// (the relay retries them, each a spent attempt). On kfake, with the broker holding every
-// produce 1 s, Relay.Close with a 100 ms context returns an error saying
-// the sink calls still run; their rows are marked sent once acked, the
-// others stay pending (TestCloseUnderLoadMarksOnlyAckedRows).
+// (the relay retries them, each a spent attempt). On kfake, with the broker
+// holding every produce 1 s, Relay.Close with a 100 ms context returns an
+// error saying the sink calls still run; their rows are marked sent once
+// acked, the others stay pending (TestCloseUnderLoadMarksOnlyAckedRows).
 package kafkasink
 
 import (
@@ -122,9 +122,9 @@ func WithTopicFunc(fn func(outbox.Event) (string, error)) Option {
 // (ClosedClientSnooze) rather than fail it, so the pending rows are not
 // marked dead. topic may be empty only with WithTopicFunc; otherwise it must
 // be a name Kafka accepts (1 to MaxTopicLen bytes of [a-zA-Z0-9._-], not "."
-// or ".."), or New fails with ErrInvalidOption. A nil client, or
-// one made with kgo.RequiredAcks(kgo.NoAck()) (its produce returns before a
-// broker has the record), one with kgo.ManualFlushing (its produce waits
+// or ".."), or New fails with ErrInvalidOption. A nil client, one made
+// with kgo.RequiredAcks(kgo.NoAck()) (its produce returns before a broker
+// has the record), one with kgo.ManualFlushing (its produce waits
 // for a Flush nobody calls, past its context's end) or a transactional one
 // (kgo.TransactionalID: it refuses a produce outside a transaction), is
 // refused with ErrInvalidOption.
