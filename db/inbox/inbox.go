@@ -137,7 +137,9 @@ type options struct {
 }
 
 // WithDialect says which database db is, for drivers that cannot be
-// recognised (default Auto).
+// recognised (default Auto). A dialect that contradicts a driver New
+// recognises makes New (and NewVersions) fail with ErrInvalidOption wrapping
+// sqldb.ErrDialectMismatch.
 func WithDialect(d Dialect) Option {
 	return func(o *options) error {
 		if r := optcheck.OneOf("WithDialect", d, "dialect", Auto, Postgres, SQLite); r != nil {

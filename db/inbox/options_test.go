@@ -1,6 +1,7 @@
 package inbox_test
 
 import (
+	"database/sql"
 	"testing"
 	"time"
 
@@ -8,6 +9,7 @@ import (
 
 	"github.com/keysched/keysched/db/inbox"
 	"github.com/keysched/keysched/db/internal/dbtest"
+	"github.com/keysched/keysched/db/sqldb"
 	"github.com/keysched/keysched/internal/opttest"
 )
 
@@ -38,5 +40,34 @@ func TestRefusedOptionIsAnOptionErrorNamingIt(t *testing.T) {
 		}
 		require.Empty(t, opttest.Problem(err, opttest.Want{Option: tc.option,
 			Prefix: "inbox: invalid option: ", Sentinels: []error{inbox.ErrInvalidOption}}))
+	}
+}
+
+// Found by attacking the code (adversarial review, 2026-12-02): WithDialect
+// naming the other database than the *sql.DB's driver was taken, and every
+// call then failed with the database's syntax error ($1 on SQLite, ? on
+// PostgreSQL).
+//
+// WithDialect contradicting a driver New recognises is refused
+// (ErrInvalidOption, naming both), by New and NewVersions; the matching
+// dialect is taken.
+func TestWithDialectContradictingTheDriverIsRefused(t *testing.T) {
+	for _, c := range []struct {
+		db         func(testing.TB) *sql.DB
+		right, bad inbox.Dialect
+	}{
+		{dbtest.SQLite, inbox.SQLite, inbox.Postgres},
+		{dbtest.Postgres, inbox.Postgres, inbox.SQLite},
+	} {
+		db := c.db(t)
+		_, err := inbox.New(db, inbox.WithDialect(c.bad))
+		require.ErrorIs(t, err, inbox.ErrInvalidOption, "%v on %v", c.bad, c.right)
+		require.ErrorContains(t, err, c.bad.String())
+		require.ErrorContains(t, err, c.right.String())
+		require.ErrorIs(t, err, sqldb.ErrDialectMismatch)
+		_, err = inbox.NewVersions(db, inbox.WithDialect(c.bad))
+		require.ErrorIs(t, err, inbox.ErrInvalidOption)
+		_, err = inbox.New(db, inbox.WithDialect(c.right))
+		require.NoError(t, err)
 	}
 }

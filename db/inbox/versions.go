@@ -89,9 +89,10 @@ func (v *Versions) CreateSchema(ctx context.Context) error {
 //     committed or rolled back tx itself (a bug in fn); if it committed,
 //     the version and fn's writes before the commit are stored, and the
 //     error says so (or, when a newer version was stored since, that
-//     whether fn committed is unknown). And an error wrapping ErrCommitUnknown: the
-//     connection broke, or ctx ended, during the commit, which may have
-//     taken effect (the version is stored if and only if fn's writes are).
+//     whether fn committed is unknown). And an error wrapping
+//     ErrCommitUnknown: the connection broke, or ctx ended, during the
+//     commit, which may have taken effect (the version is stored if and
+//     only if fn's writes are).
 //
 // Concurrent Applys on one entity serialise on its row: the newest version
 // wins, whatever the arrival order, and each version's fn runs at most once.

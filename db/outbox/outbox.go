@@ -201,7 +201,8 @@ type Outbox struct {
 type Option func(*Outbox) error
 
 // WithDialect says which database db is (Postgres or SQLite), for drivers
-// New cannot recognise. Default Auto: found from the driver.
+// New cannot recognise. Default Auto: found from the driver. A dialect that
+// contradicts a driver New recognises makes New fail (sqldb.ErrDialectMismatch).
 func WithDialect(d Dialect) Option {
 	return func(o *Outbox) error {
 		if r := optcheck.OneOf("WithDialect", d, "dialect", Auto, Postgres, SQLite); r != nil {

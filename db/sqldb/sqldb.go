@@ -82,12 +82,22 @@ func Detect(db *sql.DB) (Dialect, error) {
 	return Auto, fmt.Errorf("%w: driver %T (say WithDialect(Postgres) or WithDialect(SQLite))", ErrUnknownDialect, db.Driver())
 }
 
-// Resolve returns d, or Detect(db) when d is Auto; an invalid d is an error.
+// ErrDialectMismatch is wrapped by Resolve's error for a dialect that
+// contradicts the driver of the *sql.DB (every statement would fail with a
+// syntax error).
+var ErrDialectMismatch = errors.New("sqldb: dialect contradicts the database's driver")
+
+// Resolve returns d, or Detect(db) when d is Auto; an invalid d is an error,
+// and so is a d that contradicts a driver Detect recognises
+// (ErrDialectMismatch).
 func Resolve(db *sql.DB, d Dialect) (Dialect, error) {
 	switch d {
 	case Auto:
 		return Detect(db)
 	case Postgres, SQLite:
+		if got, err := Detect(db); err == nil && got != d {
+			return Auto, fmt.Errorf("%w: %v given for a %v database (driver %T)", ErrDialectMismatch, d, got, db.Driver())
+		}
 		return d, nil
 	}
 	return Auto, fmt.Errorf("%w: %v", ErrUnknownDialect, d)

@@ -58,7 +58,7 @@ func TestCloseUnderLoadMarksOnlyAckedRows(t *testing.T) {
 	require.NoError(t, err)
 	errc := make(chan error, 1)
 	go func() { errc <- r.Run(ctx) }()
-	require.Eventually(t, func() bool { return held.Load() > 0 && inFlight.Load() == keys }, 20*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return held.Load() > 0 && inFlight.Load() > 0 }, 20*time.Second, 5*time.Millisecond)
 
 	cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()

@@ -40,10 +40,10 @@
 // broker acks, the row is marked sent). franz-go (its Produce doc) decides
 // per batch by the context of the batch's first record, so records of other
 // keys buffered for the same partition fail with that context's error too
-// (the relay retries them, each a spent attempt). On kfake, with the broker holding every
-// produce 1 s, Relay.Close with a 100 ms context returns an error saying
-// the sink calls still run; their rows are marked sent once acked, the
-// others stay pending (TestCloseUnderLoadMarksOnlyAckedRows).
+// (the relay retries them, each a spent attempt). On kfake, with the broker
+// holding every produce 1 s, Relay.Close with a 100 ms context returns an
+// error saying the sink calls still run; their rows are marked sent once
+// acked, the others stay pending (TestCloseUnderLoadMarksOnlyAckedRows).
 package kafkasink
 
 import (
@@ -122,15 +122,24 @@ func WithTopicFunc(fn func(outbox.Event) (string, error)) Option {
 // (ClosedClientSnooze) rather than fail it, so the pending rows are not
 // marked dead. topic may be empty only with WithTopicFunc; otherwise it must
 // be a name Kafka accepts (1 to MaxTopicLen bytes of [a-zA-Z0-9._-], not "."
-// or ".."), or New fails with ErrInvalidOption. A nil client, or
-// one made with kgo.RequiredAcks(kgo.NoAck()) (its produce returns before a
-// broker has the record), is refused with ErrInvalidOption.
+// or ".."), or New fails with ErrInvalidOption. A nil client, one made
+// with kgo.RequiredAcks(kgo.NoAck()) (its produce returns before a broker
+// has the record), one with kgo.ManualFlushing (its produce waits
+// for a Flush nobody calls, past its context's end) or a transactional one
+// (kgo.TransactionalID: it refuses a produce outside a transaction), is
+// refused with ErrInvalidOption.
 func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
 	if cl == nil {
 		return nil, fmt.Errorf("%w: nil *kgo.Client", ErrInvalidOption)
 	}
 	if acks, ok := cl.OptValue(kgo.RequiredAcks).(kgo.Acks); ok && acks == kgo.NoAck() {
 		return nil, fmt.Errorf("%w: a client with kgo.RequiredAcks(kgo.NoAck()): its produce returns before any broker has the record, so the relay would mark unacknowledged events sent (use the default, kgo.AllISRAcks())", ErrInvalidOption)
+	}
+	if manual, _ := cl.OptValue(kgo.ManualFlushing).(bool); manual {
+		return nil, fmt.Errorf("%w: a client with kgo.ManualFlushing: its records wait in its buffer until somebody calls Flush, and a produce does not return even when its context ends, so the relay's key would be stuck", ErrInvalidOption)
+	}
+	if id, _ := cl.OptValue(kgo.TransactionalID).(string); id != "" {
+		return nil, fmt.Errorf("%w: a transactional client (kgo.TransactionalID(%q)): the sink produces outside transactions, which such a client refuses; give the sink a client of its own without TransactionalID", ErrInvalidOption, id)
 	}
 	c := config{}
 	if topic != "" {
