@@ -238,8 +238,12 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		_ = s.Close(context.Background())
 		return nil, refused(r)
 	}
+	c.cl, c.group = cl, group
+	c.clientCancel = clientCancel
+	c.intervalCommitTimeout = intervalCommitTimeout(cl)
 	if c.metrics != nil {
-		if err := c.metrics.register(); err != nil {
+		if err := c.metrics.register(); err != nil { // it reads c.group
+			c.cl = nil // refused: the callbacks do nothing
 			close(c.built)
 			cl.Close()
 			clientCancel()
@@ -247,9 +251,6 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 			return nil, err
 		}
 	}
-	c.cl, c.group = cl, group
-	c.clientCancel = clientCancel
-	c.intervalCommitTimeout = intervalCommitTimeout(cl)
 	close(c.built)
 	return c, nil
 }
