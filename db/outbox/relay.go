@@ -165,8 +165,9 @@ func (o *Outbox) NewRelay(sink Sink, opts ...RelayOption) (*Relay, error) {
 	if cfg.taskTimeout > 0 {
 		sopts = append(sopts, keysched.WithTaskTimeout(cfg.taskTimeout))
 	}
-	// The caller's scheduler options, then the settings the relay's
-	// correctness rests on, which win (see WithSchedulerOptions).
+	// The caller's scheduler options (WithSchedulerOptions refused those
+	// that make the settings below), then the settings the relay's
+	// correctness rests on.
 	sopts = append(sopts, cfg.schedOpts...)
 	sopts = append(sopts,
 		keysched.WithMaxPending(cfg.batch),
