@@ -58,8 +58,8 @@ func (c *topicCheck) check(ctx context.Context, topic string, e outbox.Event) er
 		return nil
 	}
 	for try := 1; ; try++ {
-		known, err := c.ask(ctx, topic)
-		if known {
+		err := c.unknown(ctx, topic)
+		if err == nil {
 			return nil
 		}
 		unknown := func(when string) error {
@@ -81,21 +81,22 @@ func (c *topicCheck) check(ctx context.Context, topic string, e outbox.Event) er
 	}
 }
 
-// ask asks the cluster once for topic's metadata, without creating it:
-// known is false, with the broker's error, only when it answered
-// UNKNOWN_TOPIC_OR_PARTITION for it; true when it has the topic
-// (remembered) or the answer cannot tell.
-func (c *topicCheck) ask(ctx context.Context, topic string) (known bool, err error) {
+// unknown asks the cluster once for topic's metadata, without creating it,
+// and returns the broker's error when it answered
+// UNKNOWN_TOPIC_OR_PARTITION for it; nil when it has the topic (remembered)
+// or the answer cannot tell (no answer, another refusal).
+func (c *topicCheck) unknown(ctx context.Context, topic string) error {
 	req := kmsg.NewPtrMetadataRequest()
 	rt := kmsg.NewMetadataRequestTopic()
 	rt.Topic = kmsg.StringPtr(topic)
 	req.Topics = append(req.Topics, rt)
 	req.AllowAutoTopicCreation = false
-	resp, err := req.RequestWith(ctx, c.cl)
-	if err != nil {
-		return true, nil
+	resp, reqErr := req.RequestWith(ctx, c.cl)
+	var topics []kmsg.MetadataResponseTopic
+	if reqErr == nil { // no answer: the produce says the rest
+		topics = resp.Topics
 	}
-	for _, t := range resp.Topics {
+	for _, t := range topics {
 		if t.Topic == nil || *t.Topic != topic {
 			continue
 		}
@@ -103,11 +104,10 @@ func (c *topicCheck) ask(ctx context.Context, topic string) (known bool, err err
 		switch {
 		case err == nil:
 			c.known.Store(topic, struct{}{})
-			return true, nil
 		case errors.Is(err, kerr.UnknownTopicOrPartition):
-			return false, err
+			return err
 		}
-		return true, nil
+		return nil
 	}
-	return true, nil
+	return nil
 }
