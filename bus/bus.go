@@ -57,6 +57,11 @@ var (
 	// nil or zero-value Subscription (one not returned by Subscribe); its
 	// other methods return zero values.
 	ErrZeroSubscription = errors.New("bus: nil or zero Subscription (make one with Subscribe)")
+	// ErrNoSubscriber is returned by PublishEnvelopeStrict for an event
+	// that no subscriber matched: nothing took it. Publish and
+	// PublishEnvelope return nil for such an event (it only counts in
+	// Stats.Unmatched).
+	ErrNoSubscriber = errors.New("bus: no subscriber takes the event's type")
 )
 
 // An Envelope is one published event with its metadata. Handlers receive it
@@ -321,7 +326,7 @@ func (b *Bus[K]) Publish(ctx context.Context, key K, event any) error {
 // matches (see the package doc), filling in an empty ID (a UUIDv7) and a
 // zero Published (time.Now()). It returns nil when every matching subscriber
 // accepted the event, or when none matches (the event is counted as
-// unmatched).
+// unmatched; PublishEnvelopeStrict makes that an error, ErrNoSubscriber).
 //
 // A subscriber at one of its bounds applies its OverflowPolicy: Block waits
 // for room until ctx ends, Reject refuses, DropNewest drops and counts. The
@@ -343,6 +348,29 @@ func (b *Bus[K]) Publish(ctx context.Context, key K, event any) error {
 // matching subscriber: an event no subscriber matches is only counted), and
 // a failure to generate the ID.
 func (b *Bus[K]) PublishEnvelope(ctx context.Context, env Envelope[K]) error {
+	return b.publish(ctx, env, false)
+}
+
+// PublishEnvelopeStrict is PublishEnvelope for a publisher that must not
+// lose an event nobody received, such as a durable outbox's relay: when no
+// subscriber matches env.Event's dynamic type (none was subscribed to it
+// when the bus routed the event: a subscriber of T does not match a *T, and
+// one subscribed after the call does not get it), it returns an error
+// wrapping ErrNoSubscriber that names the type, where PublishEnvelope
+// returns nil. The event still counts in Stats.Published and
+// Stats.Unmatched. The answer comes from the same routing snapshot that the
+// event is offered by, so a concurrent Subscribe or Unsubscribe cannot make
+// it wrong: either the event was offered to a subscriber or the error says
+// it was not. Every other behaviour and error is PublishEnvelope's; like
+// it, a matching subscriber that is ejected, or unsubscribed while the event
+// is offered, is skipped without an error.
+func (b *Bus[K]) PublishEnvelopeStrict(ctx context.Context, env Envelope[K]) error {
+	return b.publish(ctx, env, true)
+}
+
+// publish is PublishEnvelope; strict makes an unmatched event an error
+// (PublishEnvelopeStrict).
+func (b *Bus[K]) publish(ctx context.Context, env Envelope[K], strict bool) error {
 	if b.zero() {
 		return ErrZeroBus
 	}
@@ -362,6 +390,9 @@ func (b *Bus[K]) PublishEnvelope(ctx context.Context, env Envelope[K]) error {
 	b.published.Add(1)
 	if len(targets) == 0 {
 		b.unmatched.Add(1)
+		if strict {
+			return fmt.Errorf("%w: %T", ErrNoSubscriber, env.Event)
+		}
 		return nil
 	}
 	if env.ID == "" {

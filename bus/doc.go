@@ -74,7 +74,9 @@
 // type: a subscriber for type E matches every event e for which e.(E) holds
 // (E may be an interface the event implements). The answer is cached per
 // dynamic type. An event no subscriber matches is counted in [Stats] and is
-// not an error.
+// not an error, except to [Bus.PublishEnvelopeStrict] ([ErrNoSubscriber]),
+// for a publisher that must not drop an event nobody received (the outbox's
+// BusSink).
 //
 // Offered. Publish offers the event to each matching subscriber, in the
 // order of their names; each one has its own keysched.Scheduler (its own

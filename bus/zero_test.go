@@ -18,7 +18,7 @@ import (
 func TestZeroValues(t *testing.T) {
 	t.Run("Bus", func(t *testing.T) {
 		zerotest.Check[bus.Bus[string]](t, bus.ErrZeroBus, []string{
-			"Close", "Drain", "Publish", "PublishEnvelope", "Stats", "Subscriptions",
+			"Close", "Drain", "Publish", "PublishEnvelope", "PublishEnvelopeStrict", "Stats", "Subscriptions",
 		})
 	})
 	t.Run("Subscription", func(t *testing.T) {

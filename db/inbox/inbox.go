@@ -490,7 +490,10 @@ func runTxOnce(ctx context.Context, db *sql.DB, body func(tx *sql.Tx) (bool, err
 // transaction yourself; Apply is Record plus the transaction. On PostgreSQL
 // under REPEATABLE READ or SERIALIZABLE, Record fails with a serialization
 // failure (SQLSTATE 40001) when a concurrent transaction recorded the ID
-// since tx's snapshot: roll tx back and begin again (Apply does).
+// since tx's snapshot: roll tx back and begin again (Apply does). On a
+// SQLite connection without a busy timeout (a plain sql.Open("sqlite",
+// path)), its SQLITE_BUSY error says to open the database with
+// sqldb.OpenSQLite.
 func (in *Inbox) Record(ctx context.Context, tx *sql.Tx, eventID string) (first bool, err error) {
 	if in.zero() {
 		return false, ErrZeroInbox
@@ -506,7 +509,7 @@ func (in *Inbox) Record(ctx context.Context, tx *sql.Tx, eventID string) (first 
 	}
 	res, err := tx.ExecContext(ctx, in.insert, eventID, timeArg(in.o.dialect, sqldb.Now()))
 	if err != nil {
-		return false, noSchema(in.o.table, fmt.Errorf("inbox: record %q: %w", eventID, err))
+		return false, noSchema(in.o.table, fmt.Errorf("inbox: record %q: %w", eventID, sqldb.WithBusyTimeoutAdvice(ctx, tx, err)))
 	}
 	n, err := res.RowsAffected()
 	if err != nil {

@@ -18,18 +18,16 @@ import (
 )
 
 // WithSchedulerOptions reaches the relay's scheduler: an observer sees every
-// sink call, WithTaskAges makes OldestAge report a blocked row's age. The
-// relay's own dead letter and scheduler failure policy win over the
-// caller's: a row failing for good is still marked dead in the database
-// (the caller's dead-letter function is never called) and its key goes on
-// (a scheduler Park would have stopped it in memory).
+// sink call, WithTaskAges makes OldestAge report a blocked row's age. A row
+// failing for good is marked dead in the database and its key goes on (the
+// scheduler options the relay sets itself are refused: see
+// TestSchedulerOptionsTheRelaySetsAreRefused).
 func TestSchedulerOptions(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
 		ob := newOutbox(t, db)
 		const keys, perKey = 3, 3
 		writeEvents(t, ob, keys, perKey, 10)
 		var ended, calls atomic.Int64
-		var userDead atomic.Int64
 		obs := keysched.Observer[string]{AttemptEnded: func(string, keysched.AttemptInfo) { ended.Add(1) }}
 		blocked, release := make(chan struct{}), make(chan struct{})
 		rec := newRecorder(keys*perKey - 1)
@@ -45,9 +43,7 @@ func TestSchedulerOptions(t *testing.T) {
 			return rec.sink(ctx, e)
 		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond),
 			outbox.WithSchedulerOptions(keysched.WithObserver(obs), keysched.WithTaskAges()),
-			outbox.WithSchedulerOptions(
-				keysched.WithDeadLetter(func(keysched.DeadLetter[string]) { userDead.Add(1) }),
-				keysched.WithFailurePolicy(keysched.Park)))
+			outbox.WithSchedulerOptions(keysched.WithRetryPanics()))
 		<-blocked
 		require.Positive(t, r.Scheduler().OldestAge(), "a row waits in its sink: its age is reported")
 		close(release)
@@ -56,7 +52,6 @@ func TestSchedulerOptions(t *testing.T) {
 		require.Equal(t, map[string][]int{key(0): {1, 2}, key(1): {0, 1, 2}, key(2): {0, 1, 2}}, rec.byKey,
 			"in order; the dead row's key went on")
 		require.Equal(t, calls.Load(), ended.Load(), "the observer saw every sink call")
-		require.Zero(t, userDead.Load(), "the relay's dead letter wins")
 		dead, err := ob.Dead(context.Background(), 10)
 		require.NoError(t, err)
 		require.Len(t, dead, 1)

@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -191,6 +193,8 @@ type Outbox struct {
 	q           queries
 
 	beforeRecoverCommit func() // tests: each Recover batch's, before its COMMIT
+
+	busyWarned atomic.Bool // CreateSchema warned of a SQLite database without a busy timeout
 }
 
 // An Option configures New. A bad one makes New fail with a
@@ -449,6 +453,12 @@ func (o *Outbox) Schema() []string {
 // concurrent runs deadlocked on the tables' locks (40P01) even on an
 // existing schema; SQLite's write transactions are serialised anyway (with
 // the immediate transactions OpenSQLite sets up).
+//
+// On a SQLite database in a file whose connections have no busy timeout
+// (PRAGMA busy_timeout is 0: a plain sql.Open("sqlite", path) rather than
+// sqldb.OpenSQLite), CreateSchema logs a warning naming sqldb.OpenSQLite on
+// slog.Default(), once per Outbox, and succeeds: concurrent writers on
+// such a database fail with SQLITE_BUSY instead of waiting their turn.
 func (o *Outbox) CreateSchema(ctx context.Context) (err error) {
 	defer func() { err = sqldb.WrapDBClosed(err) }()
 	if o.zero() {
@@ -493,7 +503,22 @@ func (o *Outbox) CreateSchema(ctx context.Context) (err error) {
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("outbox: create schema: %w", err)
 	}
+	if !o.busyWarned.Load() && o.warnNoBusyTimeout(ctx, slog.Default(), "CreateSchema") {
+		o.busyWarned.Store(true)
+	}
 	return nil
+}
+
+// warnNoBusyTimeout logs at Warn on log, and reports true, when o's
+// database is a SQLite file whose connections have no busy timeout (a
+// plain sql.Open("sqlite", path)): concurrent writers then fail with
+// SQLITE_BUSY instead of waiting. where names the call.
+func (o *Outbox) warnNoBusyTimeout(ctx context.Context, log *slog.Logger, where string) bool {
+	if o.dialect != SQLite || !sqldb.NoBusyTimeout(ctx, o.db) {
+		return false
+	}
+	log.Warn("outbox: "+where+": "+sqldb.NoBusyTimeoutAdvice, "table", o.table)
+	return true
 }
 
 // Write inserts e as a pending outbox row inside tx, the caller's
@@ -516,7 +541,8 @@ func (o *Outbox) CreateSchema(ctx context.Context) (err error) {
 // ErrDuplicateID (wrapped), ErrNoSchema (wrapped, with the database's
 // error: a table or column missing on tx's connection: CreateSchema not
 // run, or run on another connection of an in-memory SQLite database), ctx's
-// error, or the database's. The first four are returned before any SQL and
+// error, or the database's (SQLite's SQLITE_BUSY on a connection without a
+// busy timeout adds what to do: open the database with sqldb.OpenSQLite). The first four are returned before any SQL and
 // leave tx untouched: it can go on (write a corrected event) and commit. The others come from the INSERT (ctx ending
 // during it included): on PostgreSQL they abort tx (roll it back); on SQLite
 // tx can go on. (database/sql also rolls tx back when the context given to
@@ -562,7 +588,8 @@ func (o *Outbox) Write(ctx context.Context, tx *sql.Tx, e Event) (id string, err
 		if sqldb.Classify(err) == sqldb.KindSchema {
 			return "", fmt.Errorf("%w (table %s, its columns, or %s_idle under WithNotifyFromWrite): write event %q: %w", ErrNoSchema, o.table, o.table, e.ID, err)
 		}
-		return "", fmt.Errorf("outbox: write event %q: %w", e.ID, err)
+		// SQLITE_BUSY on a connection without a busy timeout says so.
+		return "", fmt.Errorf("outbox: write event %q: %w", e.ID, sqldb.WithBusyTimeoutAdvice(ctx, tx, err))
 	}
 	return e.ID, nil
 }

@@ -165,8 +165,9 @@ func (o *Outbox) NewRelay(sink Sink, opts ...RelayOption) (*Relay, error) {
 	if cfg.taskTimeout > 0 {
 		sopts = append(sopts, keysched.WithTaskTimeout(cfg.taskTimeout))
 	}
-	// The caller's scheduler options, then the settings the relay's
-	// correctness rests on, which win (see WithSchedulerOptions).
+	// The caller's scheduler options (WithSchedulerOptions refused those
+	// that make the settings below), then the settings the relay's
+	// correctness rests on.
 	sopts = append(sopts, cfg.schedOpts...)
 	sopts = append(sopts,
 		keysched.WithMaxPending(cfg.batch),
@@ -252,7 +253,11 @@ func (r *Relay) signal() {
 // Run first checks that the outbox's tables exist with the columns it uses:
 // it returns an error wrapping ErrNoSchema (a table missing) or
 // ErrSchemaOutdated (the lease table without its token or epoch column, or
-// no epoch counter) at once. A
+// no epoch counter) at once. On a SQLite database in a file whose
+// connections have no busy timeout (a plain sql.Open("sqlite", path) rather
+// than sqldb.OpenSQLite) it then logs a warning on the relay's logger
+// (WithLogger) naming sqldb.OpenSQLite, and runs: its claims and marks, and
+// the application's writes, will fail with SQLITE_BUSY whenever two meet. A
 // database that does not answer is an outage, not an error: Run retries
 // every poll interval, then and while it runs, and returns because of the
 // database only with WithMaxOutage (an error wrapping
@@ -296,6 +301,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err := r.checkSchema(ctx); err != nil {
 		_ = r.sched.Close(doneCtx)
 		return err
+	}
+	if r.o.dialect == SQLite {
+		cctx, cancel := r.callCtx(ctx)
+		r.o.warnNoBusyTimeout(cctx, r.log, "Relay.Run")
+		cancel()
 	}
 	if r.cfg.takeOver {
 		// The predecessor's keys are free at once (see WithTakeOverOnStart).

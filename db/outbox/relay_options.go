@@ -7,6 +7,7 @@ import (
 	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/internal/optcheck"
 	"github.com/keysched/keysched/internal/opterror"
+	"github.com/keysched/keysched/internal/schedopt"
 )
 
 // Defaults of the relay's options.
@@ -457,27 +458,48 @@ func WithOnDead(fn func(DeadEvent)) RelayOption {
 // fails (without WithWorkers it replaces the default pool) (use it with care: a pool shared with other work delays the sink
 // calls, and so the leases' use).
 //
-// The settings the relay's correctness rests on are applied after these and
-// always win; giving them here has no effect:
+// The settings the relay's correctness rests on are the relay's own: an
+// option here that makes one of them is refused (NewRelay fails with a
+// *keysched.OptionError for WithSchedulerOptions, its With naming the
+// keysched option, its text the relay option to use instead), where it
+// would be overridden without a word:
 //   - keysched.WithDeadLetter: the relay's dead letter marks the row dead in
-//     the database (and calls WithOnDead); another function would leave it
-//     unmarked, to be published again by the next tenure.
+//     the database; another function would leave it unmarked, to be
+//     published again by the next tenure. Use WithOnDead.
 //   - keysched.WithFailurePolicy: always Continue in the scheduler; the relay
-//     parks keys in the database (see the relay's WithFailurePolicy), where
-//     every relay sees the park and it outlives a restart.
+//     parks keys in the database, where every relay sees the park and it
+//     outlives a restart. Use the relay's WithFailurePolicy.
 //   - keysched.WithMaxPending and keysched.WithMaxKeyDepth: the relay's batch
-//     size (WithBatchSize) bounds what it submits, so its poll loop never
-//     waits for room in its own scheduler while holding leases.
-//   - keysched.WithRetryPanics: a panicking sink is retried like a failing
-//     one, as the Sink contract says.
+//     size bounds what it submits, so its poll loop never waits for room in
+//     its own scheduler while holding leases. Use WithBatchSize and
+//     WithKeyBatch.
+//
+// keysched.WithRetryPanics is accepted and changes nothing: the relay sets
+// it too (a panicking sink is retried like a failing one, as the Sink
+// contract says).
 func WithSchedulerOptions(opts ...keysched.Option) RelayOption {
 	return func(c *relayConfig) error {
 		for i, o := range opts {
 			if o == nil {
 				return refused(optcheck.Refuse("WithSchedulerOptions", nil, "option %d is nil", i))
 			}
+			for _, name := range schedopt.Settings(o) {
+				if instead, own := relayOwnedSchedulerOptions[name]; own {
+					return refused(optcheck.Conflict("WithSchedulerOptions", "keysched."+name,
+						"option %d is keysched.%s, which the relay sets itself; use %s", i, name, instead))
+				}
+			}
 		}
 		c.schedOpts = append(c.schedOpts, opts...)
 		return nil
 	}
+}
+
+// relayOwnedSchedulerOptions maps each keysched option that the relay sets
+// itself to the relay option to use instead (see WithSchedulerOptions).
+var relayOwnedSchedulerOptions = map[string]string{
+	"WithDeadLetter":    "WithOnDead",
+	"WithFailurePolicy": "the relay's WithFailurePolicy",
+	"WithMaxPending":    "WithBatchSize",
+	"WithMaxKeyDepth":   "WithBatchSize and WithKeyBatch",
 }

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/keysched/keysched"
@@ -15,8 +16,15 @@ import (
 // decoding the same row again fails again).
 //
 // A bus is in memory: "published" means every matching subscriber accepted
-// the event (PublishEnvelope returned nil), not that it was handled, and a
-// process exit loses what its subscribers had queued. When some subscribers
+// the event (PublishEnvelopeStrict returned nil), not that it was handled,
+// and a process exit loses what its subscribers had queued. An event that no
+// subscriber takes (decode returned a type no subscriber is subscribed to,
+// such as a *T for a subscriber of T, or the relay ran before Subscribe) is
+// not published: the sink returns a retryable error wrapping
+// bus.ErrNoSubscriber that names the event's ID, its key and the Go type
+// decode returned, so that a subscriber registered later gets it on a
+// retry, and once the relay's retry policy (WithRetry) gives up the row is
+// marked dead and kept (Outbox.Dead, Recover), never deleted as sent. When some subscribers
 // refuse the event (*bus.PublishError), the sink returns that error and the
 // retry publishes the event again to all of them: the subscribers that had
 // accepted it get it twice (use bus.Dedup, keyed on the event ID).
@@ -34,7 +42,13 @@ func BusSink(b *bus.Bus[string], decode func(Event) (any, error)) Sink {
 			}
 			ev = v
 		}
-		return b.PublishEnvelope(ctx, bus.Envelope[string]{ID: e.ID, Key: e.Key, Event: ev, Headers: e.Headers, Published: e.CreatedAt})
+		err := b.PublishEnvelopeStrict(ctx, bus.Envelope[string]{ID: e.ID, Key: e.Key, Event: ev, Headers: e.Headers, Published: e.CreatedAt})
+		if errors.Is(err, bus.ErrNoSubscriber) {
+			// Retryable: a subscriber may yet be registered (a relay started
+			// before Subscribe); the retry policy bounds the wait.
+			return fmt.Errorf("outbox: BusSink: event %s (key %q): no subscriber takes the type decode returned, %T (a subscriber of T does not take a *T; is one subscribed yet?): %w", e.ID, e.Key, ev, err)
+		}
+		return err
 	}
 }
 

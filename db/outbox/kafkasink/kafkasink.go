@@ -29,6 +29,20 @@
 // kerr.RecordListTooLarge) fails the same way on every attempt, so its error
 // is permanent (the row is marked dead at once).
 //
+// A topic that is a valid name but that the cluster does not have (a typo)
+// fails the call with an error wrapping ErrUnknownTopic, naming the topic
+// and the event, after about a second (the first call of each topic asks
+// the cluster for its metadata, up to 5 times 250 ms apart; a topic found
+// is not asked about again), or when the call's context ends first, where
+// the produce could wait for the topic until the context ended
+// (kgo.UnknownTopicRetries(-1), or a sink timeout shorter than franz-go's
+// own unknown-topic retries) and fail with a bare context error. A produce
+// that franz-go fails with UNKNOWN_TOPIC_OR_PARTITION (a topic deleted
+// later) wraps ErrUnknownTopic too. The error is retryable, so a topic
+// created meanwhile is used and otherwise the row is marked dead once the
+// relay's retry policy gives up. A client with kgo.AllowAutoTopicCreation
+// skips the check (the produce creates the topic).
+//
 // A produce the relay retries (after an error, or after a relay died between
 // producing and marking the row sent) is a new record: consumers deduplicate
 // on the HeaderID header (see package inbox).
@@ -161,6 +175,7 @@ func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
 		}
 	}
+	topics := newTopicCheck(cl) // topic_check.go
 	return func(ctx context.Context, e outbox.Event) error {
 		t, err := c.topicFor(e)
 		if err == nil {
@@ -174,6 +189,9 @@ func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
 				return keysched.Permanent(fmt.Errorf("%w: event %s has a header %q (the sink sets it)", ErrReservedHeader, e.ID, h))
 			}
 		}
+		if err := topics.check(ctx, t, e); err != nil {
+			return err
+		}
 		if err := cl.ProduceSync(ctx, Record(t, e)).FirstErr(); err != nil {
 			err = fmt.Errorf("kafkasink: produce event %s (key %q, seq %d) to topic %q: %w", e.ID, e.Key, e.Seq, t, err)
 			switch {
@@ -182,6 +200,9 @@ func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
 				// attempts on it would mark every pending row dead
 				// within the retry policy's budget.
 				return keysched.Snooze(err, ClosedClientSnooze)
+			case errors.Is(err, kerr.UnknownTopicOrPartition):
+				// franz-go gave up on the topic (kgo.UnknownTopicRetries).
+				return fmt.Errorf("%w: %w", ErrUnknownTopic, err)
 			case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge):
 				// The same record is too large on every attempt.
 				return keysched.Permanent(err)

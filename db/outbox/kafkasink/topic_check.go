@@ -1,0 +1,113 @@
+package kafkasink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/keysched/keysched/db/outbox"
+)
+
+// ErrUnknownTopic is wrapped by the sink's error for an event whose topic
+// the cluster does not have (Kafka's UNKNOWN_TOPIC_OR_PARTITION): a valid
+// name that no one created, such as a typo. The error names the topic and
+// the event. It is retryable (a topic created meanwhile is found by the
+// next call): the relay's retry policy then marks the row dead with it.
+var ErrUnknownTopic = errors.New("kafkasink: unknown topic")
+
+// How the sink asks again about a topic the cluster does not know: a topic
+// created just before may not have reached every broker's metadata yet.
+// As the Kafka consumer's check of its dead-letter topic.
+const (
+	topicCheckTries = 5
+	topicCheckGap   = 250 * time.Millisecond
+)
+
+// topicCheck remembers the topics the cluster was seen to have, so that
+// each is asked about once (a produce to a topic the cluster lacks would
+// wait for metadata until the call's context ends, then fail with a bare
+// context error). Safe for concurrent use.
+type topicCheck struct {
+	cl    *kgo.Client
+	auto  bool     // kgo.AllowAutoTopicCreation: the produce creates it
+	known sync.Map // topic -> struct{}
+}
+
+func newTopicCheck(cl *kgo.Client) *topicCheck {
+	auto, _ := cl.OptValue(kgo.AllowAutoTopicCreation).(bool)
+	return &topicCheck{cl: cl, auto: auto}
+}
+
+// check returns an error wrapping ErrUnknownTopic when the cluster still
+// does not have topic after topicCheckTries metadata requests
+// topicCheckGap apart, or when ctx ends between two of them, and nil
+// otherwise: the topic present (remembered), auto topic creation allowed,
+// or the check unable to tell (no answer, another refusal, ctx ended
+// during a request: the produce then says the rest).
+func (c *topicCheck) check(ctx context.Context, topic string, e outbox.Event) error {
+	if c.auto {
+		return nil
+	}
+	if _, ok := c.known.Load(topic); ok {
+		return nil
+	}
+	for try := 1; ; try++ {
+		err := c.unknown(ctx, topic)
+		if err == nil {
+			return nil
+		}
+		unknown := func(when string) error {
+			return fmt.Errorf("%w: produce event %s (key %q, seq %d) to topic %q: the cluster does not have the topic (%w; asked %d times, %s): create it, or allow auto topic creation (kgo.AllowAutoTopicCreation)",
+				ErrUnknownTopic, e.ID, e.Key, e.Seq, topic, err, try, when)
+		}
+		if try == topicCheckTries {
+			return unknown(fmt.Sprintf("over %v", time.Duration(topicCheckTries-1)*topicCheckGap))
+		}
+		t := time.NewTimer(topicCheckGap)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			// The call's context ended while the cluster said it does not
+			// have the topic: that, not the context, is the news.
+			return unknown(fmt.Sprintf("until the call's context ended: %v", ctx.Err()))
+		}
+	}
+}
+
+// unknown asks the cluster once for topic's metadata, without creating it,
+// and returns the broker's error when it answered
+// UNKNOWN_TOPIC_OR_PARTITION for it; nil when it has the topic (remembered)
+// or the answer cannot tell (no answer, another refusal).
+func (c *topicCheck) unknown(ctx context.Context, topic string) error {
+	req := kmsg.NewPtrMetadataRequest()
+	rt := kmsg.NewMetadataRequestTopic()
+	rt.Topic = kmsg.StringPtr(topic)
+	req.Topics = append(req.Topics, rt)
+	req.AllowAutoTopicCreation = false
+	resp, reqErr := req.RequestWith(ctx, c.cl)
+	var topics []kmsg.MetadataResponseTopic
+	if reqErr == nil { // no answer: the produce says the rest
+		topics = resp.Topics
+	}
+	for _, t := range topics {
+		if t.Topic == nil || *t.Topic != topic {
+			continue
+		}
+		err := kerr.ErrorForCode(t.ErrorCode)
+		switch {
+		case err == nil:
+			c.known.Store(topic, struct{}{})
+		case errors.Is(err, kerr.UnknownTopicOrPartition):
+			return err
+		}
+		return nil
+	}
+	return nil
+}

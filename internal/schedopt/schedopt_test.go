@@ -1,0 +1,36 @@
+package schedopt_test
+
+import (
+	"log/slog"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/internal/schedopt"
+)
+
+// Settings names what each option sets, and nothing for the others, for a
+// nil option or one that refuses its value.
+func TestSettingsNamesWhatAnOptionSets(t *testing.T) {
+	for _, c := range []struct {
+		opt  keysched.Option
+		want []string
+	}{
+		{keysched.WithDeadLetter(func(keysched.DeadLetter[string]) {}), []string{"WithDeadLetter"}},
+		{keysched.WithFailurePolicy(keysched.Continue), []string{"WithFailurePolicy"}},
+		{keysched.WithFailurePolicy(keysched.Park), []string{"WithFailurePolicy"}},
+		{keysched.WithMaxPending(5), []string{"WithMaxPending"}},
+		{keysched.WithMaxKeyDepth(5), []string{"WithMaxKeyDepth"}},
+		{keysched.WithRetryPanics(), []string{"WithRetryPanics"}},
+		{keysched.WithObserver(keysched.Observer[string]{}), []string{"WithObserver"}},
+		{keysched.WithTaskAges(), nil},
+		{keysched.WithWorkers(3), nil},
+		{keysched.WithLogger(slog.Default()), nil},
+		{keysched.WithMaxPending(0), nil},
+		{nil, nil},
+	} {
+		require.Equal(t, c.want, schedopt.Settings(c.opt))
+	}
+	require.Nil(t, schedopt.Settings("not an option"))
+}
