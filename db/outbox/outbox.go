@@ -479,7 +479,7 @@ func (o *Outbox) CreateSchema(ctx context.Context) (err error) {
 		// has no ADD COLUMN IF NOT EXISTS (PostgreSQL's Schema has it).
 		for _, c := range sqliteAddColumns(o.table) {
 			var n int
-			if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?`, o.table+"_lease", c[0]).Scan(&n); err != nil {
+			if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ? COLLATE NOCASE`, o.table+"_lease", c[0]).Scan(&n); err != nil {
 				return fmt.Errorf("outbox: create schema: %w", err)
 			}
 			if n == 0 {

@@ -56,7 +56,7 @@ func Check(ctx context.Context, q Querier, d sqldb.Dialect, what string, objs []
 		if kind == "" {
 			continue // free: the schema creates it
 		}
-		if kind != o.Kind || (o.Kind == Index || o.Kind == Trigger) && on != o.On {
+		if kind != o.Kind || (o.Kind == Index || o.Kind == Trigger) && !sameName(d, on, o.On) {
 			return fmt.Errorf("%w: %s needs the %s %s%s, but %s is %s %s%s: choose another table name (WithTable) or drop it", sqldb.ErrSchemaConflict, what, o.Kind, o.Name, onText(o.On), o.Name, article(kind), kind, onText(on))
 		}
 		switch o.Kind {
@@ -67,7 +67,7 @@ func Check(ctx context.Context, q Querier, d sqldb.Dialect, what string, objs []
 			}
 			var missing []string
 			for _, c := range o.Columns {
-				if !slices.Contains(cols, c) {
+				if !slices.ContainsFunc(cols, func(col string) bool { return sameName(d, col, c) }) {
 					missing = append(missing, c)
 				}
 			}
@@ -78,6 +78,19 @@ func Check(ctx context.Context, q Querier, d sqldb.Dialect, what string, objs []
 		}
 	}
 	return nil
+}
+
+// sameName reports whether the names a and b, as the catalog stores them,
+// name the same object or column for the unquoted lower-case names of the
+// statements: on SQLite names are case-insensitive (ASCII) and stored as
+// written (a table created as ORDERS, an index ON Orders); PostgreSQL folds
+// an unquoted name to lower case when it stores it, and a quoted "Orders"
+// is another name.
+func sameName(d sqldb.Dialect, a, b string) bool {
+	if d == sqldb.Postgres {
+		return a == b
+	}
+	return strings.EqualFold(a, b)
 }
 
 func article(kind string) string {
