@@ -461,10 +461,8 @@ func (o *Outbox) CreateSchema(ctx context.Context) (err error) {
 		return fmt.Errorf("outbox: create schema: %w", err)
 	}
 	defer tx.Rollback()
-	if o.dialect == Postgres {
-		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "keysched_outbox_schema:"+o.table); err != nil {
-			return fmt.Errorf("outbox: create schema: %w", err)
-		}
+	if err := schemacheck.Lock(ctx, tx, o.dialect, o.table); err != nil {
+		return fmt.Errorf("outbox: create schema: %w", err)
 	}
 	if err := schemacheck.Check(ctx, tx, o.dialect, "the outbox table "+o.table, schemaObjects(o.dialect, o.table)); err != nil {
 		return fmt.Errorf("outbox: create schema: %w", err)

@@ -188,6 +188,24 @@ func columns(ctx context.Context, q Querier, d sqldb.Dialect, name string) ([]st
 	return cols, rows.Err()
 }
 
+// Lock takes, on PostgreSQL, the transaction-level advisory lock that makes
+// concurrent CreateSchemas of the schema named after table take turns (a
+// no-op on SQLite, whose write transactions are serialised): without it,
+// of two concurrent CREATE TABLE IF NOT EXISTS of one name the later fails
+// with a unique violation of the catalog (pg_type_typname_nsp_index), and
+// two checks both find the names free. One lock per name for the outbox,
+// the inbox and Versions, so that an outbox and an inbox given one name
+// also take turns (and the later gets ErrSchemaConflict); its key is the
+// one the outbox has always taken, so that an older version's CreateSchema
+// running at once takes turns too.
+func Lock(ctx context.Context, tx *sql.Tx, d sqldb.Dialect, table string) error {
+	if d != sqldb.Postgres {
+		return nil
+	}
+	_, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "keysched_outbox_schema:"+table)
+	return err
+}
+
 // DerivedSuffix is WithTable's refusal of name when it ends in a suffix of
 // sqldb.DerivedSuffixes (nil when it does not).
 func DerivedSuffix(name string) *optcheck.Refusal {
