@@ -21,7 +21,7 @@ import (
 func TestConcurrentCreateSchemaOnAnEmptyDatabaseAllSucceed(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
 		ctx := context.Background()
-		for range 5 {
+		for range 3 {
 			in, err := inbox.New(db, inbox.WithTable(dbtest.Table(t, db, "ib")))
 			require.NoError(t, err)
 			v, err := inbox.NewVersions(db, inbox.WithTable(dbtest.Table(t, db, "ver")))

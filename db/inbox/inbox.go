@@ -308,7 +308,7 @@ func (in *Inbox) CreateSchema(ctx context.Context) error {
 // on objs[0], the table (schemacheck.Lock), and checking that the
 // names of objs are free or already those objects (schemacheck).
 func createSchema(ctx context.Context, db *sql.DB, d Dialect, what string, objs []schemacheck.Object, stmts []string) error {
-	tx, err := db.BeginTx(ctx, nil)
+	tx, err := schemacheck.Begin(ctx, db, d)
 	if err != nil {
 		return fmt.Errorf("inbox: create schema: %w", sqldb.WrapDBClosed(err))
 	}

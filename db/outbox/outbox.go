@@ -447,7 +447,11 @@ func (o *Outbox) Schema() []string {
 // advisory lock on the table's name (pg_advisory_xact_lock), without which
 // concurrent runs deadlocked on the tables' locks (40P01) even on an
 // existing schema; SQLite's write transactions are serialised anyway (with
-// the immediate transactions OpenSQLite sets up).
+// the immediate transactions OpenSQLite sets up). On PostgreSQL the
+// transaction is READ COMMITTED whatever default_transaction_isolation says,
+// so that the conflict check (ErrSchemaConflict), made after the lock, sees
+// what a concurrent CreateSchema (of this outbox, or of an inbox of the
+// same name) committed meanwhile.
 func (o *Outbox) CreateSchema(ctx context.Context) (err error) {
 	defer func() { err = sqldb.WrapDBClosed(err) }()
 	if o.zero() {
@@ -456,7 +460,7 @@ func (o *Outbox) CreateSchema(ctx context.Context) (err error) {
 	if ctx == nil {
 		return keysched.ErrNilContext
 	}
-	tx, err := o.db.BeginTx(ctx, nil)
+	tx, err := schemacheck.Begin(ctx, o.db, o.dialect)
 	if err != nil {
 		return fmt.Errorf("outbox: create schema: %w", err)
 	}

@@ -188,6 +188,21 @@ func columns(ctx context.Context, q Querier, d sqldb.Dialect, name string) ([]st
 	return cols, rows.Err()
 }
 
+// Begin begins a CreateSchema's transaction: on PostgreSQL at READ
+// COMMITTED whatever the default_transaction_isolation, so that each of
+// Check's reads, made after Lock, sees the objects a concurrent CreateSchema
+// committed while this one waited for the lock. (Under REPEATABLE READ or
+// SERIALIZABLE the snapshot was the lock statement's, taken before the
+// wait: the check found a name free that the other had just taken, and
+// CREATE ... IF NOT EXISTS skipped the other's object without a word.)
+func Begin(ctx context.Context, db *sql.DB, d sqldb.Dialect) (*sql.Tx, error) {
+	var opts *sql.TxOptions
+	if d == sqldb.Postgres {
+		opts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+	}
+	return db.BeginTx(ctx, opts)
+}
+
 // Lock takes, on PostgreSQL, the transaction-level advisory lock that makes
 // concurrent CreateSchemas of the schema named after table take turns (a
 // no-op on SQLite, whose write transactions are serialised): without it,
