@@ -226,9 +226,12 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		if r := missingGroup(cfg.clientOpts); r != nil {
 			return nil, refused(r)
 		}
-		oe := refused(optcheck.Refuse("WithClientOptions", nil, "franz-go refuses the client's options (the adapter needs kgo.ConsumerGroup and kgo.ConsumeTopics or kgo.ConsumeRegex, and sets kgo.DisableAutoCommit itself: no kgo.AutoCommitMarks): %v", err)).(*keysched.OptionError)
-		oe.Err = err
-		return nil, oe
+		refusal := refused(optcheck.Refuse("WithClientOptions", nil, "franz-go refuses the client's options (the adapter needs kgo.ConsumerGroup and kgo.ConsumeTopics or kgo.ConsumeRegex, and sets kgo.DisableAutoCommit itself: no kgo.AutoCommitMarks): %v", err))
+		var oe *keysched.OptionError
+		if errors.As(refusal, &oe) {
+			oe.Err = err // franz-go's, for errors.Is and errors.As
+		}
+		return nil, refusal
 	}
 	group, _ := cl.OptValue(kgo.ConsumerGroup).(string)
 	if r := clientConflicts(cl, group, &c.cfg); r != nil {
