@@ -24,12 +24,12 @@ func TestZeroValues(t *testing.T) {
 		{"Outbox", func(t *testing.T) {
 			zerotest.Check[outbox.Outbox](t, outbox.ErrZeroOutbox, []string{
 				"Count", "CreateSchema", "DB", "Dead", "Dialect", "Lookup", "NewRelay",
-				"Parked", "Recover", "Recoverable", "Resume", "Schema", "Skip", "SkipHead", "Table", "Write",
+				"Parked", "Recover", "Recoverable", "Resume", "Schema", "Skip", "SkipEvent", "SkipHead", "Table", "Write",
 			})
 		}},
 		{"Relay", func(t *testing.T) {
 			zerotest.Check[outbox.Relay](t, outbox.ErrZeroRelay, []string{
-				"Close", "Owner", "Parked", "Recover", "Resume", "Run", "Scheduler", "Skip", "SkipHead", "Stats", "Token",
+				"Close", "Owner", "Parked", "Recover", "Resume", "Run", "Scheduler", "Skip", "SkipEvent", "SkipHead", "Stats", "Token",
 			})
 		}},
 	} {
@@ -54,6 +54,7 @@ func TestNilContext(t *testing.T) {
 		"Parked":       func() error { _, err := ob.Parked(nilCtx); return err },
 		"Resume":       func() error { return ob.Resume(nilCtx, "k") },
 		"Skip":         func() error { return ob.Skip(nilCtx, "k") },
+		"SkipEvent":    func() error { return ob.SkipEvent(nilCtx, "k", "id") },
 		"Count":        func() error { _, err := ob.Count(nilCtx); return err },
 		"Lookup":       func() error { _, err := ob.Lookup(nilCtx, "id"); return err },
 	}
