@@ -241,6 +241,9 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		_ = s.Close(context.Background())
 		return nil, refused(r)
 	}
+	// The group names the scheduler's metrics (register reads it); c.cl,
+	// which tells the group callbacks the consumer was made, comes last.
+	c.group = group
 	if c.metrics != nil {
 		if err := c.metrics.register(); err != nil {
 			close(c.built)
@@ -250,7 +253,7 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 			return nil, err
 		}
 	}
-	c.cl, c.group = cl, group
+	c.cl = cl
 	c.clientCancel = clientCancel
 	c.intervalCommitTimeout = intervalCommitTimeout(cl)
 	close(c.built)
