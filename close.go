@@ -58,7 +58,8 @@ type CloseError struct {
 	// counts those tasks).
 	Undelivered int
 	// Cause is why Close gave up: its context's error, or an error saying
-	// that a later Close's context ended, wrapping that context's error.
+	// that a later Close's context ended, wrapping that context's error
+	// (and its cause, when one was given: context.WithTimeoutCause).
 	Cause error
 }
 
@@ -352,7 +353,12 @@ func (s *Scheduler[K]) Close(ctx context.Context) error {
 			// context.DeadlineExceeded) holds for the caller whose
 			// deadline it was).
 			s.giveUpOne.Do(func() {
-				s.giveUpWhy = context.Cause(ctx)
+				s.giveUpWhy = ctx.Err()
+				if c := context.Cause(ctx); c != nil && c != s.giveUpWhy { //nolint:errorlint // the cause given, if any
+					// A cause of the caller's (WithTimeoutCause): both
+					// match, as the doc promises ctx's error.
+					s.giveUpWhy = fmt.Errorf("%w: %w", s.giveUpWhy, c)
+				}
 				close(s.giveUp)
 			})
 			<-s.closed

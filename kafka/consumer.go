@@ -226,9 +226,12 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		if r := missingGroup(cfg.clientOpts); r != nil {
 			return nil, refused(r)
 		}
-		oe := refused(optcheck.Refuse("WithClientOptions", nil, "franz-go refuses the client's options (the adapter needs kgo.ConsumerGroup and kgo.ConsumeTopics or kgo.ConsumeRegex, and sets kgo.DisableAutoCommit itself: no kgo.AutoCommitMarks): %v", err)).(*keysched.OptionError)
-		oe.Err = err
-		return nil, oe
+		refusal := refused(optcheck.Refuse("WithClientOptions", nil, "franz-go refuses the client's options (the adapter needs kgo.ConsumerGroup and kgo.ConsumeTopics or kgo.ConsumeRegex, and sets kgo.DisableAutoCommit itself: no kgo.AutoCommitMarks): %v", err))
+		var oe *keysched.OptionError
+		if errors.As(refusal, &oe) {
+			oe.Err = err // franz-go's, for errors.Is and errors.As
+		}
+		return nil, refusal
 	}
 	group, _ := cl.OptValue(kgo.ConsumerGroup).(string)
 	if r := clientConflicts(cl, group, &c.cfg); r != nil {
@@ -238,12 +241,11 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		_ = s.Close(context.Background())
 		return nil, refused(r)
 	}
-	c.cl, c.group = cl, group
-	c.clientCancel = clientCancel
-	c.intervalCommitTimeout = intervalCommitTimeout(cl)
+	// The group names the scheduler's metrics (register reads it); c.cl,
+	// which tells the group callbacks the consumer was made, comes last.
+	c.group = group
 	if c.metrics != nil {
 		if err := c.metrics.register(); err != nil { // it reads c.group
-			c.cl = nil // refused: the callbacks do nothing
 			close(c.built)
 			cl.Close()
 			clientCancel()
@@ -251,6 +253,9 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 			return nil, err
 		}
 	}
+	c.cl = cl
+	c.clientCancel = clientCancel
+	c.intervalCommitTimeout = intervalCommitTimeout(cl)
 	close(c.built)
 	return c, nil
 }

@@ -157,19 +157,35 @@ func TestMetadataDoesNotFit(t *testing.T) {
 		return c.Stats().Finished == 20 && strings.Contains(logs.String(), "do not fit the commit metadata") &&
 			len(commits.of("t", 0)) > 0
 	})
+	// Once all twenty finished, the prefix that fits: runs 1, 3, 5, ... in
+	// order, nothing else.
+	prefix := func(cm commitSeen) bool {
+		runs := decodeFinished(cm.Metadata, 0)
+		for i, s := range runs {
+			if s.from != int64(2*i+1) || s.to != s.from {
+				return false
+			}
+		}
+		return len(runs) > 0
+	}
 	eventually(t, "a commit listing the finished offsets nearest the frontier", func() bool {
 		cs := commits.of("t", 0)
-		return len(decodeFinished(cs[len(cs)-1].Metadata, 0)) > 0
+		return prefix(cs[len(cs)-1])
 	})
-	for _, cm := range commits.of("t", 0) {
+	cs := commits.of("t", 0)
+	for _, cm := range cs {
 		if len(cm.Metadata) > 32 || cm.Offset != 0 {
 			t.Errorf("commit %+v: over the limit or past the frontier", cm)
 		}
-		// The prefix that fits: runs 1, 3, 5, ... in order, nothing else.
+		// Finished offsets only (odd: single-offset runs), in order. A
+		// commit made while some odd records were still running skips
+		// them (1, 3, 7 while 5 runs).
+		prev := int64(-1)
 		for i, s := range decodeFinished(cm.Metadata, 0) {
-			if s.from != int64(2*i+1) || s.to != s.from {
-				t.Errorf("commit %+v: run %d is %v, want {%d %d}", cm, i, s, 2*i+1, 2*i+1)
+			if s.from%2 != 1 || s.to != s.from || s.from <= prev {
+				t.Errorf("commit %+v: run %d is %v, want an odd offset after %d", cm, i, s, prev)
 			}
+			prev = s.from
 		}
 	}
 }

@@ -287,7 +287,11 @@ func (in *Inbox) Schema() []string {
 }
 
 // CreateSchema runs Schema's statements in one transaction. Run it once at
-// start-up or from a migration.
+// start-up or from a migration. It is idempotent, and concurrent calls
+// (instances of a service starting at once) take turns: on PostgreSQL the
+// transaction first takes a transaction-level advisory lock on the table's
+// name, as the outbox's does (without it the later of two concurrent calls
+// on an empty database failed with a unique violation of the catalog).
 func (in *Inbox) CreateSchema(ctx context.Context) error {
 	if in.zero() {
 		return ErrZeroInbox
@@ -302,14 +306,18 @@ func (in *Inbox) CreateSchema(ctx context.Context) error {
 	}, in.Schema())
 }
 
-// createSchema runs stmts in one transaction, after checking that the
+// createSchema runs stmts in one transaction, after taking the schema lock
+// on objs[0], the table (schemacheck.Lock), and checking that the
 // names of objs are free or already those objects (schemacheck).
 func createSchema(ctx context.Context, db *sql.DB, d Dialect, what string, objs []schemacheck.Object, stmts []string) error {
-	tx, err := db.BeginTx(ctx, nil)
+	tx, err := schemacheck.Begin(ctx, db, d)
 	if err != nil {
 		return fmt.Errorf("inbox: create schema: %w", sqldb.WrapDBClosed(err))
 	}
 	defer tx.Rollback()
+	if err := schemacheck.Lock(ctx, tx, d, objs[0].Name); err != nil {
+		return fmt.Errorf("inbox: create schema: %w", sqldb.WrapDBClosed(err))
+	}
 	if err := schemacheck.Check(ctx, tx, d, what, objs); err != nil {
 		return fmt.Errorf("inbox: create schema: %w", err)
 	}

@@ -46,7 +46,8 @@ func TestCallsBeforeCreateSchemaSaySo(t *testing.T) {
 
 // Found by attacking the code (adversarial review, 2026-12-02): an Inbox and
 // a Versions given one table name (CreateSchema of the second kept the
-// first's table; it now refuses it, ErrSchemaConflict) failed on SQLite with the raw "table ... has no column
+// first's table; it now refuses it, ErrSchemaConflict, but an application
+// may go on, or run Schema()'s SQL itself) failed on SQLite with the raw "table ... has no column
 // named entity", while PostgreSQL's "column does not exist" was ErrNoSchema.
 //
 // A table of the other's shape is ErrNoSchema, naming the table, on both
@@ -62,8 +63,8 @@ func TestATableOfAnotherShapeIsErrNoSchema(t *testing.T) {
 			require.NoError(t, err)
 			if inboxFirst {
 				require.NoError(t, in.CreateSchema(ctx))
-				// CreateSchema refuses the inbox's table; a Versions used
-				// without it meets the inbox's table all the same.
+				// Refused (the inbox's table stays): the calls below
+				// are those of an application that went on anyway.
 				require.ErrorIs(t, v.CreateSchema(ctx), inbox.ErrSchemaConflict)
 				_, err = v.Apply(ctx, "acct", 1, func(*sql.Tx) error { return nil })
 				require.ErrorIs(t, err, inbox.ErrNoSchema, "Versions.Apply")
@@ -72,8 +73,7 @@ func TestATableOfAnotherShapeIsErrNoSchema(t *testing.T) {
 				require.ErrorIs(t, err, inbox.ErrNoSchema, "Current")
 			} else {
 				require.NoError(t, v.CreateSchema(ctx))
-				// CreateSchema refuses the versions table; an Inbox used
-				// without it meets that table all the same.
+				// Refused: the versions table stays.
 				require.ErrorIs(t, in.CreateSchema(ctx), inbox.ErrSchemaConflict)
 				_, err = in.Apply(ctx, "e1", func(*sql.Tx) error { return nil })
 				require.ErrorIs(t, err, inbox.ErrNoSchema, "Apply")

@@ -65,7 +65,8 @@ func (v *Versions) Schema() []string {
 // zero reports a nil Versions or one not made by NewVersions.
 func (v *Versions) zero() bool { return v == nil || v.db == nil }
 
-// CreateSchema runs Schema's statements in one transaction.
+// CreateSchema runs Schema's statements in one transaction; concurrent calls take
+// turns, as Inbox.CreateSchema's do.
 func (v *Versions) CreateSchema(ctx context.Context) error {
 	if v.zero() {
 		return ErrZeroVersions

@@ -452,7 +452,11 @@ func (o *Outbox) Schema() []string {
 // advisory lock on the table's name (pg_advisory_xact_lock), without which
 // concurrent runs deadlocked on the tables' locks (40P01) even on an
 // existing schema; SQLite's write transactions are serialised anyway (with
-// the immediate transactions OpenSQLite sets up).
+// the immediate transactions OpenSQLite sets up). On PostgreSQL the
+// transaction is READ COMMITTED whatever default_transaction_isolation says,
+// so that the conflict check (ErrSchemaConflict), made after the lock, sees
+// what a concurrent CreateSchema (of this outbox, or of an inbox of the
+// same name) committed meanwhile.
 //
 // On a SQLite database in a file whose connections have no busy timeout
 // (PRAGMA busy_timeout is 0: a plain sql.Open("sqlite", path) rather than
@@ -467,15 +471,13 @@ func (o *Outbox) CreateSchema(ctx context.Context) (err error) {
 	if ctx == nil {
 		return keysched.ErrNilContext
 	}
-	tx, err := o.db.BeginTx(ctx, nil)
+	tx, err := schemacheck.Begin(ctx, o.db, o.dialect)
 	if err != nil {
 		return fmt.Errorf("outbox: create schema: %w", err)
 	}
 	defer tx.Rollback()
-	if o.dialect == Postgres {
-		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "keysched_outbox_schema:"+o.table); err != nil {
-			return fmt.Errorf("outbox: create schema: %w", err)
-		}
+	if err := schemacheck.Lock(ctx, tx, o.dialect, o.table); err != nil {
+		return fmt.Errorf("outbox: create schema: %w", err)
 	}
 	if err := schemacheck.Check(ctx, tx, o.dialect, "the outbox table "+o.table, schemaObjects(o.dialect, o.table)); err != nil {
 		return fmt.Errorf("outbox: create schema: %w", err)
@@ -490,7 +492,7 @@ func (o *Outbox) CreateSchema(ctx context.Context) (err error) {
 		// has no ADD COLUMN IF NOT EXISTS (PostgreSQL's Schema has it).
 		for _, c := range sqliteAddColumns(o.table) {
 			var n int
-			if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?`, o.table+"_lease", c[0]).Scan(&n); err != nil {
+			if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ? COLLATE NOCASE`, o.table+"_lease", c[0]).Scan(&n); err != nil {
 				return fmt.Errorf("outbox: create schema: %w", err)
 			}
 			if n == 0 {

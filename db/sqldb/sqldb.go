@@ -129,8 +129,9 @@ var sqliteDefaults = []struct {
 }
 
 // sqliteURIParams are the parameters SQLite itself reads, only from a file:
-// URI (the driver reads vfs from any name).
-var sqliteURIParams = map[string]bool{"mode": true, "cache": true, "immutable": true, "nolock": true, "psow": true, "modeof": true}
+// URI (the driver reads vfs from any name): the core's, and the unix VFS's
+// modeof and readonly_shm (a read-only -shm file of a WAL database).
+var sqliteURIParams = map[string]bool{"mode": true, "cache": true, "immutable": true, "nolock": true, "psow": true, "modeof": true, "readonly_shm": true}
 
 // sqliteDriverParams are the query parameters modernc.org/sqlite (v1.62)
 // reads from any name, in its documentation's order: it ignores every other
@@ -164,7 +165,7 @@ var ErrUnknownSQLiteParameter = errors.New("sqldb: SQLite query parameter that n
 // _busy_timeout=5000; _txlock), and then the caller's wins. A caller's
 // setting that weakens one above (a busy timeout of 0, deferred
 // transactions) weakens what the outbox and inbox rely on. SQLite's own URI
-// parameters (mode, cache, immutable, nolock, psow, modeof) are read only
+// parameters (mode, cache, immutable, nolock, psow, modeof, readonly_shm) are read only
 // from a file: URI: on a plain file name ("app.db?mode=ro") SQLite would
 // ignore them, so OpenSQLite refuses them there, saying to write
 // "file:app.db?mode=ro". A query string that does not parse is an error.
@@ -302,7 +303,7 @@ func unknownSQLiteParams(path, name string, uri bool, q url.Values) error {
 		}
 		accepted := strings.Join(sqliteDriverParams, ", ")
 		if uri {
-			accepted += " and SQLite's mode, cache, immutable, nolock, psow, modeof"
+			accepted += " and SQLite's mode, cache, immutable, nolock, psow, modeof, readonly_shm"
 		}
 		hint := ""
 		if l := strings.ToLower(k); l != k && (slices.Contains(sqliteDriverParams, l) || uri && sqliteURIParams[l]) {

@@ -56,7 +56,7 @@ func Check(ctx context.Context, q Querier, d sqldb.Dialect, what string, objs []
 		if kind == "" {
 			continue // free: the schema creates it
 		}
-		if kind != o.Kind || (o.Kind == Index || o.Kind == Trigger) && on != o.On {
+		if kind != o.Kind || (o.Kind == Index || o.Kind == Trigger) && !sameName(d, on, o.On) {
 			return fmt.Errorf("%w: %s needs the %s %s%s, but %s is %s %s%s: choose another table name (WithTable) or drop it", sqldb.ErrSchemaConflict, what, o.Kind, o.Name, onText(o.On), o.Name, article(kind), kind, onText(on))
 		}
 		switch o.Kind {
@@ -67,7 +67,7 @@ func Check(ctx context.Context, q Querier, d sqldb.Dialect, what string, objs []
 			}
 			var missing []string
 			for _, c := range o.Columns {
-				if !slices.Contains(cols, c) {
+				if !slices.ContainsFunc(cols, func(col string) bool { return sameName(d, col, c) }) {
 					missing = append(missing, c)
 				}
 			}
@@ -78,6 +78,19 @@ func Check(ctx context.Context, q Querier, d sqldb.Dialect, what string, objs []
 		}
 	}
 	return nil
+}
+
+// sameName reports whether the names a and b, as the catalog stores them,
+// name the same object or column for the unquoted lower-case names of the
+// statements: on SQLite names are case-insensitive (ASCII) and stored as
+// written (a table created as ORDERS, an index ON Orders); PostgreSQL folds
+// an unquoted name to lower case when it stores it, and a quoted "Orders"
+// is another name.
+func sameName(d sqldb.Dialect, a, b string) bool {
+	if d == sqldb.Postgres {
+		return a == b
+	}
+	return strings.EqualFold(a, b)
 }
 
 func article(kind string) string {
@@ -173,6 +186,39 @@ func columns(ctx context.Context, q Querier, d sqldb.Dialect, name string) ([]st
 		cols = append(cols, c)
 	}
 	return cols, rows.Err()
+}
+
+// Begin begins a CreateSchema's transaction: on PostgreSQL at READ
+// COMMITTED whatever the default_transaction_isolation, so that each of
+// Check's reads, made after Lock, sees the objects a concurrent CreateSchema
+// committed while this one waited for the lock. (Under REPEATABLE READ or
+// SERIALIZABLE the snapshot was the lock statement's, taken before the
+// wait: the check found a name free that the other had just taken, and
+// CREATE ... IF NOT EXISTS skipped the other's object without a word.)
+func Begin(ctx context.Context, db *sql.DB, d sqldb.Dialect) (*sql.Tx, error) {
+	var opts *sql.TxOptions
+	if d == sqldb.Postgres {
+		opts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+	}
+	return db.BeginTx(ctx, opts)
+}
+
+// Lock takes, on PostgreSQL, the transaction-level advisory lock that makes
+// concurrent CreateSchemas of the schema named after table take turns (a
+// no-op on SQLite, whose write transactions are serialised): without it,
+// of two concurrent CREATE TABLE IF NOT EXISTS of one name the later fails
+// with a unique violation of the catalog (pg_type_typname_nsp_index), and
+// two checks both find the names free. One lock per name for the outbox,
+// the inbox and Versions, so that an outbox and an inbox given one name
+// also take turns (and the later gets ErrSchemaConflict); its key is the
+// one the outbox has always taken, so that an older version's CreateSchema
+// running at once takes turns too.
+func Lock(ctx context.Context, tx *sql.Tx, d sqldb.Dialect, table string) error {
+	if d != sqldb.Postgres {
+		return nil
+	}
+	_, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "keysched_outbox_schema:"+table)
+	return err
 }
 
 // DerivedSuffix is WithTable's refusal of name when it ends in a suffix of

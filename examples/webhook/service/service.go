@@ -333,6 +333,10 @@ type Service struct {
 	trend     *trend
 	bgStop    chan struct{}
 	bgDone    []chan struct{}
+	// bgCtx bounds the unknown outcomes' reads (unknown.go): Close cancels
+	// it, so that it does not wait out a read of a database that hangs.
+	bgCtx    context.Context
+	bgCancel context.CancelFunc
 
 	syncStop, syncDone chan struct{} // backlog sync (BacklogSync > 0)
 
@@ -415,6 +419,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	s.commit = newCommitter(s.store, s.settleIntake)
 	s.trend = newTrend(s.partners)
 	s.bgStop = make(chan struct{})
+	s.bgCtx, s.bgCancel = context.WithCancel(context.Background())
 	s.bgDone = []chan struct{}{make(chan struct{}), make(chan struct{})}
 	go s.cleaner(s.bgStop, s.bgDone[0])
 	go s.sampler(s.bgStop, s.bgDone[1])
@@ -623,6 +628,7 @@ func (s *Service) Close(ctx context.Context) error {
 		}
 		s.commit.close()
 		close(s.bgStop)
+		s.bgCancel()
 		for _, d := range s.bgDone {
 			<-d
 		}

@@ -31,8 +31,9 @@ const unknownReplayFor = time.Minute
 
 // watchUnknown runs check at once, then every unknownPoll, until it returns
 // true (the outcome is known and settled) or the service closes. Each check
-// gets a context bounded to 5 s. Not started after Close; Close waits for
-// the watchers.
+// gets a context bounded to 5 s, which Close cancels. Not started after
+// Close; Close waits for the watchers (their reads cancelled: a database
+// that hangs does not hold Close up to 5 s).
 func (s *Service) watchUnknown(check func(ctx context.Context) bool) {
 	s.unknownMu.Lock()
 	defer s.unknownMu.Unlock()
@@ -50,7 +51,7 @@ func (s *Service) watchUnknown(check func(ctx context.Context) bool) {
 				return
 			case <-t.C:
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			ctx, cancel := context.WithTimeout(s.bgCtx, 5*time.Second)
 			ok := check(ctx)
 			cancel()
 			if ok {
