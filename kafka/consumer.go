@@ -233,29 +233,35 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		}
 		return nil, refusal
 	}
-	group, _ := cl.OptValue(kgo.ConsumerGroup).(string)
-	if r := clientConflicts(cl, group, &c.cfg); r != nil {
-		close(c.built) // refused: the callbacks do nothing
+	made := false
+	defer func() {
+		if made {
+			return
+		}
+		// Refused, or a panic on the way (a caller's meter provider in
+		// register): c.cl stays nil, so the group callbacks, released
+		// here, do nothing; the client and the scheduler are closed.
+		close(c.built)
 		cl.Close()
 		clientCancel()
 		_ = s.Close(context.Background())
+	}()
+	group, _ := cl.OptValue(kgo.ConsumerGroup).(string)
+	if r := clientConflicts(cl, group, &c.cfg); r != nil {
 		return nil, refused(r)
 	}
 	// The group names the scheduler's metrics (register reads it); c.cl,
 	// which tells the group callbacks the consumer was made, comes last.
 	c.group = group
 	if c.metrics != nil {
-		if err := c.metrics.register(); err != nil { // it reads c.group
-			close(c.built)
-			cl.Close()
-			clientCancel()
-			_ = s.Close(context.Background())
+		if err := c.metrics.register(); err != nil {
 			return nil, err
 		}
 	}
 	c.cl = cl
 	c.clientCancel = clientCancel
 	c.intervalCommitTimeout = intervalCommitTimeout(cl)
+	made = true
 	close(c.built)
 	return c, nil
 }
