@@ -361,9 +361,10 @@ func (b *Bus[K]) PublishEnvelope(ctx context.Context, env Envelope[K]) error {
 // Stats.Unmatched. The answer comes from the same routing snapshot that the
 // event is offered by, so a concurrent Subscribe or Unsubscribe cannot make
 // it wrong: either the event was offered to a subscriber or the error says
-// it was not. Every other behaviour and error is PublishEnvelope's; like
-// it, a matching subscriber that is ejected, or unsubscribed while the event
-// is offered, is skipped without an error.
+// it was not. When no subscriber it matched took it (each was ejected by
+// EjectAfter, which skips events, or unsubscribed while the event was
+// offered to it), the error wraps ErrNoSubscriber too. Every other behaviour
+// and error is PublishEnvelope's.
 func (b *Bus[K]) PublishEnvelopeStrict(ctx context.Context, env Envelope[K]) error {
 	return b.publish(ctx, env, true)
 }
@@ -415,6 +416,7 @@ func (b *Bus[K]) publish(ctx context.Context, env Envelope[K], strict bool) erro
 		refused[s.name] = err
 	}
 	var later []*sub[K] // Block subscribers full on this key: offered last
+	accepted := false
 	for _, s := range targets {
 		if !inTask && s.cfg.overflow == Block && s.sched.KeyDepth(env.Key) >= s.cfg.maxKeyDepth {
 			later = append(later, s)
@@ -423,7 +425,8 @@ func (b *Bus[K]) publish(ctx context.Context, env Envelope[K], strict bool) erro
 		// First offer without waiting, so that while Publish waits for a full
 		// Block subscriber below, the others already have the event.
 		block := s.cfg.overflow == Block
-		err := s.offer(ctx, env, false)
+		taken, err := s.offer(ctx, env, false)
+		accepted = accepted || taken
 		if err == nil {
 			continue
 		}
@@ -442,14 +445,23 @@ func (b *Bus[K]) publish(ctx context.Context, env Envelope[K], strict bool) erro
 		}
 	}
 	for _, s := range later {
-		if err := s.offer(ctx, env, true); err != nil {
-			if err = s.refusal(err); err != nil {
-				refuse(s, err)
-			}
+		taken, err := s.offer(ctx, env, true)
+		accepted = accepted || taken
+		if err == nil {
+			continue
+		}
+		if err = s.refusal(err); err != nil {
+			refuse(s, err)
 		}
 	}
 	if refused != nil {
 		return &PublishError{Refused: refused}
+	}
+	if strict && !accepted {
+		// Every subscriber it matched was ejected (EjectAfter: it skips
+		// events) or unsubscribed while it was offered (refusal skips
+		// those without an error).
+		return fmt.Errorf("%w: %T (its subscribers were ejected or unsubscribed while it was offered)", ErrNoSubscriber, env.Event)
 	}
 	return nil
 }

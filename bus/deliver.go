@@ -14,18 +14,17 @@ import (
 // offer hands env to the subscriber's scheduler, waiting for room if wait is
 // set (and ctx is not a handler's). An unsubscribed or ejected subscriber
 // takes nothing and reports no error.
-func (s *sub[K]) offer(ctx context.Context, env Envelope[K], wait bool) error {
+func (s *sub[K]) offer(ctx context.Context, env Envelope[K], wait bool) (taken bool, err error) {
 	if s.gone.Load() {
-		return nil
+		return false, nil
 	}
 	if s.ejected.Load() {
 		s.skipped.Add(1)
-		return nil
+		return false, nil
 	}
 	// One allocation: the closure holds the subscriber and its own copy of
 	// the envelope (the Headers map and the Event are shared).
 	task := func(ctx context.Context) error { return s.run(ctx, env) }
-	var err error
 	if wait {
 		_, err = s.sched.Submit(ctx, env.Key, task)
 	} else {
@@ -34,7 +33,7 @@ func (s *sub[K]) offer(ctx context.Context, env Envelope[K], wait bool) error {
 	if err == nil {
 		s.bus.accepted.Add(1)
 	}
-	return err
+	return err == nil, err
 }
 
 // refusal turns a scheduler's refusal into the reason Publish reports, and

@@ -19,7 +19,8 @@ import (
 // the event (PublishEnvelopeStrict returned nil), not that it was handled,
 // and a process exit loses what its subscribers had queued. An event that no
 // subscriber takes (decode returned a type no subscriber is subscribed to,
-// such as a *T for a subscriber of T, or the relay ran before Subscribe) is
+// such as a *T for a subscriber of T, or the relay ran before Subscribe; or
+// its only subscribers were ejected by bus.EjectAfter, or unsubscribed) is
 // not published: the sink returns a retryable error wrapping
 // bus.ErrNoSubscriber that names the event's ID, its key and the Go type
 // decode returned, so that a subscriber registered later gets it on a
