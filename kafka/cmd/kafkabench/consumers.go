@@ -19,6 +19,9 @@ func (s *stream) consume(name string, seeds []string, topic, group string, c *cl
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.WithHooks(t),
 		kgo.FetchMaxWait(c.FetchMaxWait),
 	}
+	if c.FetchPartBytes > 0 {
+		copts = append(copts, kgo.FetchMaxPartitionBytes(c.FetchPartBytes))
+	}
 	if c.HotKey {
 		copts = append(copts, kgo.WithHooks(bufferedHook{t}))
 	}

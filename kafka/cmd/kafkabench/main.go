@@ -60,17 +60,18 @@ type cli struct {
 	Limit     int     `default:"0" placeholder:"N" help:"Use only the first N events; 0: all (default ${default})."`
 	Rounds    int     `default:"1" placeholder:"R" help:"Produce the stream R times, one copy after another, keys prefixed with the round number (r/KEY): independent keys, a longer run (after --limit) (default ${default})."`
 
-	Work         string        `default:"io=1ms" placeholder:"SPEC" help:"Each handler's work: none; io=DUR (sleeps DUR, like a network call); cpu=DUR (a busy loop) (default ${default})."`
-	Workers      int           `default:"256" placeholder:"N" help:"The adapter's workers (keysched.WithWorkers) (default ${default})."`
-	MaxInFlight  int           `default:"4096" placeholder:"N" help:"The adapter's per-partition bound, WithMaxInFlight (default ${default})."`
-	Consumers    []string      `default:"keysched,plain,keysched-partition" sep:"," placeholder:"NAME" help:"Consumers to run, in order: keysched, plain, keysched-partition, ideal (no broker, no adapter: every record at hand, each key's records back to back on one of --workers goroutines) (default ${default})."`
-	Repeat       int           `default:"1" placeholder:"R" help:"Run the --consumers list R times over, in order (keysched, plain, keysched, plain, ...) on the same stream. On a shared machine one run's keysched/plain ratio moves by a third from one run to the next: with R > 1 the summary gives each consumer's median events/s and the median and range of the ratios of the runs paired by repeat (default ${default})."`
-	FetchMaxWait time.Duration `name:"fetch-max-wait" default:"10ms" help:"The consumers' kgo.FetchMaxWait: how long the broker holds a fetch with no new records (10ms or more; default ${default}). Short: every idle fetch round trip wakes the process (with --work io=1ms, 1s ran the adapter 0.91-1.24 of the ideal consumer where 10ms ran 0.77-0.99, nine alternating pairs on 2026-12-01); long: a resumed partition waits for the fetch in flight (--work none --rounds 20: 500ms was slower in three pairs of three)."`
-	Timeout      time.Duration `default:"10m" help:"Give up on a consumer that has not handled every event after this long (default ${default})."`
-	JSON         bool          `name:"json" help:"One JSON object per consumer per line."`
-	CPUProfile   string        `name:"cpuprofile" placeholder:"FILE" help:"Write a CPU profile of the consumers' runs to FILE."`
-	MemProfile   string        `name:"memprofile" placeholder:"FILE" help:"Write an allocation profile of the whole process (producing the stream included) to FILE after the runs."`
-	HotKey       bool          `name:"hot-key" help:"After each consumer, print where the hottest key's time went: from the first polled record to its first record's start, its records' work, the gaps between them (split into: the next record not fetched yet, fetched but not polled, polled but not started) and the tail after its last record."`
+	Work           string        `default:"io=1ms" placeholder:"SPEC" help:"Each handler's work: none; io=DUR (sleeps DUR, like a network call); cpu=DUR (a busy loop) (default ${default})."`
+	Workers        int           `default:"256" placeholder:"N" help:"The adapter's workers (keysched.WithWorkers) (default ${default})."`
+	MaxInFlight    int           `default:"4096" placeholder:"N" help:"The adapter's per-partition bound, WithMaxInFlight (default ${default})."`
+	Consumers      []string      `default:"keysched,plain,keysched-partition" sep:"," placeholder:"NAME" help:"Consumers to run, in order: keysched, plain, keysched-partition, ideal (no broker, no adapter: every record at hand, each key's records back to back on one of --workers goroutines) (default ${default})."`
+	Repeat         int           `default:"1" placeholder:"R" help:"Run the --consumers list R times over, in order (keysched, plain, keysched, plain, ...) on the same stream. On a shared machine one run's keysched/plain ratio moves by a third from one run to the next: with R > 1 the summary gives each consumer's median events/s and the median and range of the ratios of the runs paired by repeat (default ${default})."`
+	FetchMaxWait   time.Duration `name:"fetch-max-wait" default:"10ms" help:"The consumers' kgo.FetchMaxWait: how long the broker holds a fetch with no new records (10ms or more; default ${default}). Short: every idle fetch round trip wakes the process (with --work io=1ms, 1s ran the adapter 0.91-1.24 of the ideal consumer where 10ms ran 0.77-0.99, nine alternating pairs on 2026-12-01); long: a resumed partition waits for the fetch in flight (--work none --rounds 20: 500ms was slower in three pairs of three)."`
+	FetchPartBytes int32         `name:"fetch-max-partition-bytes" default:"0" placeholder:"BYTES" help:"The consumers' kgo.FetchMaxPartitionBytes: how much one fetch returns of one partition; 0 keeps franz-go's default (1 MiB) (default ${default})."`
+	Timeout        time.Duration `default:"10m" help:"Give up on a consumer that has not handled every event after this long (default ${default})."`
+	JSON           bool          `name:"json" help:"One JSON object per consumer per line."`
+	CPUProfile     string        `name:"cpuprofile" placeholder:"FILE" help:"Write a CPU profile of the consumers' runs to FILE."`
+	MemProfile     string        `name:"memprofile" placeholder:"FILE" help:"Write an allocation profile of the whole process (producing the stream included) to FILE after the runs."`
+	HotKey         bool          `name:"hot-key" help:"After each consumer, print where the hottest key's time went: from the first polled record to its first record's start, its records' work, the gaps between them (split into: the next record not fetched yet, fetched but not polled, polled but not started) and the tail after its last record."`
 }
 
 // syntheticOnly refuses a flag that shapes the generated stream (--events,
@@ -176,6 +177,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if len(c.Consumers) == 0 {
 		return errors.New("--consumers: no consumer given (keysched, plain, keysched-partition, ideal)")
+	}
+	if c.FetchPartBytes < 0 {
+		return fmt.Errorf("--fetch-max-partition-bytes=%d: need 0 (franz-go's default) or more", c.FetchPartBytes)
 	}
 	if c.FetchMaxWait < 10*time.Millisecond {
 		return fmt.Errorf("--fetch-max-wait %v: franz-go takes 10ms or more", c.FetchMaxWait)

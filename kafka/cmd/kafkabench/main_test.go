@@ -82,6 +82,7 @@ func TestBadFlags(t *testing.T) {
 		{"--consumers", ""},
 		{"--consumers", "nope"},
 		{"--fetch-max-wait", "5ms"},
+		{"--fetch-max-partition-bytes=-1"},
 		{"--synthetic", "--trace", "x"},
 	} {
 		var out, errOut bytes.Buffer
