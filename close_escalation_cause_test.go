@@ -3,7 +3,6 @@ package keysched
 import (
 	"context"
 	"errors"
-	"runtime"
 	"testing"
 	"time"
 
@@ -16,24 +15,11 @@ import (
 // CloseError's doc promises) and the cause. The cause alone was wrapped:
 // errors.Is(err, context.DeadlineExceeded) was false for that caller.
 func TestLaterCloseEscalationWrapsTheContextErrorAndItsCause(t *testing.T) {
-	s, err := New[int](WithLogger(quiet), WithFailurePolicy(Park))
-	require.NoError(t, err)
-	ctx := watchdog(t)
-	_, err = s.Submit(ctx, 1, func(context.Context) error { return errors.New("down") })
-	require.NoError(t, err)
-	for len(s.Parked()) == 0 {
-		require.NoError(t, ctx.Err())
-		runtime.Gosched()
-	}
-	first := make(chan error, 1)
-	go func() { first <- s.Close(context.Background()) }()
-	for !s.pending.closed() {
-		runtime.Gosched()
-	}
+	s, ctx, _, first := closeWaitingOnAParkedKey(t)
 	errOperator := errors.New("operator gave up on the drain")
 	short, cancel := context.WithTimeoutCause(ctx, time.Millisecond, errOperator)
 	defer cancel()
-	err = s.Close(short)
+	err := s.Close(short)
 	require.ErrorIs(t, err, ErrAborted)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.ErrorIs(t, err, errOperator)

@@ -603,6 +603,24 @@ func TestSubmitRacingClose(t *testing.T) {
 // A later Close whose context ends makes the first Close, waiting on a
 // parked key with no deadline, give up.
 func TestLaterCloseEscalates(t *testing.T) {
+	s, ctx, parked, first := closeWaitingOnAParkedKey(t)
+	short, cancel := context.WithTimeout(ctx, time.Millisecond)
+	defer cancel()
+	err := s.Close(short)
+	require.ErrorIs(t, err, ErrAborted)
+	// The caller whose deadline it was can tell (errors.Is), as with a
+	// Close of its own.
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "a later Close's context ended")
+	require.ErrorIs(t, <-first, ErrAborted)
+	require.ErrorIs(t, parked.Err(), ErrAborted)
+}
+
+// closeWaitingOnAParkedKey returns a scheduler whose first Close, with no
+// deadline (its result on first), waits on a parked key's task (parked),
+// and the test's watchdog context.
+func closeWaitingOnAParkedKey(t *testing.T) (*Scheduler[int], context.Context, *Completion, <-chan error) {
+	t.Helper()
 	s, err := New[int](WithLogger(quiet), WithFailurePolicy(Park))
 	require.NoError(t, err)
 	ctx := watchdog(t)
@@ -617,16 +635,7 @@ func TestLaterCloseEscalates(t *testing.T) {
 	for !s.pending.closed() {
 		runtime.Gosched()
 	}
-	short, cancel := context.WithTimeout(ctx, time.Millisecond)
-	defer cancel()
-	err = s.Close(short)
-	require.ErrorIs(t, err, ErrAborted)
-	// The caller whose deadline it was can tell (errors.Is), as with a
-	// Close of its own.
-	require.ErrorIs(t, err, context.DeadlineExceeded)
-	require.ErrorContains(t, err, "a later Close's context ended")
-	require.ErrorIs(t, <-first, ErrAborted)
-	require.ErrorIs(t, parked.Err(), ErrAborted)
+	return s, ctx, parked, first
 }
 
 // Found by attacking the code (adversarial review, 2026-11-30: first written as a failing reproducer).
