@@ -67,7 +67,7 @@ type sub[K comparable] struct {
 func Subscribe[K comparable, E any](b *Bus[K], name string, h Handler[K, E], opts ...SubOption) (*Subscription[K], error) {
 	if b.zero() {
 		// Both: a bad argument, as before ErrZeroBus existed.
-		return nil, fmt.Errorf("bus: Subscribe: %w (%w)", ErrZeroBus, keysched.ErrInvalidOption)
+		return nil, fmt.Errorf("%w: Subscribe refused (%w)", ErrZeroBus, keysched.ErrInvalidOption)
 	}
 	if name == "" {
 		return nil, argError("Subscribe: empty subscriber name")

@@ -2,6 +2,7 @@ package bus_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -31,6 +32,7 @@ func TestZeroValues(t *testing.T) {
 		for _, b := range []*bus.Bus[string]{nil, new(bus.Bus[string])} {
 			s, err := bus.Subscribe(b, "x", h)
 			require.ErrorIs(t, err, bus.ErrZeroBus)
+			require.Equal(t, 1, strings.Count(err.Error(), "bus:"), "one package prefix: %v", err)
 			require.Nil(t, s)
 		}
 	})
