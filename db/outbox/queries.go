@@ -105,7 +105,8 @@ BEGIN UPDATE ` + t + `_lease_epoch SET n = max(n, NEW.epoch) WHERE id = 1; END`,
 // first (schemacheck: a name taken by anything else is refused rather than
 // skipped by IF NOT EXISTS): the tables with the columns the code reads
 // that no ALTER of the schema adds, the indexes and (SQLite) triggers on
-// their tables, the epoch sequence (PostgreSQL).
+// their tables, the epoch sequence and the NOTIFY trigger's function
+// (PostgreSQL).
 func schemaObjects(d Dialect, t string) []schemacheck.Object {
 	l := t + "_lease"
 	objs := []schemacheck.Object{
@@ -119,7 +120,10 @@ func schemaObjects(d Dialect, t string) []schemacheck.Object {
 	if d == Postgres {
 		return append(objs,
 			schemacheck.Object{Name: l + "_epoch", Kind: schemacheck.Sequence},
-			schemacheck.Object{Name: t + "_idle", Kind: schemacheck.Table, Columns: []string{"token", "until"}})
+			schemacheck.Object{Name: t + "_idle", Kind: schemacheck.Table, Columns: []string{"token", "until"}},
+			// Replaced, or dropped without the trigger: every version's
+			// body notifies the table's channel.
+			schemacheck.Object{Name: t + "_notify", Kind: schemacheck.Function, Source: "pg_notify('" + t + "'"})
 	}
 	return append(objs,
 		schemacheck.Object{Name: l + "_epoch", Kind: schemacheck.Table, Columns: []string{"id", "n"}},

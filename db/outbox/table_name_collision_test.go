@@ -173,3 +173,35 @@ func dropAfter(t *testing.T, db *sql.DB, names ...string) {
 		}
 	})
 }
+
+// On PostgreSQL CreateSchema replaces <table>_notify() (the NOTIFY
+// trigger's function), or drops it with WithNotify(false): an application's
+// function of that name is refused (ErrSchemaConflict), and kept, where it
+// was replaced or dropped without a word. The function of an older version
+// of the schema (its body notifies the table's channel) is the outbox's.
+func TestCreateSchemaRefusesAnApplicationsFunctionOfTheNotifyName(t *testing.T) {
+	db := dbtest.Postgres(t)
+	ctx := context.Background()
+	for _, notify := range []bool{true, false} {
+		x := dbtest.Table(t, db, "fn")
+		execSQL(t, db, `CREATE FUNCTION `+x+`_notify() RETURNS integer LANGUAGE sql AS $$ SELECT 42 $$`)
+		t.Cleanup(func() { _, _ = db.Exec(`DROP FUNCTION IF EXISTS ` + x + `_notify()`) })
+		ob, err := outbox.New(db, outbox.WithTable(x), outbox.WithNotify(notify))
+		require.NoError(t, err)
+		err = ob.CreateSchema(ctx)
+		require.ErrorIs(t, err, outbox.ErrSchemaConflict, "notify %v", notify)
+		require.ErrorContains(t, err, x+"_notify()")
+		var n int
+		require.NoError(t, db.QueryRow(`SELECT `+x+`_notify()`).Scan(&n), "the application's function is kept")
+		require.Equal(t, 42, n)
+	}
+	// An older version's function: CreateSchema replaces it.
+	x := dbtest.Table(t, db, "fn")
+	execSQL(t, db, `CREATE FUNCTION `+x+`_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM pg_notify('`+x+`', '');
+	RETURN NULL;
+END
+$$`)
+	require.NoError(t, mustOutbox(t, db, x).CreateSchema(ctx))
+}

@@ -27,6 +27,7 @@ const (
 	Index    = "index"
 	Sequence = "sequence"
 	Trigger  = "trigger"
+	Function = "function" // PostgreSQL: a function of no arguments
 )
 
 // An Object is one object a schema creates: Kind; for a table the columns
@@ -36,6 +37,7 @@ type Object struct {
 	Name, Kind string
 	Columns    []string // Table
 	On         string   // Index, Trigger
+	Source     string   // Function: text its body contains (every version's)
 }
 
 // Querier is a *sql.Tx or a *sql.DB.
@@ -49,6 +51,12 @@ type Querier interface {
 // in current_schema(), where the unqualified CREATE statements create them.
 func Check(ctx context.Context, q Querier, d sqldb.Dialect, what string, objs []Object) error {
 	for _, o := range objs {
+		if o.Kind == Function {
+			if err := checkFunction(ctx, q, d, what, o); err != nil {
+				return err
+			}
+			continue
+		}
 		kind, on, err := lookup(ctx, q, d, o.Name, o.Kind == Trigger)
 		if err != nil {
 			return fmt.Errorf("check %s: %w", o.Name, err)
@@ -76,6 +84,29 @@ func Check(ctx context.Context, q Querier, d sqldb.Dialect, what string, objs []
 					sqldb.ErrSchemaConflict, what, o.Name, strings.Join(o.Columns, ", "), o.Name, strings.Join(cols, ", "), strings.Join(missing, ", "))
 			}
 		}
+	}
+	return nil
+}
+
+// checkFunction checks the function o (PostgreSQL; no arguments): free, or
+// one whose body contains o.Source (this schema's, of any version). The
+// schema replaces its function (CREATE OR REPLACE) or drops it (WithNotify
+// off): an application's function of that name would be lost.
+func checkFunction(ctx context.Context, q Querier, d sqldb.Dialect, what string, o Object) error {
+	if d != sqldb.Postgres {
+		return nil
+	}
+	var src string
+	err := q.QueryRowContext(ctx, `SELECT prosrc FROM pg_proc
+	WHERE proname = $1 AND pronargs = 0 AND pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())`, o.Name).Scan(&src)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("check %s(): %w", o.Name, err)
+	}
+	if !strings.Contains(src, o.Source) {
+		return fmt.Errorf("%w: %s replaces or drops the function %s(), but the existing %s() is not this schema's (its body lacks %s): choose another table name (WithTable) or rename that function", sqldb.ErrSchemaConflict, what, o.Name, o.Name, o.Source)
 	}
 	return nil
 }
