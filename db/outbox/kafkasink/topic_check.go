@@ -51,6 +51,7 @@ type topicAsk struct {
 	err   error         // the broker's UNKNOWN_TOPIC_OR_PARTITION; nil: present or cannot tell
 	tries int
 	when  string
+	cut   bool // the asking call's context ended: the waiters ask again
 }
 
 func newTopicCheck(cl *kgo.Client) *topicCheck {
@@ -65,39 +66,49 @@ func newTopicCheck(cl *kgo.Client) *topicCheck {
 // or the check unable to tell (no answer, another refusal, ctx ended
 // during a request: the produce then says the rest). A call that finds a
 // check of topic in progress (another key's) waits for its answer, or
-// until ctx ends (nil: the produce then says ctx's error).
+// until ctx ends (nil: the produce then says ctx's error); when that
+// check was cut short by its own call's context, the waiting call checks
+// again with its own context.
 func (c *topicCheck) check(ctx context.Context, topic string, e outbox.Event) error {
 	if c.auto {
 		return nil
 	}
-	if _, ok := c.known.Load(topic); ok {
-		return nil
-	}
-	c.mu.Lock()
-	a, waiting := c.asking[topic]
-	if !waiting {
-		a = &topicAsk{done: make(chan struct{})}
-		c.asking[topic] = a
-	}
-	c.mu.Unlock()
-	if waiting {
-		select {
-		case <-a.done:
-		case <-ctx.Done():
+	for {
+		if _, ok := c.known.Load(topic); ok {
 			return nil
 		}
-	} else {
-		a.tries, a.when, a.err = c.ask(ctx, topic)
 		c.mu.Lock()
-		delete(c.asking, topic)
+		a, waiting := c.asking[topic]
+		if !waiting {
+			a = &topicAsk{done: make(chan struct{})}
+			c.asking[topic] = a
+		}
 		c.mu.Unlock()
-		close(a.done)
+		if waiting {
+			select {
+			case <-a.done:
+			case <-ctx.Done():
+				return nil
+			}
+			if a.cut {
+				// The other call's context ended before its tries did:
+				// this call asks with its own.
+				continue
+			}
+		} else {
+			a.tries, a.when, a.err = c.ask(ctx, topic)
+			a.cut = ctx.Err() != nil
+			c.mu.Lock()
+			delete(c.asking, topic)
+			c.mu.Unlock()
+			close(a.done)
+		}
+		if a.err == nil {
+			return nil
+		}
+		return fmt.Errorf("%w: produce event %s (key %q, seq %d) to topic %q: the cluster does not have the topic (%w; asked %d times, %s): create it, or allow auto topic creation (kgo.AllowAutoTopicCreation)",
+			ErrUnknownTopic, e.ID, e.Key, e.Seq, topic, a.err, a.tries, a.when)
 	}
-	if a.err == nil {
-		return nil
-	}
-	return fmt.Errorf("%w: produce event %s (key %q, seq %d) to topic %q: the cluster does not have the topic (%w; asked %d times, %s): create it, or allow auto topic creation (kgo.AllowAutoTopicCreation)",
-		ErrUnknownTopic, e.ID, e.Key, e.Seq, topic, a.err, a.tries, a.when)
 }
 
 // ask asks the cluster about topic up to topicCheckTries times, and returns
