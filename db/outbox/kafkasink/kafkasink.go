@@ -40,13 +40,12 @@
 // or a sink timeout shorter than franz-go's own unknown-topic retries) and
 // fail with a bare context error. A produce that franz-go fails with
 // UNKNOWN_TOPIC_OR_PARTITION (a topic deleted later) wraps ErrUnknownTopic
-// too (on kfake, even with kgo.UnknownTopicRetries(-1), after about 5 s).
-// The sink remembers only topics the cluster
-// was seen to have (bounded by the cluster's topics, whatever
-// WithTopicFunc returns). The error is retryable, so a topic
-// created meanwhile is used and otherwise the row is marked dead once the
-// relay's retry policy gives up. A client with kgo.AllowAutoTopicCreation
-// skips the check (the produce creates the topic).
+// too. The sink remembers only topics the cluster was seen to have (bounded
+// by the cluster's topics, whatever WithTopicFunc returns). The error is
+// retryable, so a topic created meanwhile is used and otherwise the row is
+// marked dead once the relay's retry policy gives up. A client with
+// kgo.AllowAutoTopicCreation skips the check (the produce creates the
+// topic).
 //
 // A produce the relay retries (after an error, or after a relay died between
 // producing and marking the row sent) is a new record: consumers deduplicate
