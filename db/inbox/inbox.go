@@ -501,7 +501,9 @@ func runTxOnce(ctx context.Context, db *sql.DB, body func(tx *sql.Tx) (bool, err
 // since tx's snapshot: roll tx back and begin again (Apply does). On a
 // SQLite connection without a busy timeout (a plain sql.Open("sqlite",
 // path)), its SQLITE_BUSY error says to open the database with
-// sqldb.OpenSQLite.
+// sqldb.OpenSQLite; its SQLITE_BUSY_SNAPSHOT (tx read before another
+// connection wrote, in WAL mode; no busy timeout helps) says to begin tx
+// again, IMMEDIATE.
 func (in *Inbox) Record(ctx context.Context, tx *sql.Tx, eventID string) (first bool, err error) {
 	if in.zero() {
 		return false, ErrZeroInbox

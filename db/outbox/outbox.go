@@ -544,7 +544,9 @@ func (o *Outbox) warnNoBusyTimeout(ctx context.Context, log *slog.Logger, where 
 // error: a table or column missing on tx's connection: CreateSchema not
 // run, or run on another connection of an in-memory SQLite database), ctx's
 // error, or the database's (SQLite's SQLITE_BUSY on a connection without a
-// busy timeout adds what to do: open the database with sqldb.OpenSQLite). The first four are returned before any SQL and
+// busy timeout adds what to do: open the database with sqldb.OpenSQLite;
+// SQLITE_BUSY_SNAPSHOT, which no busy timeout helps, says to run tx again
+// and begin write transactions IMMEDIATE). The first four are returned before any SQL and
 // leave tx untouched: it can go on (write a corrected event) and commit. The others come from the INSERT (ctx ending
 // during it included): on PostgreSQL they abort tx (roll it back); on SQLite
 // tx can go on. (database/sql also rolls tx back when the context given to

@@ -49,3 +49,26 @@ func TestSchedulerOptionsTheRelaySetsAreRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, r.Close(context.Background()))
 }
+
+// A scheduler option the relay sets itself is refused as such even with a
+// value keysched refuses (a nil dead-letter function, a depth of 0): the
+// error names the relay option to use, where it said only that the value
+// was wrong, so that the caller mended the value to be refused again.
+func TestSchedulerOptionsTheRelaySetsAreRefusedWhateverTheirValue(t *testing.T) {
+	ob := newOutbox(t, dbtest.SQLite(t))
+	sink := func(context.Context, outbox.Event) error { return nil }
+	for _, c := range []struct {
+		opt           keysched.Option
+		name, instead string
+	}{
+		{keysched.WithDeadLetter[string](nil), "keysched.WithDeadLetter", "WithOnDead"},
+		{keysched.WithFailurePolicy(keysched.FailurePolicy(99)), "keysched.WithFailurePolicy", "the relay's WithFailurePolicy"},
+		{keysched.WithMaxPending(0), "keysched.WithMaxPending", "WithBatchSize"},
+		{keysched.WithMaxKeyDepth(-1), "keysched.WithMaxKeyDepth", "WithKeyBatch"},
+	} {
+		_, err := ob.NewRelay(sink, outbox.WithLogger(quiet), outbox.WithSchedulerOptions(c.opt))
+		require.ErrorIs(t, err, outbox.ErrInvalidOption, c.name)
+		require.Contains(t, err.Error(), "which the relay sets itself", c.name)
+		require.Contains(t, err.Error(), c.instead, c.name)
+	}
+}

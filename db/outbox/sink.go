@@ -12,8 +12,9 @@ import (
 // BusSink returns a Sink that publishes each event on b, keyed by the
 // event's key, in an envelope carrying its ID, headers and creation time.
 // The bus event is decode(e), or the Event itself when decode is nil; a
-// decode error is permanent (the row is marked dead without retries, since
-// decoding the same row again fails again).
+// decode error, or a nil event with no error, is permanent (the row is
+// marked dead without retries, since decoding the same row again fails
+// again; the nil event's error wraps bus.ErrNilEvent and names the event).
 //
 // A bus is in memory: "published" means every matching subscriber accepted
 // the event (PublishEnvelopeStrict returned nil), not that it was handled,
@@ -29,6 +30,17 @@ import (
 // refuse the event (*bus.PublishError), the sink returns that error and the
 // retry publishes the event again to all of them: the subscribers that had
 // accepted it get it twice (use bus.Dedup, keyed on the event ID).
+//
+// An event a subscriber accepted (queued) but whose handler never ran is
+// not the sink's to keep: the relay marked its row sent when the subscriber
+// took it. That is the case of a subscriber ejected (bus.EjectAfter) with
+// events queued, whose queued events are dead-lettered with bus.ErrEjected
+// and Attempts 0, and of an Unsubscribe or a bus Close that gives up
+// (keysched.ErrAborted); as an event whose handler fails for good, they
+// reach the subscriber's bus.DeadLetters function (by default only a
+// warning in the bus's log). A subscriber that must not lose one gives a
+// DeadLetters function that keeps it (for instance writes it back to an
+// outbox).
 // A nil b makes a Sink that fails every call with an error.
 func BusSink(b *bus.Bus[string], decode func(Event) (any, error)) Sink {
 	return func(ctx context.Context, e Event) error {
@@ -40,6 +52,11 @@ func BusSink(b *bus.Bus[string], decode func(Event) (any, error)) Sink {
 			v, err := decode(e)
 			if err != nil {
 				return permanent(fmt.Errorf("outbox: BusSink: decode event %s: %w", e.ID, err))
+			}
+			if v == nil {
+				// As a decode error: decoding the same row again gives nil
+				// again (the bus refuses a nil event, bus.ErrNilEvent).
+				return permanent(fmt.Errorf("outbox: BusSink: decode event %s (key %q) returned a nil event and no error: %w", e.ID, e.Key, bus.ErrNilEvent))
 			}
 			ev = v
 		}

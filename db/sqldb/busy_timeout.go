@@ -46,16 +46,26 @@ func NoBusyTimeout(ctx context.Context, q Queryer) bool {
 	return err == nil && file && t == 0
 }
 
+// BusySnapshotAdvice says what to do about SQLITE_BUSY_SNAPSHOT: a
+// deferred transaction that read, in WAL mode, before another connection
+// committed a write, cannot write; no busy timeout makes it wait.
+const BusySnapshotAdvice = "SQLITE_BUSY_SNAPSHOT: the transaction read the database before another connection wrote to it, so it cannot write, and a busy timeout does not help: roll it back and run it again, and begin write transactions IMMEDIATE so that they take the write lock first (open the database with sqldb.OpenSQLite, or put _txlock=immediate in the DSN)"
+
 // WithBusyTimeoutAdvice returns err with NoBusyTimeoutAdvice added to its
 // text when err is SQLite's SQLITE_BUSY ("database is locked") and the
 // connection q runs on (the one that failed: pass the transaction) has no
-// busy timeout on a file database; otherwise err itself. The result wraps
-// err (errors.Is, errors.As and Classify see through it). It asks q only
-// for a SQLITE_BUSY error: a cost on that error path alone.
+// busy timeout on a file database, with BusySnapshotAdvice when err is
+// SQLITE_BUSY_SNAPSHOT (code 517, which a busy timeout cannot help);
+// otherwise err itself. The result wraps err (errors.Is, errors.As and
+// Classify see through it). It asks q only for a SQLITE_BUSY error other
+// than SQLITE_BUSY_SNAPSHOT: a cost on that error path alone.
 func WithBusyTimeoutAdvice(ctx context.Context, q Queryer, err error) error {
 	var sqErr *sqlite.Error
 	if err == nil || !errors.As(err, &sqErr) || sqErr.Code()&0xff != 5 { // SQLITE_BUSY
 		return err
+	}
+	if sqErr.Code() == 517 { // SQLITE_BUSY_SNAPSHOT
+		return fmt.Errorf("%w (%s)", err, BusySnapshotAdvice)
 	}
 	if !NoBusyTimeout(ctx, q) {
 		return err

@@ -12,8 +12,10 @@ package schedopt
 // Settings returns the names of the keysched options, among
 // "WithDeadLetter", "WithFailurePolicy", "WithMaxPending",
 // "WithMaxKeyDepth", "WithRetryPanics" and "WithObserver", whose setting o
-// (a keysched.Option) makes, in that order; nil for anything else, for a nil
-// option and for one that refuses its value (keysched.New refuses it then).
+// (a keysched.Option) makes, in that order; nil for anything else and for a
+// nil option. One of them that refuses its value (WithMaxPending(0)) is
+// named all the same (keysched.New would refuse it); another option that
+// refuses its value gives nil.
 // It is set by package keysched's initialization, so it is non-nil in any
 // program that imports keysched.
 var Settings func(o any) []string

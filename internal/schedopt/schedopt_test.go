@@ -10,8 +10,8 @@ import (
 	"github.com/keysched/keysched/internal/schedopt"
 )
 
-// Settings names what each option sets, and nothing for the others, for a
-// nil option or one that refuses its value.
+// Settings names what each option sets, even when it refuses its value, and
+// nothing for the others (refused or not) or for a nil option.
 func TestSettingsNamesWhatAnOptionSets(t *testing.T) {
 	for _, c := range []struct {
 		opt  keysched.Option
@@ -27,7 +27,9 @@ func TestSettingsNamesWhatAnOptionSets(t *testing.T) {
 		{keysched.WithTaskAges(), nil},
 		{keysched.WithWorkers(3), nil},
 		{keysched.WithLogger(slog.Default()), nil},
-		{keysched.WithMaxPending(0), nil},
+		{keysched.WithMaxPending(0), []string{"WithMaxPending"}},
+		{keysched.WithDeadLetter[string](nil), []string{"WithDeadLetter"}},
+		{keysched.WithWorkers(0), nil},
 		{nil, nil},
 	} {
 		require.Equal(t, c.want, schedopt.Settings(c.opt))

@@ -33,15 +33,19 @@
 // fails the call with an error wrapping ErrUnknownTopic, naming the topic
 // and the event, after about a second (the first call of each topic asks
 // the cluster for its metadata, up to 5 times 250 ms apart; a topic found
-// is not asked about again), or when the call's context ends first, where
-// the produce could wait for the topic until the context ended
-// (kgo.UnknownTopicRetries(-1), or a sink timeout shorter than franz-go's
-// own unknown-topic retries) and fail with a bare context error. A produce
-// that franz-go fails with UNKNOWN_TOPIC_OR_PARTITION (a topic deleted
-// later) wraps ErrUnknownTopic too. The error is retryable, so a topic
-// created meanwhile is used and otherwise the row is marked dead once the
-// relay's retry policy gives up. A client with kgo.AllowAutoTopicCreation
-// skips the check (the produce creates the topic).
+// is not asked about again; calls of many keys for a topic not yet seen
+// share one check, so the cluster gets one metadata request at a time per
+// topic), or when the call's context ends first, where the produce could
+// wait for the topic until the context ended (kgo.UnknownTopicRetries(-1),
+// or a sink timeout shorter than franz-go's own unknown-topic retries) and
+// fail with a bare context error. A produce that franz-go fails with
+// UNKNOWN_TOPIC_OR_PARTITION (a topic deleted later) wraps ErrUnknownTopic
+// too. The sink remembers only topics the cluster was seen to have (bounded
+// by the cluster's topics, whatever WithTopicFunc returns). The error is
+// retryable, so a topic created meanwhile is used and otherwise the row is
+// marked dead once the relay's retry policy gives up. A client with
+// kgo.AllowAutoTopicCreation skips the check (the produce creates the
+// topic).
 //
 // A produce the relay retries (after an error, or after a relay died between
 // producing and marking the row sent) is a new record: consumers deduplicate

@@ -32,16 +32,31 @@ const (
 // topicCheck remembers the topics the cluster was seen to have, so that
 // each is asked about once (a produce to a topic the cluster lacks would
 // wait for metadata until the call's context ends, then fail with a bare
-// context error). Safe for concurrent use.
+// context error). Concurrent first calls for one topic share one check:
+// the cluster gets one metadata request at a time per topic, not one per
+// key. The set holds the topics the cluster was seen to have: it is
+// bounded by the cluster's topics. Safe for concurrent use.
 type topicCheck struct {
 	cl    *kgo.Client
 	auto  bool     // kgo.AllowAutoTopicCreation: the produce creates it
 	known sync.Map // topic -> struct{}
+
+	mu     sync.Mutex
+	asking map[string]*topicAsk // the check in progress per topic
+}
+
+// topicAsk is one check of a topic, shared by the calls that wait for it.
+type topicAsk struct {
+	done  chan struct{} // closed when err, tries and when are set
+	err   error         // the broker's UNKNOWN_TOPIC_OR_PARTITION; nil: present or cannot tell
+	tries int
+	when  string
+	cut   bool // the asking call's context ended: the waiters ask again
 }
 
 func newTopicCheck(cl *kgo.Client) *topicCheck {
 	auto, _ := cl.OptValue(kgo.AllowAutoTopicCreation).(bool)
-	return &topicCheck{cl: cl, auto: auto}
+	return &topicCheck{cl: cl, auto: auto, asking: map[string]*topicAsk{}}
 }
 
 // check returns an error wrapping ErrUnknownTopic when the cluster still
@@ -49,25 +64,65 @@ func newTopicCheck(cl *kgo.Client) *topicCheck {
 // topicCheckGap apart, or when ctx ends between two of them, and nil
 // otherwise: the topic present (remembered), auto topic creation allowed,
 // or the check unable to tell (no answer, another refusal, ctx ended
-// during a request: the produce then says the rest).
+// during a request: the produce then says the rest). A call that finds a
+// check of topic in progress (another key's) waits for its answer, or
+// until ctx ends (nil: the produce then says ctx's error); when that
+// check was cut short by its own call's context, the waiting call checks
+// again with its own context.
 func (c *topicCheck) check(ctx context.Context, topic string, e outbox.Event) error {
 	if c.auto {
 		return nil
 	}
-	if _, ok := c.known.Load(topic); ok {
-		return nil
+	for {
+		if _, ok := c.known.Load(topic); ok {
+			return nil
+		}
+		c.mu.Lock()
+		a, waiting := c.asking[topic]
+		if !waiting {
+			a = &topicAsk{done: make(chan struct{})}
+			c.asking[topic] = a
+		}
+		c.mu.Unlock()
+		if waiting {
+			select {
+			case <-a.done:
+			case <-ctx.Done():
+				return nil
+			}
+			if a.cut {
+				// The other call's context ended before its tries did:
+				// this call asks with its own.
+				continue
+			}
+		} else {
+			a.tries, a.when, a.err = c.ask(ctx, topic)
+			a.cut = ctx.Err() != nil
+			c.mu.Lock()
+			delete(c.asking, topic)
+			c.mu.Unlock()
+			close(a.done)
+		}
+		if a.err == nil {
+			return nil
+		}
+		return fmt.Errorf("%w: produce event %s (key %q, seq %d) to topic %q: the cluster does not have the topic (%w; asked %d times, %s): create it, or allow auto topic creation (kgo.AllowAutoTopicCreation)",
+			ErrUnknownTopic, e.ID, e.Key, e.Seq, topic, a.err, a.tries, a.when)
 	}
+}
+
+// ask asks the cluster about topic up to topicCheckTries times, and returns
+// the broker's UNKNOWN_TOPIC_OR_PARTITION with the number of requests and
+// how long they went on when it never had the topic; a nil error when it
+// has it or the answer cannot tell.
+func (c *topicCheck) ask(ctx context.Context, topic string) (tries int, when string, _ error) {
 	for try := 1; ; try++ {
 		err := c.unknown(ctx, topic)
 		if err == nil {
-			return nil
-		}
-		unknown := func(when string) error {
-			return fmt.Errorf("%w: produce event %s (key %q, seq %d) to topic %q: the cluster does not have the topic (%w; asked %d times, %s): create it, or allow auto topic creation (kgo.AllowAutoTopicCreation)",
-				ErrUnknownTopic, e.ID, e.Key, e.Seq, topic, err, try, when)
+			return try, "", nil
 		}
 		if try == topicCheckTries {
-			return unknown(fmt.Sprintf("over %v", time.Duration(topicCheckTries-1)*topicCheckGap))
+			return try, fmt.Sprintf("over %v", time.Duration(topicCheckTries-1)*topicCheckGap), err
 		}
 		t := time.NewTimer(topicCheckGap)
 		select {
@@ -76,7 +131,7 @@ func (c *topicCheck) check(ctx context.Context, topic string, e outbox.Event) er
 			t.Stop()
 			// The call's context ended while the cluster said it does not
 			// have the topic: that, not the context, is the news.
-			return unknown(fmt.Sprintf("until the call's context ended: %v", ctx.Err()))
+			return try, fmt.Sprintf("until the call's context ended: %v", ctx.Err()), err
 		}
 	}
 }
