@@ -21,19 +21,7 @@ import (
 // the check's 5 tries in all), not one per key (16 keys made 16 or more);
 // each call still fails with ErrUnknownTopic naming its own event.
 func TestConcurrentFirstCallsShareOneTopicCheck(t *testing.T) {
-	cluster, cl := newCluster(t, []string{"ledger"}, kgo.UnknownTopicRetries(-1))
-	var asked atomic.Int64
-	cluster.ControlKey(int16(kmsg.Metadata), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
-		cluster.KeepControl()
-		for _, rt := range kreq.(*kmsg.MetadataRequest).Topics {
-			if rt.Topic != nil && *rt.Topic == "ledgr" {
-				asked.Add(1)
-			}
-		}
-		return nil, nil, false
-	})
-	sink, err := kafkasink.New(cl, "ledgr")
-	require.NoError(t, err)
+	sink, asked := sinkToAMissingTopic(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	const keys = 16
@@ -60,8 +48,27 @@ func TestConcurrentFirstCallsShareOneTopicCheck(t *testing.T) {
 // ends before the check's tries do, checks again with its own context: it
 // gets its full tries, not the other call's verdict cut short.
 func TestTopicCheckCutShortByItsCallIsAskedAgain(t *testing.T) {
+	sink, asked := sinkToAMissingTopic(t)
+	short, cancelShort := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancelShort()
+	shortErr := make(chan error, 1)
+	go func() { shortErr <- sink(short, outbox.Event{ID: "ev-short", Key: "k1", Payload: []byte("x")}) }()
+	require.Eventually(t, func() bool { return asked.Load() > 0 }, 10*time.Second, time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := sink(ctx, outbox.Event{ID: "ev-long", Key: "k2", Payload: []byte("x")})
+	require.ErrorIs(t, err, kafkasink.ErrUnknownTopic)
+	require.Contains(t, err.Error(), "asked 5 times")
+	require.ErrorIs(t, <-shortErr, kafkasink.ErrUnknownTopic)
+}
+
+// sinkToAMissingTopic returns a sink to the topic "ledgr", which the cluster
+// lacks (it has "ledger"; franz-go told never to give up on an unknown
+// topic), and the count of metadata requests that asked for it.
+func sinkToAMissingTopic(t *testing.T) (outbox.Sink, *atomic.Int64) {
+	t.Helper()
 	cluster, cl := newCluster(t, []string{"ledger"}, kgo.UnknownTopicRetries(-1))
-	var asked atomic.Int64
+	asked := new(atomic.Int64)
 	cluster.ControlKey(int16(kmsg.Metadata), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
 		cluster.KeepControl()
 		for _, rt := range kreq.(*kmsg.MetadataRequest).Topics {
@@ -73,15 +80,5 @@ func TestTopicCheckCutShortByItsCallIsAskedAgain(t *testing.T) {
 	})
 	sink, err := kafkasink.New(cl, "ledgr")
 	require.NoError(t, err)
-	short, cancelShort := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancelShort()
-	shortErr := make(chan error, 1)
-	go func() { shortErr <- sink(short, outbox.Event{ID: "ev-short", Key: "k1", Payload: []byte("x")}) }()
-	require.Eventually(t, func() bool { return asked.Load() > 0 }, 10*time.Second, time.Millisecond)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	err = sink(ctx, outbox.Event{ID: "ev-long", Key: "k2", Payload: []byte("x")})
-	require.ErrorIs(t, err, kafkasink.ErrUnknownTopic)
-	require.Contains(t, err.Error(), "asked 5 times")
-	require.ErrorIs(t, <-shortErr, kafkasink.ErrUnknownTopic)
+	return sink, asked
 }
