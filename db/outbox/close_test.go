@@ -3,11 +3,14 @@ package outbox_test
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/db/internal/dbtest"
 	"github.com/keysched/keysched/db/outbox"
 )
@@ -96,5 +99,51 @@ func TestCloseBoundedWhenSinkIgnoresContext(t *testing.T) {
 		require.EqualValues(t, 1, st.Published)
 		require.EqualValues(t, 1, st.Marked, "the call that succeeded late is marked sent")
 		require.Empty(t, counts(t, ob), "nothing left pending")
+	})
+}
+
+// Close gives back the rows waiting out a retry backoff at once, as Run's
+// doc says, instead of waiting for the backoff to end and the row to run
+// again: with a minute's backoff, Close(context.Background()) took 5 to 14 s
+// (the jittered draw) and logged the scheduler's "Close still waiting"
+// warning. The row stays pending with no second sink call, and the next
+// relay publishes it.
+func TestCloseGivesBackRowsWaitingOutARetryBackoff(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ob := newOutbox(t, db)
+		writeEvents(t, ob, 1, 1, 1)
+		var calls atomic.Int32
+		failed := make(chan struct{}, 1)
+		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+			calls.Add(1)
+			select {
+			case failed <- struct{}{}:
+			default:
+			}
+			return errors.New("downstream refuses it")
+		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond),
+			outbox.WithRetry(keysched.RetryPolicy{MaxAttempts: 10, InitialBackoff: time.Hour, MaxBackoff: time.Hour}))
+		require.NoError(t, err)
+		errc := make(chan error, 1)
+		go func() { errc <- r.Run(context.Background()) }()
+		<-failed
+		time.Sleep(20 * time.Millisecond) // the failed attempt is waiting out its backoff
+		closed := make(chan error, 1)
+		go func() { closed <- r.Close(context.Background()) }()
+		select {
+		case err := <-closed:
+			require.NoError(t, err)
+		case <-time.After(3 * time.Second): // the backoff is drawn from [0, 1 h]
+			t.Fatal("Close waits out the row's retry backoff instead of giving the row back")
+		}
+		require.NoError(t, <-errc)
+		require.EqualValues(t, 1, calls.Load(), "the row was published again after Close")
+		require.EqualValues(t, 1, r.Stats().Abandoned)
+		require.Equal(t, map[outbox.State]int64{outbox.Pending: 1}, counts(t, ob))
+
+		rec := newRecorder(1)
+		_, stop := startRelay(t, ob, rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
+		rec.wait(t, 30*time.Second) // Close released the lease: no wait
+		stop()
 	})
 }

@@ -374,8 +374,15 @@ func (r *Relay) Run(ctx context.Context) error {
 		cancel()
 		closeCtx = c
 	}
-	_ = r.sched.Close(closeCtx) // aborted tasks come back through onDeadLetter
-	r.waitTasks()               // a sink call Close gave up on must return before the key is let go
+	// The sink calls in progress finish (until closeCtx ends); then the
+	// scheduler closes at once: the rows queued, waiting out a retry
+	// backoff or a Snooze, or parked are given back (aborted tasks come
+	// back through onDeadLetter), not waited for.
+	r.waitTasksUntil(closeCtx)
+	ended, end := context.WithCancel(context.Background())
+	end()
+	_ = r.sched.Close(ended)
+	r.waitTasks() // a sink call Close gave up on must return before the key is let go
 	close(stopFlush)
 	cancelListen()
 	wg.Wait()
@@ -504,6 +511,21 @@ func (r *Relay) endTask() {
 	r.active--
 	if r.active == 0 {
 		r.idle.Broadcast()
+	}
+	r.mu.Unlock()
+}
+
+// waitTasksUntil waits until no sink call runs, or ctx ends.
+func (r *Relay) waitTasksUntil(ctx context.Context) {
+	stop := context.AfterFunc(ctx, func() {
+		r.mu.Lock()
+		r.idle.Broadcast()
+		r.mu.Unlock()
+	})
+	defer stop()
+	r.mu.Lock()
+	for r.active > 0 && ctx.Err() == nil {
+		r.idle.Wait()
 	}
 	r.mu.Unlock()
 }
