@@ -50,3 +50,45 @@ func TestMarkHookFailingAtCloseIsReportedAndBounded(t *testing.T) {
 		require.Zero(t, next.check(t, keys, perKey))
 	})
 }
+
+// A Close whose context ends while a sink call hangs also reports the marks
+// Run's shutdown could not make: the error wraps both ctx's error and the
+// hook's, and says the rows were given back. It reported ctx's error alone.
+func TestCloseWithAnEndedContextReportsUnmarkedRows(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ob := newOutbox(t, db)
+		ctx := context.Background()
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		for _, k := range []string{"published", "hangs"} {
+			_, err = ob.Write(ctx, tx, outbox.Event{Key: k, Payload: []byte(k)})
+			require.NoError(t, err)
+		}
+		require.NoError(t, tx.Commit())
+		published, hanging := make(chan struct{}), make(chan struct{})
+		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+			if e.Key == "published" {
+				close(published)
+				return nil
+			}
+			close(hanging)
+			<-ctx.Done()
+			return ctx.Err()
+		}, outbox.WithLogger(quiet), outbox.WithPollInterval(5*time.Millisecond),
+			outbox.WithMarkHook(func(ctx context.Context, tx *sql.Tx, m []outbox.Marked) error { return errAuditDown }))
+		require.NoError(t, err)
+		errc := make(chan error, 1)
+		go func() { errc <- r.Run(context.Background()) }()
+		<-published
+		<-hanging
+		require.Eventually(t, func() bool { return r.Stats().DBErrors >= 1 }, 30*time.Second, time.Millisecond)
+		cctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		err = r.Close(cctx)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.ErrorIs(t, err, errAuditDown, "Close drops what Run's shutdown could not mark")
+		require.Contains(t, err.Error(), "given back")
+		require.NoError(t, <-errc)
+		require.Equal(t, map[outbox.State]int64{outbox.Pending: 2}, counts(t, ob))
+	})
+}

@@ -485,7 +485,11 @@ func (r *Relay) Close(ctx context.Context) error {
 	defer grace.Stop()
 	select {
 	case <-r.done:
-		return fmt.Errorf("outbox: close: %w", ctx.Err())
+		err := fmt.Errorf("outbox: close: the context ended before the relay stopped: sink calls in progress were cancelled, and the rows not published were given back (they stay pending: the next relay to claim their keys publishes them): %w", ctx.Err())
+		if r.shutdownErr != nil {
+			err = errors.Join(err, fmt.Errorf("outbox: close: %w", r.shutdownErr))
+		}
+		return err
 	case <-grace.C:
 	}
 	r.mu.Lock()
