@@ -233,8 +233,11 @@ func parseOffsets(s string) (start, end int64, err error) {
 	}
 	if to != "" {
 		last, err := strconv.ParseInt(to, 10, 64)
-		if err != nil || last < start || last == 1<<63-1 {
+		if err != nil || last < 0 || last == 1<<63-1 {
 			return 0, 0, bad
+		}
+		if last < start {
+			return 0, 0, fmt.Errorf("--offsets %q: FROM %d is above TO %d (want FROM-TO with FROM <= TO, both ends included)", s, start, last)
 		}
 		end = last + 1
 	}

@@ -200,7 +200,7 @@ func TestBadInputIsRefusedWithAStatus(t *testing.T) {
 	}{
 		{"no brokers", []string{"--dlq", "dlq"}, exitUsage, "missing flags: --brokers"},
 		{"no dead-letter topic", []string{"--brokers", b}, exitUsage, "missing flags: --dlq"},
-		{"bad offsets", []string{"--brokers", b, "--dlq", "dlq", "--offsets", "9-3"}, exitUsage, `--offsets "9-3"`},
+		{"bad offsets", []string{"--brokers", b, "--dlq", "dlq", "--offsets", "9-3"}, exitUsage, `--offsets "9-3": FROM 9 is above TO 3`},
 		{"bad since", []string{"--brokers", b, "--dlq", "dlq", "--since", "yesterday"}, exitUsage, `--since "yesterday"`},
 		{"empty time range", []string{"--brokers", b, "--dlq", "dlq", "--since", "1h", "--until", "2h"}, exitUsage, "empty time range"},
 		{"bad time", []string{"--brokers", b, "--dlq", "dlq", "--time", "now"}, exitUsage, "--time"},
