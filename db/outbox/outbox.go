@@ -710,7 +710,10 @@ func (o *Outbox) Dead(ctx context.Context, limit int) (_ []DeadEvent, err error)
 }
 
 // Parked returns the keys that have a dead row, sorted. Under the Park
-// policy these keys are stopped until Resume or Skip.
+// policy these keys are stopped until Resume or Skip. The outbox does not
+// know its relays' policy: under Continue (the default) a key listed here
+// is not stopped (its later rows were published past the dead one), and
+// Dead lists the rows to resume or skip.
 func (o *Outbox) Parked(ctx context.Context) (_ []string, err error) {
 	defer func() { err = sqldb.WrapDBClosed(err) }()
 	if o.zero() {
