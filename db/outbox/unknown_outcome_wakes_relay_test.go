@@ -69,16 +69,18 @@ func TestRelayMoveWithUnknownOutcomeWakesTheRelay(t *testing.T) {
 		require.NoError(t, err)
 	}
 	rec := newRecorder(0)
-	r, _ := startRelay(t, ob, rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(time.Minute),
-		outbox.WithFailurePolicy(keysched.Park))
-	require.Eventually(t, func() bool { return r.Stats().Polls > 0 && r.Stats().Listening }, 10*time.Second, 5*time.Millisecond,
-		"the relay polled (every key parked) and went idle")
 	published := func(k string) int {
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
 		return len(rec.byKey[k])
 	}
 	for i, c := range cases {
+		// A relay of its own for each case: a wake-up of an earlier
+		// case's (a second after it) goes to that case's relay.
+		r, stop := startRelay(t, ob, rec.sink, outbox.WithLogger(quiet), outbox.WithPollInterval(time.Minute),
+			outbox.WithFailurePolicy(keysched.Park))
+		require.Eventually(t, func() bool { return r.Stats().Polls > 0 && r.Stats().Listening }, 10*time.Second, 5*time.Millisecond,
+			"%s: the relay polled (every key parked) and went idle", c.name)
 		head := headIDs(t, ob, key(i))[0]
 		// A connection open and idle in the pool: the move is sent on
 		// it at once (not cut short while connecting).
@@ -89,10 +91,6 @@ func TestRelayMoveWithUnknownOutcomeWakesTheRelay(t *testing.T) {
 		// waiting out the poll interval.
 		require.Eventually(t, func() bool { return published(key(i)) == c.want }, 10*time.Second, 5*time.Millisecond,
 			"%s: the relay woke and published the key's rows", c.name)
-		if i < len(cases)-1 {
-			// The move's second wake-up (a second after it) passes
-			// before the next case's: each case is woken by its own.
-			time.Sleep(1200 * time.Millisecond)
-		}
+		stop()
 	}
 }
