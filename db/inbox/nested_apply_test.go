@@ -55,6 +55,7 @@ func TestNestedApplyOfTheSameIDEndsWithCtxAndSaysWhy(t *testing.T) {
 			return inner
 		})
 		require.False(t, applied)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.ErrorIs(t, inner, context.DeadlineExceeded)
 		require.ErrorContains(t, inner, `an Apply of the entity "a" was in flight in this process`)
 		_, ok, err := v.Current(bg, "a")
