@@ -386,10 +386,11 @@ func timeArg(d Dialect, t time.Time) any {
 // transaction waits for this one's row (PostgreSQL) or for the write lock
 // (SQLite, where any Apply inside fn waits so, as may one that needs a
 // second pooled connection), and this one waits for fn. The nested Apply
-// ends only when ctx does, with ctx's error saying that an Apply of the ID
-// was in flight in this process when it began (the outer Apply then returns
-// that error as fn's, nothing recorded). Inside fn, Record with fn's tx
-// tells whether an ID is recorded.
+// ends only when ctx does (on SQLite, or after the busy timeout, with
+// SQLITE_BUSY), its error then saying that an Apply of the ID was in
+// flight in this process when it began (the outer Apply returns that error
+// as fn's, nothing recorded). Inside fn, Record with fn's tx tells whether
+// an ID is recorded.
 func (in *Inbox) Apply(ctx context.Context, eventID string, fn func(tx *sql.Tx) error) (applied bool, err error) {
 	if in.zero() {
 		return false, ErrZeroInbox
@@ -405,7 +406,7 @@ func (in *Inbox) Apply(ctx context.Context, eventID string, fn func(tx *sql.Tx) 
 	}
 	others, leave := in.busy.enter(eventID)
 	defer leave()
-	defer func() { err = selfWait(ctx, err, others, "event ID", eventID) }()
+	defer func() { err = selfWait(ctx, in.o.dialect, err, others, "event ID", eventID) }()
 	return runTx(ctx, in.db, func(tx *sql.Tx) (bool, error) {
 		first, err := in.Record(ctx, tx, eventID)
 		if err != nil || !first {
@@ -449,17 +450,25 @@ func (f *inFlight) enter(id string) (others int, leave func()) {
 	}
 }
 
-// selfWait adds to err, the error of an Apply of id that ended with ctx
-// while others Applys of id were running in this process when it began,
-// the likely cause: it runs inside one of their fns (a nested Apply), and
-// waited for that Apply's transaction, which waits for it. (A concurrent
-// delivery of id waits the same way, for as long as the other's fn runs:
-// hence "if".)
-func selfWait(ctx context.Context, err error, others int, what, id string) error {
-	if err == nil || others == 0 || ctx.Err() == nil {
+// selfWait adds to err, the error of an Apply of id that waited until ctx
+// ended (or, on SQLite, for the busy timeout: SQLITE_BUSY) while others
+// Applys of id were running in this process when it began, the likely
+// cause: it runs inside one of their fns (a nested Apply), and waited for
+// that Apply's transaction, which waits for it. (A concurrent delivery of
+// id waits the same way, for as long as the other's fn runs: hence "if".)
+func selfWait(ctx context.Context, d Dialect, err error, others int, what, id string) error {
+	if err == nil || others == 0 {
 		return err
 	}
-	return fmt.Errorf("%w (an Apply of the %s %q was in flight in this process when this one began: if this Apply runs inside that one's fn, it waited for its own transaction until ctx ended; inside fn, use Record (or Gate) with fn's tx)", err, what, id)
+	waited := "until ctx ended"
+	switch {
+	case ctx.Err() != nil:
+	case d == SQLite && sqldb.Classify(err) == sqldb.KindConflict:
+		waited = "for the busy timeout"
+	default:
+		return err
+	}
+	return fmt.Errorf("%w (an Apply of the %s %q was in flight in this process when this one began: if this Apply runs inside that one's fn, it waited for its own transaction %s; inside fn, use Record (or Gate) with fn's tx)", err, what, id, waited)
 }
 
 // maxGateAttempts bounds the transactions Apply begins for one call when the

@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"database/sql"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/keysched/keysched/db/inbox"
 	"github.com/keysched/keysched/db/internal/dbtest"
+	"github.com/keysched/keysched/db/sqldb"
 )
 
 // An Apply called inside another's fn for the same event ID (or a Versions
@@ -61,6 +63,24 @@ func TestNestedApplyOfTheSameIDEndsWithCtxAndSaysWhy(t *testing.T) {
 		_, ok, err := v.Current(bg, "a")
 		require.NoError(t, err)
 		require.False(t, ok, "nothing stored")
+
+		if dbtest.Name(db) == "sqlite" {
+			// The busy timeout (here 200 ms) before ctx ends.
+			short, err := sqldb.OpenSQLite(filepath.Join(t.TempDir(), "busy.db") + "?_pragma=busy_timeout(200)")
+			require.NoError(t, err)
+			defer short.Close()
+			in, err := inbox.New(short)
+			require.NoError(t, err)
+			require.NoError(t, in.CreateSchema(bg))
+			applied, err := in.Apply(bg, "e1", func(*sql.Tx) error {
+				_, inner = in.Apply(bg, "e1", noop)
+				return inner
+			})
+			require.False(t, applied)
+			require.Equal(t, sqldb.KindConflict, sqldb.Classify(err), "SQLITE_BUSY: %v", err)
+			require.ErrorContains(t, inner, `an Apply of the event ID "e1" was in flight in this process`)
+			require.ErrorContains(t, inner, "for the busy timeout")
+		}
 
 		// An Apply of another ID inside fn is not named so (on
 		// PostgreSQL it runs; SQLite's one writer makes it wait too).

@@ -104,7 +104,8 @@ func (v *Versions) CreateSchema(ctx context.Context) error {
 // insert does.
 // A panic in fn rolls back and is re-raised. fn must not call Apply for the
 // same entity: as a nested Inbox.Apply of one ID, it waits for its own
-// transaction until ctx ends, and its error then says so.
+// transaction until ctx ends (SQLite: or the busy timeout), and its error
+// then says so.
 func (v *Versions) Apply(ctx context.Context, entity string, version int64, fn func(tx *sql.Tx) error) (applied bool, err error) {
 	if v.zero() {
 		return false, ErrZeroVersions
@@ -120,7 +121,7 @@ func (v *Versions) Apply(ctx context.Context, entity string, version int64, fn f
 	}
 	others, leave := v.busy.enter(entity)
 	defer leave()
-	defer func() { err = selfWait(ctx, err, others, "entity", entity) }()
+	defer func() { err = selfWait(ctx, v.o.dialect, err, others, "entity", entity) }()
 	return runTx(ctx, v.db, func(tx *sql.Tx) (bool, error) {
 		newer, err := v.Gate(ctx, tx, entity, version)
 		if err != nil || !newer {
