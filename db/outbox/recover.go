@@ -268,7 +268,7 @@ func (o *Outbox) recoverQuery(f *RecoverFilter) (where string, args []any, err e
 }
 
 func (o *Outbox) recover(ctx context.Context, f RecoverFilter, dry bool) (_ []RecoveredRow, err error) {
-	defer func() { err = sqldb.WrapDBClosed(err) }()
+	defer func() { err = o.callErr(err) }()
 	if o.zero() {
 		return nil, ErrZeroOutbox
 	}
