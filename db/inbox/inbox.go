@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/keysched/keysched"
@@ -240,6 +241,7 @@ type Inbox struct {
 	db                     *sql.DB
 	o                      options
 	insert, cleanup, check string
+	busy                   *inFlight // the IDs of the Applys running
 }
 
 // New returns an Inbox on db. It does not touch the database: create the
@@ -258,7 +260,7 @@ func New(db *sql.DB, opts ...Option) (*Inbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	in := &Inbox{db: db, o: o}
+	in := &Inbox{db: db, o: o, busy: newInFlight()}
 	r := func(s string) string { return sqldb.Rebind(o.dialect, s) }
 	in.insert = r(`INSERT INTO ` + o.table + ` (id, processed_at) VALUES (?, ?) ON CONFLICT (id) DO NOTHING`)
 	in.cleanup = r(`DELETE FROM ` + o.table + ` WHERE processed_at < ?`)
@@ -379,6 +381,16 @@ func timeArg(d Dialect, t time.Time) any {
 // work through tx (writes made any other way are not undone with it) and must
 // not commit or roll it back. A panic in fn rolls the transaction back and is
 // re-raised.
+//
+// fn must not call Apply for the same event ID (a nested Apply): its
+// transaction waits for this one's row (PostgreSQL) or for the write lock
+// (SQLite, where any Apply inside fn waits so, as may one that needs a
+// second pooled connection), and this one waits for fn. The nested Apply
+// ends only when ctx does (on SQLite, or after the busy timeout, with
+// SQLITE_BUSY), its error then saying that an Apply of the ID was in
+// flight in this process when it began (the outer Apply returns that error
+// as fn's, nothing recorded). Inside fn, Record with fn's tx tells whether
+// an ID is recorded.
 func (in *Inbox) Apply(ctx context.Context, eventID string, fn func(tx *sql.Tx) error) (applied bool, err error) {
 	if in.zero() {
 		return false, ErrZeroInbox
@@ -392,6 +404,9 @@ func (in *Inbox) Apply(ctx context.Context, eventID string, fn func(tx *sql.Tx) 
 	if err := validID(eventID); err != nil {
 		return false, err
 	}
+	others, leave := in.busy.enter(eventID)
+	defer leave()
+	defer func() { err = selfWait(ctx, in.o.dialect, err, others, "event ID", eventID) }()
 	return runTx(ctx, in.db, func(tx *sql.Tx) (bool, error) {
 		first, err := in.Record(ctx, tx, eventID)
 		if err != nil || !first {
@@ -406,6 +421,54 @@ func (in *Inbox) Apply(ctx context.Context, eventID string, fn func(tx *sql.Tx) 
 		}
 		return fmt.Sprintf("the ID %q is not recorded", eventID)
 	})
+}
+
+// inFlight counts the Applys running per event ID (or entity) in this
+// process, to name the likely cause of an Apply that waited until ctx
+// ended while another of the same ID ran: that it runs inside the other's
+// fn, and waits for its own transaction (selfWait).
+type inFlight struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func newInFlight() *inFlight { return &inFlight{n: map[string]int{}} }
+
+// enter counts an Apply of id in and returns how many others of id were
+// running, and the function that counts it out.
+func (f *inFlight) enter(id string) (others int, leave func()) {
+	f.mu.Lock()
+	others = f.n[id]
+	f.n[id]++
+	f.mu.Unlock()
+	return others, func() {
+		f.mu.Lock()
+		if f.n[id]--; f.n[id] == 0 {
+			delete(f.n, id)
+		}
+		f.mu.Unlock()
+	}
+}
+
+// selfWait adds to err, the error of an Apply of id that waited until ctx
+// ended (or, on SQLite, for the busy timeout: SQLITE_BUSY) while others
+// Applys of id were running in this process when it began, the likely
+// cause: it runs inside one of their fns (a nested Apply), and waited for
+// that Apply's transaction, which waits for it. (A concurrent delivery of
+// id waits the same way, for as long as the other's fn runs: hence "if".)
+func selfWait(ctx context.Context, d Dialect, err error, others int, what, id string) error {
+	if err == nil || others == 0 {
+		return err
+	}
+	waited := "until ctx ended"
+	switch {
+	case ctx.Err() != nil:
+	case d == SQLite && sqldb.Classify(err) == sqldb.KindConflict:
+		waited = "for the busy timeout"
+	default:
+		return err
+	}
+	return fmt.Errorf("%w (an Apply of the %s %q was in flight in this process when this one began: if this Apply runs inside that one's fn, it waited for its own transaction %s; inside fn, use Record (or Gate) with fn's tx)", err, what, id, waited)
 }
 
 // maxGateAttempts bounds the transactions Apply begins for one call when the

@@ -28,6 +28,7 @@ type Versions struct {
 	db         *sql.DB
 	o          options
 	gate, read string
+	busy       *inFlight // the entities of the Applys running
 }
 
 // NewVersions returns a Versions on db (table DefaultVersionsTable unless
@@ -44,7 +45,7 @@ func NewVersions(db *sql.DB, opts ...Option) (*Versions, error) {
 	if o.retention != 0 {
 		return nil, refused(optcheck.Refuse("WithRetention", o.retention, "does not apply to Versions: versions never expire"))
 	}
-	v := &Versions{db: db, o: o}
+	v := &Versions{db: db, o: o, busy: newInFlight()}
 	t := o.table
 	v.gate = sqldb.Rebind(o.dialect, `INSERT INTO `+t+` (entity, version) VALUES (?, ?)
 	ON CONFLICT (entity) DO UPDATE SET version = excluded.version WHERE `+t+`.version < excluded.version
@@ -101,7 +102,10 @@ func (v *Versions) CreateSchema(ctx context.Context) error {
 // with a serialization failure (the row changed since the snapshot) begins
 // a new transaction, fn not having run, up to 100 in all, as Inbox.Apply's
 // insert does.
-// A panic in fn rolls back and is re-raised.
+// A panic in fn rolls back and is re-raised. fn must not call Apply for the
+// same entity: as a nested Inbox.Apply of one ID, it waits for its own
+// transaction until ctx ends (SQLite: or the busy timeout), and its error
+// then says so.
 func (v *Versions) Apply(ctx context.Context, entity string, version int64, fn func(tx *sql.Tx) error) (applied bool, err error) {
 	if v.zero() {
 		return false, ErrZeroVersions
@@ -115,6 +119,9 @@ func (v *Versions) Apply(ctx context.Context, entity string, version int64, fn f
 	if err := validID(entity); err != nil {
 		return false, err
 	}
+	others, leave := v.busy.enter(entity)
+	defer leave()
+	defer func() { err = selfWait(ctx, v.o.dialect, err, others, "entity", entity) }()
 	return runTx(ctx, v.db, func(tx *sql.Tx) (bool, error) {
 		newer, err := v.Gate(ctx, tx, entity, version)
 		if err != nil || !newer {

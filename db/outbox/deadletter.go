@@ -141,6 +141,12 @@ func (r *Relay) Parked(ctx context.Context) ([]string, error) {
 // Resume makes the key's oldest dead row pending again (Outbox.Resume) and
 // wakes the relay. Any relay of the outbox then publishes it. After Close it
 // returns ErrClosed and moves nothing (Outbox.Resume needs no relay).
+//
+// The Relay's Resume, Skip, SkipHead, SkipEvent and Recover wake the relay
+// also when their error wraps ErrOutcomeUnknown (the move may have taken
+// effect, and may complete on the server after the call returned): at once,
+// and again a second later, so that a move that took effect is not left
+// waiting for the relay's next poll (WithPollInterval).
 func (r *Relay) Resume(ctx context.Context, key string) error {
 	if r.zero() {
 		return ErrZeroRelay
@@ -148,11 +154,9 @@ func (r *Relay) Resume(ctx context.Context, key string) error {
 	if r.closed() {
 		return ErrClosed
 	}
-	if err := r.o.Resume(ctx, key); err != nil {
-		return err
-	}
-	r.signal()
-	return nil
+	err := r.o.Resume(ctx, key)
+	r.signalIfMoved(err)
+	return err
 }
 
 // Skip gives up the key's oldest dead row (Outbox.Skip) and wakes the relay,
@@ -174,10 +178,10 @@ func (r *Relay) SkipHead(ctx context.Context, key string) (string, error) {
 		return "", ErrClosed
 	}
 	id, err := r.o.SkipHead(ctx, key)
+	r.signalIfMoved(err)
 	if err != nil {
 		return "", err
 	}
-	r.signal()
 	return id, nil
 }
 
@@ -191,9 +195,29 @@ func (r *Relay) SkipEvent(ctx context.Context, key, id string) error {
 	if r.closed() {
 		return ErrClosed
 	}
-	if err := r.o.SkipEvent(ctx, key, id); err != nil {
-		return err
-	}
-	r.signal()
-	return nil
+	err := r.o.SkipEvent(ctx, key, id)
+	r.signalIfMoved(err)
+	return err
 }
+
+// signalIfMoved wakes the relay after an operator's move that took effect
+// (err nil) or may have (err wraps ErrOutcomeUnknown): an idle relay is
+// not notified of a move, and would otherwise wait out its poll interval
+// before publishing the key's rows
+// (TestRelayMoveWithUnknownOutcomeWakesTheRelay). A move whose outcome is
+// unknown may still be running on the server when the call returns (its
+// context ended while the statement was in flight): the relay is woken at
+// once and again unknownRewake later.
+func (r *Relay) signalIfMoved(err error) {
+	switch {
+	case err == nil:
+		r.signal()
+	case errors.Is(err, ErrOutcomeUnknown):
+		r.signal()
+		time.AfterFunc(unknownRewake, r.signal)
+	}
+}
+
+// unknownRewake is how long after a move of unknown outcome the relay is
+// woken a second time (signalIfMoved).
+const unknownRewake = time.Second

@@ -74,6 +74,8 @@ type EventStatus struct {
 // SQL), ErrNotFound (wrapped) when no row has the ID (with the default
 // retention a sent row is deleted: see ErrNotFound), ErrNoSchema (wrapped)
 // when the table is missing, or the database's error (ctx's included).
+// With an error the EventStatus is the zero value, whose State reads
+// Pending (State's zero): look at the error first.
 func (o *Outbox) Lookup(ctx context.Context, id string) (_ EventStatus, err error) {
 	defer func() { err = sqldb.WrapDBClosed(err) }()
 	if o.zero() {

@@ -150,9 +150,10 @@ func TestLookupRefusesBadInput(t *testing.T) {
 		"\xff":                                 "invalid UTF-8",
 		strings.Repeat("x", outbox.MaxIDLen+1): "bytes",
 	} {
-		_, err := ob.Lookup(ctx, id)
+		st, err := ob.Lookup(ctx, id)
 		require.ErrorIs(t, err, outbox.ErrInvalidID, "%q", id)
 		require.ErrorContains(t, err, want, "%q", id)
+		require.Zero(t, st, "with an error, the zero EventStatus")
 	}
 	var nilCtx context.Context
 	_, err := ob.Lookup(nilCtx, "x")
@@ -164,6 +165,10 @@ func TestLookupRefusesBadInput(t *testing.T) {
 
 	noTable, err := outbox.New(db, outbox.WithTable("no_such_outbox"))
 	require.NoError(t, err)
-	_, err = noTable.Lookup(ctx, "x")
+	st, err := noTable.Lookup(ctx, "x")
 	require.ErrorIs(t, err, outbox.ErrNoSchema)
+	require.Zero(t, st, "with an error, the zero EventStatus")
+	st, err = ob.Lookup(ctx, "never-written")
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+	require.Zero(t, st, "with an error, the zero EventStatus")
 }

@@ -96,7 +96,9 @@ var (
 	ErrSchemaOutdated = errors.New("outbox: lease table has no token or epoch column: run CreateSchema")
 	// ErrNoSchema is wrapped by Run's error when the outbox table or its
 	// lease table does not exist, and by Write's when its INSERT finds a
-	// table or column missing: run CreateSchema (or see Schema) first.
+	// table or column missing (and by Lookup's, and the operator's calls':
+	// Resume, Skip, SkipHead, SkipEvent, Dead, Parked, Count, Recover and
+	// Recoverable): run CreateSchema (or see Schema) first.
 	// Run checks before it claims anything and returns at once. The
 	// table is missing on the connection that looked: on an in-memory
 	// SQLite database (which sqldb.OpenSQLite refuses) every connection of
@@ -672,7 +674,7 @@ type DeadEvent struct {
 // that failed for good and have been neither resumed nor skipped. Under the
 // Park policy each such row stops its key.
 func (o *Outbox) Dead(ctx context.Context, limit int) (_ []DeadEvent, err error) {
-	defer func() { err = sqldb.WrapDBClosed(err) }()
+	defer func() { err = o.callErr(err) }()
 	if o.zero() {
 		return nil, ErrZeroOutbox
 	}
@@ -715,7 +717,7 @@ func (o *Outbox) Dead(ctx context.Context, limit int) (_ []DeadEvent, err error)
 // is not stopped (its later rows were published past the dead one), and
 // Dead lists the rows to resume or skip.
 func (o *Outbox) Parked(ctx context.Context) (_ []string, err error) {
-	defer func() { err = sqldb.WrapDBClosed(err) }()
+	defer func() { err = o.callErr(err) }()
 	if o.zero() {
 		return nil, ErrZeroOutbox
 	}
@@ -815,7 +817,7 @@ func (o *Outbox) SkipEvent(ctx context.Context, key, id string) error {
 // moveDead moves the key's oldest dead row to the state to and returns its
 // ID; with want set (SkipEvent), only if that row is the event want.
 func (o *Outbox) moveDead(ctx context.Context, key string, to State, want string) (_ string, err error) {
-	defer func() { err = sqldb.WrapDBClosed(err) }()
+	defer func() { err = o.callErr(err) }()
 	if o.zero() {
 		return "", ErrZeroOutbox
 	}
@@ -878,6 +880,18 @@ func (o *Outbox) moveDead(ctx context.Context, key string, to State, want string
 	return "", fmt.Errorf("outbox: %v key %q: still contended after %d tries", to, key, maxMoveTries)
 }
 
+// callErr is the error err of an operator's call (Dead, Parked, Count,
+// the moves, Recover) as returned: wrapping ErrNoSchema, naming the table,
+// when the database says a table or column is missing (the database's
+// error said only "no such table" or "relation does not exist"), and
+// ErrDBClosed when the *sql.DB was closed.
+func (o *Outbox) callErr(err error) error {
+	if err != nil && !errors.Is(err, ErrNoSchema) && sqldb.Classify(err) == sqldb.KindSchema {
+		return fmt.Errorf("%w (table %s): %w", ErrNoSchema, o.table, err)
+	}
+	return sqldb.WrapDBClosed(err)
+}
+
 // inFlight reports whether err, the error of a statement sent with ctx
 // (live before the call), leaves its outcome unknown: the connection broke,
 // or ctx ended, while it may have been in flight. A connection that could
@@ -914,7 +928,7 @@ const maxMoveTries = 1000
 // Count returns how many rows are in each state (rows deleted when sent are
 // not counted).
 func (o *Outbox) Count(ctx context.Context) (_ map[State]int64, err error) {
-	defer func() { err = sqldb.WrapDBClosed(err) }()
+	defer func() { err = o.callErr(err) }()
 	if o.zero() {
 		return nil, ErrZeroOutbox
 	}

@@ -136,8 +136,9 @@ func (o *Outbox) Recoverable(ctx context.Context, f RecoverFilter) ([]RecoveredR
 	return o.recover(ctx, f, true)
 }
 
-// Recover is Outbox.Recover that also wakes the relay. After Close it
-// returns ErrClosed and moves nothing (Outbox.Recover needs no relay).
+// Recover is Outbox.Recover that also wakes the relay (after an error
+// wrapping ErrOutcomeUnknown too: see Relay.Resume). After Close it returns
+// ErrClosed and moves nothing (Outbox.Recover needs no relay).
 func (r *Relay) Recover(ctx context.Context, f RecoverFilter) ([]RecoveredRow, error) {
 	if r.zero() {
 		return nil, ErrZeroRelay
@@ -148,6 +149,9 @@ func (r *Relay) Recover(ctx context.Context, f RecoverFilter) ([]RecoveredRow, e
 	moved, err := r.o.Recover(ctx, f)
 	if len(moved) > 0 {
 		r.signal()
+	}
+	if errors.Is(err, ErrOutcomeUnknown) {
+		r.signalIfMoved(err)
 	}
 	return moved, err
 }
@@ -264,7 +268,7 @@ func (o *Outbox) recoverQuery(f *RecoverFilter) (where string, args []any, err e
 }
 
 func (o *Outbox) recover(ctx context.Context, f RecoverFilter, dry bool) (_ []RecoveredRow, err error) {
-	defer func() { err = sqldb.WrapDBClosed(err) }()
+	defer func() { err = o.callErr(err) }()
 	if o.zero() {
 		return nil, ErrZeroOutbox
 	}
