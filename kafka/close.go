@@ -13,19 +13,12 @@ import (
 // Close stops fetching, waits until the dispatched records are finished or
 // ctx ends, interrupts what is left (those records are not finished: the
 // next owner handles them), commits the frontiers, leaves the group, closes
-// the client and the scheduler. It does not wait for parked keys: once
-// Close has started, Resume and Skip return ErrClosed, so nothing would
-// finish a parked record or those queued behind it; when they are all that
-// is left it goes on at once. Records waiting out a retry backoff are
-// waited for (a long retry policy with a ctx that never ends makes a long
-// Close: give Close a deadline).
+// the client and the scheduler.
 //
 // It returns nil when everything dispatched finished and every frontier was
 // committed. Otherwise its error says what it could not do, both when both
 // happened (errors.Join): records left unfinished (an error wrapping ctx's
-// error that says how many, or, when only parked keys' records were left,
-// one wrapping ErrLeftParked that says how many records and keys), and
-// frontiers it could not commit (a
+// error that says how many), and frontiers it could not commit (a
 // *CommitError, matched by errors.Is(err, ErrNotCommitted), listing each
 // partition with the broker's error). Before reporting them it reads the
 // group's offsets back from the broker (within the time it has to leave the
@@ -90,25 +83,12 @@ func (c *Consumer) Close(ctx context.Context) error {
 	c.bg.Wait()
 
 	var errs []error
-	dctx, dcancel := context.WithCancelCause(ctx)
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		c.cancelWhenOnlyParked(dctx, dcancel)
-	}()
-	derr := c.sched.Drain(dctx)
-	dcancel(nil)
-	<-watched
-	if derr != nil {
+	if derr := c.sched.Drain(ctx); derr != nil {
 		n := 0
 		for _, p := range c.owned() {
 			n += int(p.inflight.Load())
 		}
-		if ctx.Err() == nil && errors.Is(context.Cause(dctx), ErrLeftParked) {
-			errs = append(errs, fmt.Errorf("%w: %d records of %d parked keys (the next owner handles them; Resume or Skip a parked key before Close to settle it)", ErrLeftParked, n, len(c.Parked())))
-		} else {
-			errs = append(errs, fmt.Errorf("kafka: close: %d records unfinished (the next owner handles them): %w", n, ctx.Err()))
-		}
+		errs = append(errs, fmt.Errorf("kafka: close: %d records unfinished (the next owner handles them): %w", n, ctx.Err()))
 	}
 	ps := c.owned()
 	for _, p := range ps {
@@ -216,52 +196,4 @@ func pastEnd(ctx context.Context, d time.Duration) (context.Context, context.Can
 		mu.Unlock()
 		cancel()
 	}
-}
-
-// cancelWhenOnlyParked cancels ctx with ErrLeftParked once every dispatched
-// unfinished record belongs to a parked key (the parked record or one
-// queued behind it): Close has refused Resume and Skip, so nothing would
-// finish them. It checks every 10 ms until ctx ends.
-func (c *Consumer) cancelWhenOnlyParked(ctx context.Context, cancel context.CancelCauseFunc) {
-	t := time.NewTicker(10 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if c.onlyParkedLeft() {
-			cancel(ErrLeftParked)
-			return
-		}
-	}
-}
-
-// onlyParkedLeft reports whether some key is parked and every dispatched,
-// unfinished record of the owned partitions is of a parked key.
-func (c *Consumer) onlyParkedLeft() bool {
-	c.parkMu.Lock()
-	parked := make(map[schedKey]bool, len(c.parked))
-	for k := range c.parked {
-		parked[k] = true
-	}
-	c.parkMu.Unlock()
-	if len(parked) == 0 {
-		return false
-	}
-	for _, p := range c.owned() {
-		p.mu.Lock()
-		for _, it := range p.queue[p.head:] {
-			if it.isDone() || it.g == nil || it.g.comp.Load() == nil {
-				continue // finished, or held (never dispatched: Drain does not wait for it)
-			}
-			if !parked[it.g.key] {
-				p.mu.Unlock()
-				return false
-			}
-		}
-		p.mu.Unlock()
-	}
-	return true
 }
