@@ -38,7 +38,10 @@
 // topic), or when the call's context ends first, where the produce could
 // wait for the topic until the context ended (kgo.UnknownTopicRetries(-1),
 // or a sink timeout shorter than franz-go's own unknown-topic retries) and
-// fail with a bare context error. A produce that franz-go fails with
+// fail with a bare context error. A call whose context ends while it waits
+// for another key's check of its topic says the check was pending (wrapping
+// its context's error, and ErrUnknownTopic once the cluster answered that it
+// lacks the topic). A produce that franz-go fails with
 // UNKNOWN_TOPIC_OR_PARTITION (a topic deleted later) wraps ErrUnknownTopic
 // too. The sink remembers only topics the cluster was seen to have (bounded
 // by the cluster's topics, whatever WithTopicFunc returns). The error is
