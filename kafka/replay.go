@@ -211,8 +211,9 @@ func (e *ReplayRefusedError) Unwrap() []error {
 // consumer group, kgo.DisableIdempotentWrite,
 // kgo.TransactionalID or kgo.ManualFlushing (nothing would flush: the
 // produce would wait past ctx) make it fail with ErrInvalidOption, as do bad
-// opts. A record the broker refuses (a topic's max.message.bytes smaller
-// than the client's kgo.ProducerBatchMaxBytes) is not caught before writing.
+// opts and a nil client option. A record the broker refuses (a topic's
+// max.message.bytes smaller than the client's kgo.ProducerBatchMaxBytes) is
+// not caught before writing.
 // Memory: the selected records. ctx bounds the whole run (reading too: a
 // dead-letter partition whose records below its end were deleted while
 // Replay read it is waited for until ctx ends). The report is returned with
@@ -234,6 +235,11 @@ func Replay(ctx context.Context, opts ReplayOptions, clientOpts ...kgo.Opt) (*Re
 	}
 	if opts.MaxReplays == 0 {
 		opts.MaxReplays = DefaultMaxReplays
+	}
+	for i, o := range clientOpts {
+		if o == nil {
+			return nil, optionError("replay: client option %d is nil", i)
+		}
 	}
 	cl, err := kgo.NewClient(append(slices.Clip(clientOpts), kgo.RecordPartitioner(kgo.ManualPartitioner()))...)
 	if err != nil {
