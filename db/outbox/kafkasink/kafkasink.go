@@ -148,7 +148,8 @@ func WithTopicFunc(fn func(outbox.Event) (string, error)) Option {
 // has the record), one with kgo.ManualFlushing (its produce waits
 // for a Flush nobody calls, past its context's end) or a transactional one
 // (kgo.TransactionalID: it refuses a produce outside a transaction), is
-// refused with ErrInvalidOption.
+// refused with ErrInvalidOption. The sink returns keysched.ErrNilContext for
+// a nil ctx.
 func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
 	if cl == nil {
 		return nil, fmt.Errorf("%w: nil *kgo.Client", ErrInvalidOption)
@@ -184,6 +185,9 @@ func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
 	}
 	topics := newTopicCheck(cl) // topic_check.go
 	return func(ctx context.Context, e outbox.Event) error {
+		if ctx == nil {
+			return fmt.Errorf("kafkasink: produce event %s (key %q, seq %d): %w", e.ID, e.Key, e.Seq, keysched.ErrNilContext)
+		}
 		t, err := c.topicFor(e)
 		if err == nil {
 			err = validTopic(t)
