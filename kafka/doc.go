@@ -94,7 +94,9 @@
 // timestamp, consumer group and attempts: HeaderTopic, HeaderPartition,
 // HeaderOffset, HeaderTimestamp (Unix ms), HeaderConsumerGroup,
 // HeaderAttempts, HeaderExceptionClass (the error's Go type),
-// HeaderMessage, and HeaderStacktrace for a panic.
+// HeaderMessage, and HeaderStacktrace for a panic (the message and the
+// stack cut to MaxHeaderMessageBytes and MaxHeaderStacktraceBytes, so that
+// a huge error cannot make its dead letter too large to produce).
 //
 // Replay (and the command kafka/cmd/kafkareplay) republishes chosen dead
 // letters to their original partition, on purpose: filtered, validated
