@@ -148,20 +148,21 @@ func WithTopicFunc(fn func(outbox.Event) (string, error)) Option {
 // has the record), one with kgo.ManualFlushing (its produce waits
 // for a Flush nobody calls, past its context's end) or a transactional one
 // (kgo.TransactionalID: it refuses a produce outside a transaction), is
-// refused with ErrInvalidOption. The sink returns keysched.ErrNilContext for
+// refused with ErrInvalidOption; for one of those three client options
+// the error is a *keysched.OptionError naming it (as a refused Option's). The sink returns keysched.ErrNilContext for
 // a nil ctx.
 func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
 	if cl == nil {
 		return nil, fmt.Errorf("%w: nil *kgo.Client", ErrInvalidOption)
 	}
 	if acks, ok := cl.OptValue(kgo.RequiredAcks).(kgo.Acks); ok && acks == kgo.NoAck() {
-		return nil, fmt.Errorf("%w: a client with kgo.RequiredAcks(kgo.NoAck()): its produce returns before any broker has the record, so the relay would mark unacknowledged events sent (use the default, kgo.AllISRAcks())", ErrInvalidOption)
+		return nil, refused(optcheck.Refuse("kgo.RequiredAcks", "kgo.NoAck()", "the client's produce returns before any broker has the record, so the relay would mark unacknowledged events sent (use the default, kgo.AllISRAcks())"))
 	}
 	if manual, _ := cl.OptValue(kgo.ManualFlushing).(bool); manual {
-		return nil, fmt.Errorf("%w: a client with kgo.ManualFlushing: its records wait in its buffer until somebody calls Flush, and a produce does not return even when its context ends, so the relay's key would be stuck", ErrInvalidOption)
+		return nil, refused(optcheck.Refuse("kgo.ManualFlushing", nil, "the client's records wait in its buffer until somebody calls Flush, and a produce does not return even when its context ends, so the relay's key would be stuck"))
 	}
 	if id, _ := cl.OptValue(kgo.TransactionalID).(string); id != "" {
-		return nil, fmt.Errorf("%w: a transactional client (kgo.TransactionalID(%q)): the sink produces outside transactions, which such a client refuses; give the sink a client of its own without TransactionalID", ErrInvalidOption, id)
+		return nil, refused(optcheck.Refuse("kgo.TransactionalID", strconv.Quote(id), "a transactional client: the sink produces outside transactions, which such a client refuses; give the sink a client of its own without TransactionalID"))
 	}
 	c := config{}
 	if topic != "" {
