@@ -197,11 +197,18 @@ func (c *Consumer) drainUnparked(ctx context.Context) (parked int, _ error) {
 }
 
 // onlyParkedLeft returns the number of parked keys when every task the
-// scheduler holds is held by one (none running), else 0.
+// scheduler holds is held by one (none running, and nothing at work in an
+// owned partition: a Skip writing its dead letter moves its key on), else
+// 0.
 func (c *Consumer) onlyParkedLeft() int {
 	st := c.sched.Stats()
 	if st.ParkedKeys == 0 || st.Running > 0 {
 		return 0
+	}
+	for _, p := range c.owned() {
+		if p.running.Load() > 0 {
+			return 0
+		}
 	}
 	keys := c.sched.Parked()
 	held := 0
