@@ -190,7 +190,7 @@ func (c *Consumer) drainUnparked(ctx context.Context) (parked int, _ error) {
 	err := c.sched.Drain(dctx)
 	cancel(nil) // the looking stops
 	wg.Wait()
-	if err != nil && ctx.Err() == nil && context.Cause(dctx) == errOnlyParked {
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(dctx), errOnlyParked) {
 		return parked, err
 	}
 	return 0, err
