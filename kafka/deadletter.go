@@ -52,7 +52,7 @@ func cutHeader(b []byte, limit int) []byte {
 	if len(b) <= limit {
 		return b
 	}
-	n := limit - len(fmt.Sprintf(" [%d bytes cut]", len(b)))
+	n := max(0, limit-len(fmt.Sprintf(" [%d bytes cut]", len(b))))
 	for n > 0 && !utf8.RuneStart(b[n]) {
 		n--
 	}
