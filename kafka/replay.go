@@ -210,8 +210,9 @@ func (e *ReplayRefusedError) Unwrap() []error {
 // adds its own (direct consumption of the dead-letter topic, the manual
 // partitioner, reading uncommitted: it leaves out aborted and open
 // transactions itself, so a kgo.FetchIsolationLevel is overridden); a
-// consumer group, kgo.DisableIdempotentWrite,
-// kgo.TransactionalID or kgo.ManualFlushing (nothing would flush: the
+// consumer group, kgo.ConsumeTopics or kgo.ConsumePartitions (it consumes
+// nothing else), kgo.DisableIdempotentWrite, kgo.TransactionalID or
+// kgo.ManualFlushing (nothing would flush: the
 // produce would wait past ctx) make it fail with ErrInvalidOption, as do bad
 // opts and a nil client option: each refusal is a *keysched.OptionError
 // naming the option ("ReplayOptions.StartOffset", "kgo.ConsumerGroup",
@@ -254,6 +255,12 @@ func Replay(ctx context.Context, opts ReplayOptions, clientOpts ...kgo.Opt) (*Re
 	if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g != "" {
 		return nil, refused(optcheck.Refuse("kgo.ConsumerGroup", strconv.Quote(g), "Replay reads the dead-letter topic without a group"))
 	}
+	if ts, _ := cl.OptValue(kgo.ConsumeTopics).([]string); len(ts) > 0 {
+		return nil, refused(optcheck.Refuse("kgo.ConsumeTopics", fmt.Sprintf("%q", ts), "Replay reads the dead-letter topic itself and consumes nothing else"))
+	}
+	if ps, _ := cl.OptValue(kgo.ConsumePartitions).(map[string]map[int32]kgo.Offset); len(ps) > 0 {
+		return nil, refused(optcheck.Refuse("kgo.ConsumePartitions", nil, "Replay reads the dead-letter topic itself and consumes nothing else"))
+	}
 	if v, _ := cl.OptValue(kgo.DisableIdempotentWrite).(bool); v {
 		return nil, refused(optcheck.Refuse("kgo.DisableIdempotentWrite", nil, "Replay produces idempotently"))
 	}
@@ -293,6 +300,9 @@ func Replay(ctx context.Context, opts ReplayOptions, clientOpts ...kgo.Opt) (*Re
 	}
 	selected, problems, replays, err := scan(ctx, clientOpts, opts, ranges, rep)
 	if err != nil {
+		if oe := (*keysched.OptionError)(nil); errors.As(err, &oe) {
+			return nil, err // franz-go refused the reading client's options
+		}
 		return rep, err
 	}
 	selected, rep.Duplicates = dedupe(selected)

@@ -50,3 +50,29 @@ func TestReplayRefusalIsAnOptionErrorNamingIt(t *testing.T) {
 		}
 	}
 }
+
+// Replay refuses client options that consume (kgo.ConsumeTopics,
+// kgo.ConsumePartitions): it reads the dead-letter topic itself. With
+// kgo.ConsumeTopics of another topic, its producing client fetched that
+// topic for nothing while it ran; of the dead-letter topic, franz-go
+// refused its reading client's options only after the topic's offsets
+// were listed, and Replay returned a report with that invalid option.
+func TestReplayRefusesClientOptionsThatConsume(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	for _, c := range []struct {
+		option string
+		opt    kgo.Opt
+	}{
+		{"kgo.ConsumeTopics", kgo.ConsumeTopics("t")},
+		{"kgo.ConsumeTopics", kgo.ConsumeTopics("dlq")},
+		{"kgo.ConsumePartitions", kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{"t": {0: kgo.NewOffset().AtStart()}})},
+	} {
+		rep, err := Replay(context.Background(), ReplayOptions{DeadLetterTopic: "dlq", DryRun: true}, append(replayOpts(tc), c.opt)...)
+		if p := opttest.Problem(err, opttest.Want{Option: c.option, Prefix: "kafka: invalid option: ", Sentinels: []error{ErrInvalidOption}}); p != "" {
+			t.Error(p)
+		}
+		if rep != nil {
+			t.Errorf("%s: a report with a refused option: %+v", c.option, rep)
+		}
+	}
+}
