@@ -52,11 +52,11 @@ func TestReplayRefusalIsAnOptionErrorNamingIt(t *testing.T) {
 }
 
 // Replay refuses client options that consume (kgo.ConsumeTopics,
-// kgo.ConsumePartitions): it reads the dead-letter topic itself. With
-// kgo.ConsumeTopics of another topic, its producing client fetched that
-// topic for nothing while it ran; of the dead-letter topic, franz-go
-// refused its reading client's options only after the topic's offsets
-// were listed, and Replay returned a report with that invalid option.
+// kgo.ConsumePartitions): it reads the dead-letter topic itself. They were
+// accepted for another topic (its clients set to consume it too); for the
+// dead-letter topic franz-go refused them only when Replay made its reading
+// client, after the topic's offsets were listed, and Replay returned a
+// report with that invalid option.
 func TestReplayRefusesClientOptionsThatConsume(t *testing.T) {
 	tc := newCluster(t, 1, "t", "dlq")
 	for _, c := range []struct {
