@@ -118,7 +118,8 @@
 // already, so their running handlers are cancelled at once. A revoke's commit is bounded by the revoke
 // timeout; one the broker refused is read back from the group's offsets
 // within that bound, and one not on the broker is logged once. Close stops fetching, drains until
-// its context ends, interrupts what is left, commits (retrying retriable
+// its context ends (or until only parked keys' records are left: Resume and
+// Skip refuse once Close has started), interrupts what is left, commits (retrying retriable
 // refusals, up to a second past its context), and leaves the group; it
 // returns within its context plus CloseMargin whatever the revoke timeout
 // and whatever the brokers do, and its error says what it could not do:
