@@ -546,8 +546,9 @@ func (b *Bus[K]) subsOf(m map[*sub[K]]struct{}) []*sub[K] {
 //
 // Close also waits, up to ctx's end, for what an earlier Unsubscribe that
 // gave up left in the background (handlers still running, dead letters
-// still being delivered); if ctx ends first, its error names that
-// subscriber and wraps ctx's error.
+// still being delivered), and for a subscriber an Unsubscribe is still
+// closing; if ctx ends first, its error names that subscriber and wraps
+// ctx's error (the Unsubscribe, with its own context, goes on).
 //
 // Close is idempotent: later calls wait for the first to finish (or their
 // own ctx to end) and return its result. With a handler's context (or a DeadLetter's Context) it returns

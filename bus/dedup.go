@@ -2,7 +2,6 @@ package bus
 
 import (
 	"context"
-	"fmt"
 
 	lru "github.com/hashicorp/golang-lru/v2"
 )
@@ -13,22 +12,23 @@ import (
 // h returned nil for it, so a failed attempt is retried (Retry), not skipped.
 //
 // The memory is an LRU of window IDs (github.com/hashicorp/golang-lru/v2),
-// about 100 bytes per entry plus the ID; safe for concurrent use. Two
-// deliveries of one ID that run at the same time (on different keys, which
-// the bus does not order) can both call h. Use one Dedup per Subscribe: the
-// memory belongs to the returned handler. Dedup(nil, n) returns nil (which
-// Subscribe refuses); it panics if window < 1, a programming error like a
-// negative make size.
-func Dedup[K comparable, E any](h Handler[K, E], window int) Handler[K, E] {
+// about 100 bytes per entry plus the ID, allocated as IDs arrive; safe for
+// concurrent use. Two deliveries of one ID that run at the same time (on
+// different keys, which the bus does not order) can both call h. Use one
+// Dedup per Subscribe: the memory belongs to the returned handler.
+//
+// It returns an error wrapping keysched.ErrInvalidOption, and a nil
+// handler, for a nil h or a window below 1.
+func Dedup[K comparable, E any](h Handler[K, E], window int) (Handler[K, E], error) {
 	if h == nil {
-		return nil
+		return nil, argError("Dedup: nil handler")
 	}
 	if window < 1 {
-		panic(fmt.Sprintf("bus.Dedup: window %d: need at least 1", window))
+		return nil, argError("Dedup: window %d (the number of event IDs remembered): need at least 1", window)
 	}
 	seen, err := lru.New[string, struct{}](window)
 	if err != nil { // only for window < 1, excluded above
-		panic(fmt.Sprintf("bus.Dedup: %v", err))
+		return nil, argError("Dedup: window %d: %w", window, err)
 	}
 	return func(ctx context.Context, env Envelope[K], event E) error {
 		if seen.Contains(env.ID) {
@@ -39,5 +39,5 @@ func Dedup[K comparable, E any](h Handler[K, E], window int) Handler[K, E] {
 		}
 		seen.Add(env.ID, struct{}{})
 		return nil
-	}
+	}, nil
 }

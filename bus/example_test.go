@@ -356,7 +356,11 @@ func ExampleDedup() {
 		charged.Add(int32(e.Total))
 		return nil
 	}
-	bus.Subscribe(b, "billing", bus.Dedup(charge, 10_000))
+	once, err := bus.Dedup(charge, 10_000)
+	if err != nil {
+		panic(err)
+	}
+	bus.Subscribe(b, "billing", once)
 	ev := bus.Envelope[string]{ID: "evt-1", Key: "hana", Event: OrderPlaced{Order: "o-1", Total: 25}}
 	b.PublishEnvelope(ctx, ev)
 	b.PublishEnvelope(ctx, ev) // delivered again: skipped

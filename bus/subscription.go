@@ -36,7 +36,8 @@ func (s *Subscription[K]) Name() string {
 // keysched.ErrAborted; it returns an error wrapping keysched.ErrAborted and
 // ctx's error; handlers still running and dead letters not yet delivered go
 // on in the background, and Bus.Drain and Bus.Close wait for them.
-// Idempotent: later calls wait for the first one's result. With
+// Idempotent: later calls wait for the first one's result (or their own ctx:
+// then an error naming the subscriber, wrapping ctx's). With
 // a handler's context (or a DeadLetter's Context) it returns
 // keysched.ErrInsideTask and does nothing.
 func (s *Subscription[K]) Unsubscribe(ctx context.Context) error {
@@ -118,7 +119,8 @@ func (s *sub[K]) unsubscribe(ctx context.Context) error {
 }
 
 // shutdown closes the subscriber's scheduler (idempotent: later calls wait
-// for the first one's result, or their ctx).
+// for the first one's result, or their ctx: then an error naming the
+// subscriber, wrapping ctx's).
 func (s *sub[K]) shutdown(ctx context.Context) error {
 	first := false
 	s.closeOnce.Do(func() { first = true })
@@ -127,7 +129,12 @@ func (s *sub[K]) shutdown(ctx context.Context) error {
 		case <-s.done:
 			return s.closeErr
 		case <-ctx.Done():
-			return ctx.Err()
+			select {
+			case <-s.done:
+				return s.closeErr
+			default:
+			}
+			return fmt.Errorf("subscriber %q: another Unsubscribe or Close is still closing it, waiting for its events: %w", s.name, ctx.Err())
 		}
 	}
 	err := s.sched.Close(ctx)

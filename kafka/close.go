@@ -11,14 +11,16 @@ import (
 )
 
 // Close stops fetching, waits until the dispatched records are finished or
-// ctx ends, interrupts what is left (those records are not finished: the
+// ctx ends (or until only parked keys' records are left: Resume and Skip
+// refuse once Close has started), interrupts what is left (those records are not finished: the
 // next owner handles them), commits the frontiers, leaves the group, closes
 // the client and the scheduler.
 //
 // It returns nil when everything dispatched finished and every frontier was
 // committed. Otherwise its error says what it could not do, both when both
 // happened (errors.Join): records left unfinished (an error wrapping ctx's
-// error that says how many), and frontiers it could not commit (a
+// error that says how many, or, when only parked keys held them, one that
+// says how many keys were parked), and frontiers it could not commit (a
 // *CommitError, matched by errors.Is(err, ErrNotCommitted), listing each
 // partition with the broker's error). Before reporting them it reads the
 // group's offsets back from the broker (within the time it has to leave the
@@ -83,12 +85,16 @@ func (c *Consumer) Close(ctx context.Context) error {
 	c.bg.Wait()
 
 	var errs []error
-	if derr := c.sched.Drain(ctx); derr != nil {
+	if parked, derr := c.drainUnparked(ctx); derr != nil {
 		n := 0
 		for _, p := range c.owned() {
 			n += int(p.inflight.Load())
 		}
-		errs = append(errs, fmt.Errorf("kafka: close: %d records unfinished (the next owner handles them): %w", n, ctx.Err()))
+		if parked > 0 {
+			errs = append(errs, fmt.Errorf("kafka: close: %d records unfinished, held by %d parked keys (Resume and Skip refuse once Close has started; the next owner handles them)", n, parked))
+		} else {
+			errs = append(errs, fmt.Errorf("kafka: close: %d records unfinished (the next owner handles them): %w", n, ctx.Err()))
+		}
 	}
 	ps := c.owned()
 	for _, p := range ps {
@@ -149,6 +155,70 @@ func (c *Consumer) Close(ctx context.Context) error {
 	}
 	c.closeErr = errors.Join(errs...)
 	return c.closeErr
+}
+
+// errOnlyParked ends drainUnparked's wait: every task left is held by a
+// parked key.
+var errOnlyParked = errors.New("kafka: only parked keys' records are left")
+
+// drainUnparked drains the scheduler until ctx ends or every task left is
+// held by a parked key (Resume and Skip refuse once Close has started, so
+// nothing would move them: Drain would wait for ever); it then returns the
+// number of parked keys and a non-nil error. It looks every 10 ms while
+// some key is parked, and leaves no goroutine behind.
+func (c *Consumer) drainUnparked(ctx context.Context) (parked int, _ error) {
+	dctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		t := time.NewTicker(10 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-dctx.Done():
+				return
+			case <-t.C:
+			}
+			if n := c.onlyParkedLeft(); n > 0 {
+				parked = n
+				cancel(errOnlyParked)
+				return
+			}
+		}
+	})
+	err := c.sched.Drain(dctx)
+	cancel(nil) // the looking stops
+	wg.Wait()
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(dctx), errOnlyParked) {
+		return parked, err
+	}
+	return 0, err
+}
+
+// onlyParkedLeft returns the number of parked keys when every task the
+// scheduler holds is held by one (none running, and nothing at work in an
+// owned partition: a Skip writing its dead letter moves its key on), else
+// 0.
+func (c *Consumer) onlyParkedLeft() int {
+	st := c.sched.Stats()
+	if st.ParkedKeys == 0 || st.Running > 0 {
+		return 0
+	}
+	for _, p := range c.owned() {
+		if p.running.Load() > 0 {
+			return 0
+		}
+	}
+	keys := c.sched.Parked()
+	held := 0
+	for _, k := range keys {
+		held += c.sched.KeyDepth(k)
+	}
+	if len(keys) == 0 || st.Pending > held {
+		return 0
+	}
+	return len(keys)
 }
 
 // finalCommit commits the frontiers of ps, sending those the broker refused

@@ -226,7 +226,7 @@ func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
 		if r := missingGroup(cfg.clientOpts); r != nil {
 			return nil, refused(r)
 		}
-		refusal := refused(optcheck.Refuse("WithClientOptions", nil, "franz-go refuses the client's options (the adapter needs kgo.ConsumerGroup and kgo.ConsumeTopics or kgo.ConsumeRegex, and sets kgo.DisableAutoCommit itself: no kgo.AutoCommitMarks): %v", err))
+		refusal := refused(optcheck.Refuse("WithClientOptions", nil, "franz-go refuses the client's options (the adapter needs kgo.ConsumerGroup and kgo.ConsumeTopics or kgo.ConsumeRegex, and sets kgo.DisableAutoCommit itself: no kgo.AutoCommitMarks)"))
 		var oe *keysched.OptionError
 		if errors.As(refusal, &oe) {
 			oe.Err = err // franz-go's, for errors.Is and errors.As

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/internal/durations"
@@ -29,9 +30,34 @@ const (
 	HeaderConsumerGroup  = "__connect.errors.consumer.group"       // the consumer group
 	HeaderAttempts       = "__connect.errors.attempts"             // handler attempts made, decimal
 	HeaderExceptionClass = "__connect.errors.exception.class.name" // the error's Go type (%T; under keysched.Permanent or Snooze, the wrapped error's), e.g. *keysched.PanicError
-	HeaderMessage        = "__connect.errors.exception.message"    // the error's message (a panic: its value)
-	HeaderStacktrace     = "__connect.errors.exception.stacktrace" // a panic's stack; absent otherwise
+	HeaderMessage        = "__connect.errors.exception.message"    // the error's message (a panic: its value), at most MaxHeaderMessageBytes
+	HeaderStacktrace     = "__connect.errors.exception.stacktrace" // a panic's stack, at most MaxHeaderStacktraceBytes; absent otherwise
 )
+
+// The longest HeaderMessage and HeaderStacktrace the adapter writes, in
+// bytes. A longer message or stack is cut at a UTF-8 rune boundary and
+// ends with " [N bytes cut]" (within the bound): written whole, a huge
+// error (a handler's error carrying a whole payload, a panic's value) made
+// a dead letter larger than a record the client may produce, refused with
+// MESSAGE_TOO_LARGE on every retry, and its record was never finished.
+const (
+	MaxHeaderMessageBytes    = 16 << 10
+	MaxHeaderStacktraceBytes = 64 << 10
+)
+
+// cutHeader returns b, or, when it is longer than limit bytes, its longest
+// prefix ending at a rune boundary followed by " [N bytes cut]", within
+// limit bytes.
+func cutHeader(b []byte, limit int) []byte {
+	if len(b) <= limit {
+		return b
+	}
+	n := max(0, limit-len(fmt.Sprintf(" [%d bytes cut]", len(b))))
+	for n > 0 && !utf8.RuneStart(b[n]) {
+		n--
+	}
+	return fmt.Appendf(b[:n:n], " [%d bytes cut]", len(b)-n)
+}
 
 // checkDeadLetterTopic asks the cluster, at Run's start, for the
 // dead-letter topic's metadata (without creating it), so that a topic
@@ -232,10 +258,10 @@ func (c *Consumer) produceDeadLetter(ctx context.Context, it *item, cause error,
 	}
 	hs = append(hs,
 		kgo.RecordHeader{Key: HeaderExceptionClass, Value: []byte(class)},
-		kgo.RecordHeader{Key: HeaderMessage, Value: []byte(msg)},
+		kgo.RecordHeader{Key: HeaderMessage, Value: cutHeader([]byte(msg), MaxHeaderMessageBytes)},
 	)
 	if pe != nil {
-		hs = append(hs, kgo.RecordHeader{Key: HeaderStacktrace, Value: pe.Stack})
+		hs = append(hs, kgo.RecordHeader{Key: HeaderStacktrace, Value: cutHeader(pe.Stack, MaxHeaderStacktraceBytes)})
 	}
 	dead := &kgo.Record{Topic: c.cfg.dlqTopic, Key: r.Key, Value: r.Value, Headers: hs}
 	backoff := 100 * time.Millisecond

@@ -94,7 +94,9 @@
 // timestamp, consumer group and attempts: HeaderTopic, HeaderPartition,
 // HeaderOffset, HeaderTimestamp (Unix ms), HeaderConsumerGroup,
 // HeaderAttempts, HeaderExceptionClass (the error's Go type),
-// HeaderMessage, and HeaderStacktrace for a panic.
+// HeaderMessage, and HeaderStacktrace for a panic (the message and the
+// stack cut to MaxHeaderMessageBytes and MaxHeaderStacktraceBytes, so that
+// a huge error cannot make its dead letter too large to produce).
 //
 // Replay (and the command kafka/cmd/kafkareplay) republishes chosen dead
 // letters to their original partition, on purpose: filtered, validated
@@ -116,7 +118,8 @@
 // already, so their running handlers are cancelled at once. A revoke's commit is bounded by the revoke
 // timeout; one the broker refused is read back from the group's offsets
 // within that bound, and one not on the broker is logged once. Close stops fetching, drains until
-// its context ends, interrupts what is left, commits (retrying retriable
+// its context ends (or until only parked keys' records are left: Resume and
+// Skip refuse once Close has started), interrupts what is left, commits (retrying retriable
 // refusals, up to a second past its context), and leaves the group; it
 // returns within its context plus CloseMargin whatever the revoke timeout
 // and whatever the brokers do, and its error says what it could not do:

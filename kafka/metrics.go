@@ -3,6 +3,7 @@ package kafka
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -29,6 +30,7 @@ const meterScope = "github.com/keysched/keysched/kafka"
 // never a record key). The metrics are listed in the package documentation
 // (Metrics). A keysched.WithObserver given with WithSchedulerOptions is
 // refused (see there). Close stops the reporting. A nil mp is an error.
+// Given twice, the last wins with its own attrs.
 func WithMeterProvider(mp metric.MeterProvider, attrs ...attribute.KeyValue) Option {
 	return func(c *config) error {
 		if mp == nil {
@@ -40,7 +42,7 @@ func WithMeterProvider(mp metric.MeterProvider, attrs ...attribute.KeyValue) Opt
 			}
 		}
 		c.meterProvider = mp
-		c.meterAttrs = append(c.meterAttrs, attrs...)
+		c.meterAttrs = slices.Clone(attrs)
 		return nil
 	}
 }

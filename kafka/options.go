@@ -141,12 +141,6 @@ func defaultConfig() config {
 	}
 }
 
-// optionError is an error wrapping ErrInvalidOption, saying what format and
-// args say, for the refusals made outside this file (see Option).
-func optionError(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
-}
-
 // refused is the *keysched.OptionError of r (nil for nil), with
 // ErrInvalidOption for Sentinel: the refusal of an Option of this file.
 func refused(r *optcheck.Refusal) error { return opterror.New(ErrInvalidOption, r) }

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/keysched/keysched"
+	"github.com/keysched/keysched/internal/optcheck"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -208,11 +210,16 @@ func (e *ReplayRefusedError) Unwrap() []error {
 // adds its own (direct consumption of the dead-letter topic, the manual
 // partitioner, reading uncommitted: it leaves out aborted and open
 // transactions itself, so a kgo.FetchIsolationLevel is overridden); a
-// consumer group, kgo.DisableIdempotentWrite,
-// kgo.TransactionalID or kgo.ManualFlushing (nothing would flush: the
+// consumer group, kgo.ConsumeTopics or kgo.ConsumePartitions (it consumes
+// nothing else), kgo.DisableIdempotentWrite, kgo.TransactionalID or
+// kgo.ManualFlushing (nothing would flush: the
 // produce would wait past ctx) make it fail with ErrInvalidOption, as do bad
-// opts. A record the broker refuses (a topic's max.message.bytes smaller
-// than the client's kgo.ProducerBatchMaxBytes) is not caught before writing.
+// opts and a nil client option: each refusal is a *keysched.OptionError
+// naming the option ("ReplayOptions.StartOffset", "kgo.ConsumerGroup",
+// "clientOpts[2]"; "clientOpts" for options franz-go refuses, its error
+// in Err), matching keysched.ErrInvalidOption too. A record the broker refuses (a topic's
+// max.message.bytes smaller than the client's kgo.ProducerBatchMaxBytes) is
+// not caught before writing.
 // Memory: the selected records. ctx bounds the whole run (reading too: a
 // dead-letter partition whose records below its end were deleted while
 // Replay read it is waited for until ctx ends). The report is returned with
@@ -235,22 +242,33 @@ func Replay(ctx context.Context, opts ReplayOptions, clientOpts ...kgo.Opt) (*Re
 	if opts.MaxReplays == 0 {
 		opts.MaxReplays = DefaultMaxReplays
 	}
+	for i, o := range clientOpts {
+		if o == nil {
+			return nil, refused(optcheck.Refuse("clientOpts["+strconv.Itoa(i)+"]", nil, "nil kgo.Opt"))
+		}
+	}
 	cl, err := kgo.NewClient(append(slices.Clip(clientOpts), kgo.RecordPartitioner(kgo.ManualPartitioner()))...)
 	if err != nil {
-		return nil, optionError("replay: client options: %w", err)
+		return nil, refusedClientOpts(err)
 	}
 	defer cl.Close()
 	if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g != "" {
-		return nil, optionError("replay: client options: kgo.ConsumerGroup %q: Replay reads the dead-letter topic without a group", g)
+		return nil, refused(optcheck.Refuse("kgo.ConsumerGroup", strconv.Quote(g), "Replay reads the dead-letter topic without a group"))
+	}
+	if ts, _ := cl.OptValue(kgo.ConsumeTopics).([]string); len(ts) > 0 {
+		return nil, refused(optcheck.Refuse("kgo.ConsumeTopics", fmt.Sprintf("%q", ts), "Replay reads the dead-letter topic itself and consumes nothing else"))
+	}
+	if ps, _ := cl.OptValue(kgo.ConsumePartitions).(map[string]map[int32]kgo.Offset); len(ps) > 0 {
+		return nil, refused(optcheck.Refuse("kgo.ConsumePartitions", nil, "Replay reads the dead-letter topic itself and consumes nothing else"))
 	}
 	if v, _ := cl.OptValue(kgo.DisableIdempotentWrite).(bool); v {
-		return nil, optionError("replay: client options: kgo.DisableIdempotentWrite: Replay produces idempotently")
+		return nil, refused(optcheck.Refuse("kgo.DisableIdempotentWrite", nil, "Replay produces idempotently"))
 	}
 	if vs := cl.OptValues(kgo.TransactionalID); len(vs) == 2 && vs[1] == true {
-		return nil, optionError("replay: client options: kgo.TransactionalID: Replay does not produce in a transaction")
+		return nil, refused(optcheck.Refuse("kgo.TransactionalID", nil, "Replay does not produce in a transaction"))
 	}
 	if v, _ := cl.OptValue(kgo.ManualFlushing).(bool); v {
-		return nil, optionError("replay: client options: kgo.ManualFlushing: Replay's produce would wait for a flush nothing makes")
+		return nil, refused(optcheck.Refuse("kgo.ManualFlushing", nil, "Replay's produce would wait for a flush nothing makes"))
 	}
 	rep := &ReplayReport{DryRun: opts.DryRun}
 
@@ -282,6 +300,9 @@ func Replay(ctx context.Context, opts ReplayOptions, clientOpts ...kgo.Opt) (*Re
 	}
 	selected, problems, replays, err := scan(ctx, clientOpts, opts, ranges, rep)
 	if err != nil {
+		if oe := (*keysched.OptionError)(nil); errors.As(err, &oe) {
+			return nil, err // franz-go refused the reading client's options
+		}
 		return rep, err
 	}
 	selected, rep.Duplicates = dedupe(selected)
@@ -350,31 +371,47 @@ func Replay(ctx context.Context, opts ReplayOptions, clientOpts ...kgo.Opt) (*Re
 }
 
 func (o *ReplayOptions) validate() error {
+	refuse := func(field string, value any, format string, args ...any) error {
+		return refused(optcheck.Refuse("ReplayOptions."+field, value, format, args...))
+	}
 	switch {
 	case o.DeadLetterTopic == "":
-		return optionError("replay: no dead-letter topic")
-	case o.StartOffset < 0 || o.EndOffset < 0:
-		return optionError("replay: negative offset range %d-%d", o.StartOffset, o.EndOffset)
+		return refuse("DeadLetterTopic", nil, "empty: need the topic to read")
+	case o.StartOffset < 0:
+		return refuse("StartOffset", o.StartOffset, "negative")
+	case o.EndOffset < 0:
+		return refuse("EndOffset", o.EndOffset, "negative")
 	case o.EndOffset != 0 && o.EndOffset <= o.StartOffset:
-		return optionError("replay: empty offset range [%d, %d)", o.StartOffset, o.EndOffset)
+		return refuse("EndOffset", o.EndOffset, "not above StartOffset %d: an empty offset range", o.StartOffset)
 	case !o.Since.IsZero() && !o.Until.IsZero() && !o.Since.Before(o.Until):
-		return optionError("replay: empty time range [%s, %s)", o.Since.Format(time.RFC3339Nano), o.Until.Format(time.RFC3339Nano))
+		return refuse("Until", o.Until.Format(time.RFC3339Nano), "not after Since %s: an empty time range", o.Since.Format(time.RFC3339Nano))
 	case o.TimeOf != RecordTime && o.TimeOf != FailureTime:
-		return optionError("replay: TimeOf(%d)", o.TimeOf)
+		return refuse("TimeOf", int(o.TimeOf), "need RecordTime or FailureTime")
 	case o.MaxReplays < 0:
-		return optionError("replay: MaxReplays %d", o.MaxReplays)
+		return refuse("MaxReplays", o.MaxReplays, "negative")
 	}
-	for _, p := range append(slices.Clip(o.DeadLetterPartitions), o.Partitions...) {
+	for _, p := range o.DeadLetterPartitions {
 		if p < 0 {
-			return optionError("replay: negative partition %d", p)
+			return refuse("DeadLetterPartitions", p, "negative partition")
+		}
+	}
+	for _, p := range o.Partitions {
+		if p < 0 {
+			return refuse("Partitions", p, "negative partition")
 		}
 	}
 	for _, t := range o.Topics {
 		if t == "" {
-			return optionError("replay: empty topic name")
+			return refuse("Topics", nil, "an empty topic name")
 		}
 	}
 	return nil
+}
+
+// refusedClientOpts is the *keysched.OptionError of Replay's client
+// options that franz-go refuses (err: franz-go's, in its Err).
+func refusedClientOpts(err error) error {
+	return &keysched.OptionError{Option: "clientOpts", Reason: "franz-go refuses them", Err: err, Sentinel: ErrInvalidOption}
 }
 
 // partitionsOf returns every topic's partition count.
@@ -541,7 +578,7 @@ func scan(ctx context.Context, clientOpts []kgo.Opt, opts ReplayOptions, ranges 
 		kgo.FetchIsolationLevel(kgo.ReadUncommitted()),
 	)...)
 	if err != nil {
-		return nil, nil, nil, optionError("replay: client options: %w", err)
+		return nil, nil, nil, refusedClientOpts(err)
 	}
 	defer cl.Close()
 	var (

@@ -38,7 +38,10 @@
 // topic), or when the call's context ends first, where the produce could
 // wait for the topic until the context ended (kgo.UnknownTopicRetries(-1),
 // or a sink timeout shorter than franz-go's own unknown-topic retries) and
-// fail with a bare context error. A produce that franz-go fails with
+// fail with a bare context error. A call whose context ends while it waits
+// for another key's check of its topic says the check was pending (wrapping
+// its context's error, and ErrUnknownTopic once the cluster answered that it
+// lacks the topic). A produce that franz-go fails with
 // UNKNOWN_TOPIC_OR_PARTITION (a topic deleted later) wraps ErrUnknownTopic
 // too. The sink remembers only topics the cluster was seen to have (bounded
 // by the cluster's topics, whatever WithTopicFunc returns). The error is
@@ -145,19 +148,21 @@ func WithTopicFunc(fn func(outbox.Event) (string, error)) Option {
 // has the record), one with kgo.ManualFlushing (its produce waits
 // for a Flush nobody calls, past its context's end) or a transactional one
 // (kgo.TransactionalID: it refuses a produce outside a transaction), is
-// refused with ErrInvalidOption.
+// refused with ErrInvalidOption; for one of those three client options
+// the error is a *keysched.OptionError naming it (as a refused Option's). The sink returns keysched.ErrNilContext for
+// a nil ctx.
 func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
 	if cl == nil {
 		return nil, fmt.Errorf("%w: nil *kgo.Client", ErrInvalidOption)
 	}
 	if acks, ok := cl.OptValue(kgo.RequiredAcks).(kgo.Acks); ok && acks == kgo.NoAck() {
-		return nil, fmt.Errorf("%w: a client with kgo.RequiredAcks(kgo.NoAck()): its produce returns before any broker has the record, so the relay would mark unacknowledged events sent (use the default, kgo.AllISRAcks())", ErrInvalidOption)
+		return nil, refused(optcheck.Refuse("kgo.RequiredAcks", "kgo.NoAck()", "the client's produce returns before any broker has the record, so the relay would mark unacknowledged events sent (use the default, kgo.AllISRAcks())"))
 	}
 	if manual, _ := cl.OptValue(kgo.ManualFlushing).(bool); manual {
-		return nil, fmt.Errorf("%w: a client with kgo.ManualFlushing: its records wait in its buffer until somebody calls Flush, and a produce does not return even when its context ends, so the relay's key would be stuck", ErrInvalidOption)
+		return nil, refused(optcheck.Refuse("kgo.ManualFlushing", nil, "the client's records wait in its buffer until somebody calls Flush, and a produce does not return even when its context ends, so the relay's key would be stuck"))
 	}
 	if id, _ := cl.OptValue(kgo.TransactionalID).(string); id != "" {
-		return nil, fmt.Errorf("%w: a transactional client (kgo.TransactionalID(%q)): the sink produces outside transactions, which such a client refuses; give the sink a client of its own without TransactionalID", ErrInvalidOption, id)
+		return nil, refused(optcheck.Refuse("kgo.TransactionalID", strconv.Quote(id), "a transactional client: the sink produces outside transactions, which such a client refuses; give the sink a client of its own without TransactionalID"))
 	}
 	c := config{}
 	if topic != "" {
@@ -181,6 +186,9 @@ func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
 	}
 	topics := newTopicCheck(cl) // topic_check.go
 	return func(ctx context.Context, e outbox.Event) error {
+		if ctx == nil {
+			return fmt.Errorf("kafkasink: produce event %s (key %q, seq %d): %w", e.ID, e.Key, e.Seq, keysched.ErrNilContext)
+		}
 		t, err := c.topicFor(e)
 		if err == nil {
 			err = validTopic(t)

@@ -29,3 +29,30 @@ func TestRefusedOptionIsAnOptionErrorNamingIt(t *testing.T) {
 			Prefix: "kafkasink: invalid option: ", Sentinels: []error{kafkasink.ErrInvalidOption}}))
 	}
 }
+
+// A client New refuses for one of its options (no acks, manual flushing,
+// transactional) is refused with a *keysched.OptionError naming that
+// client option, as the Kafka consumer refuses client options (they
+// wrapped kafkasink.ErrInvalidOption alone: errors.As found nothing, and
+// errors.Is(err, keysched.ErrInvalidOption) was false).
+func TestRefusedClientOptionIsAnOptionErrorNamingIt(t *testing.T) {
+	for _, tc := range []struct {
+		opt    kgo.Opt
+		option string
+	}{
+		{kgo.RequiredAcks(kgo.NoAck()), "kgo.RequiredAcks"},
+		{kgo.ManualFlushing(), "kgo.ManualFlushing"},
+		{kgo.TransactionalID("tx"), "kgo.TransactionalID"},
+	} {
+		opts := []kgo.Opt{kgo.SeedBrokers("127.0.0.1:1"), tc.opt}
+		if tc.option == "kgo.RequiredAcks" {
+			opts = append(opts, kgo.DisableIdempotentWrite())
+		}
+		cl, err := kgo.NewClient(opts...)
+		require.NoError(t, err)
+		_, err = kafkasink.New(cl, "t")
+		cl.Close()
+		require.Empty(t, opttest.Problem(err, opttest.Want{Option: tc.option,
+			Prefix: "kafkasink: invalid option: ", Sentinels: []error{kafkasink.ErrInvalidOption}}))
+	}
+}

@@ -52,6 +52,19 @@ type topicAsk struct {
 	tries int
 	when  string
 	cut   bool // the asking call's context ended: the waiters ask again
+
+	// The answers so far, for a waiting call whose context ends first.
+	mu       sync.Mutex
+	unknowns int   // requests answered UNKNOWN_TOPIC_OR_PARTITION
+	last     error // the last of those answers
+}
+
+// progress records one more UNKNOWN_TOPIC_OR_PARTITION answer.
+func (a *topicAsk) progress(err error) {
+	a.mu.Lock()
+	a.unknowns++
+	a.last = err
+	a.mu.Unlock()
 }
 
 func newTopicCheck(cl *kgo.Client) *topicCheck {
@@ -65,10 +78,11 @@ func newTopicCheck(cl *kgo.Client) *topicCheck {
 // otherwise: the topic present (remembered), auto topic creation allowed,
 // or the check unable to tell (no answer, another refusal, ctx ended
 // during a request: the produce then says the rest). A call that finds a
-// check of topic in progress (another key's) waits for its answer, or
-// until ctx ends (nil: the produce then says ctx's error); when that
-// check was cut short by its own call's context, the waiting call checks
-// again with its own context.
+// check of topic in progress (another key's) waits for its answer; when
+// that check was cut short by its own call's context, the waiting call
+// checks again with its own context. When ctx ends while it waits, its
+// error says the check was pending and wraps ctx's error, and also
+// ErrUnknownTopic once the cluster answered that it lacks the topic.
 func (c *topicCheck) check(ctx context.Context, topic string, e outbox.Event) error {
 	if c.auto {
 		return nil
@@ -88,7 +102,7 @@ func (c *topicCheck) check(ctx context.Context, topic string, e outbox.Event) er
 			select {
 			case <-a.done:
 			case <-ctx.Done():
-				return nil
+				return a.pending(ctx, topic, e)
 			}
 			if a.cut {
 				// The other call's context ended before its tries did:
@@ -96,7 +110,7 @@ func (c *topicCheck) check(ctx context.Context, topic string, e outbox.Event) er
 				continue
 			}
 		} else {
-			a.tries, a.when, a.err = c.ask(ctx, topic)
+			a.tries, a.when, a.err = c.ask(ctx, topic, a)
 			a.cut = ctx.Err() != nil
 			c.mu.Lock()
 			delete(c.asking, topic)
@@ -111,16 +125,31 @@ func (c *topicCheck) check(ctx context.Context, topic string, e outbox.Event) er
 	}
 }
 
+// pending is the error of a call whose ctx ended while it waited for
+// another call's check a of topic.
+func (a *topicAsk) pending(ctx context.Context, topic string, e outbox.Event) error {
+	a.mu.Lock()
+	unknowns, last := a.unknowns, a.last
+	a.mu.Unlock()
+	if last != nil {
+		return fmt.Errorf("%w: produce event %s (key %q, seq %d) to topic %q: the cluster does not have the topic (%w; asked %d times by another key's call, whose check was still pending when this call's context ended: %w): create it, or allow auto topic creation (kgo.AllowAutoTopicCreation)",
+			ErrUnknownTopic, e.ID, e.Key, e.Seq, topic, last, unknowns, ctx.Err())
+	}
+	return fmt.Errorf("kafkasink: produce event %s (key %q, seq %d) to topic %q: the call's context ended while another key's check of the topic was pending (no answer from the cluster yet): %w",
+		e.ID, e.Key, e.Seq, topic, ctx.Err())
+}
+
 // ask asks the cluster about topic up to topicCheckTries times, and returns
 // the broker's UNKNOWN_TOPIC_OR_PARTITION with the number of requests and
 // how long they went on when it never had the topic; a nil error when it
-// has it or the answer cannot tell.
-func (c *topicCheck) ask(ctx context.Context, topic string) (tries int, when string, _ error) {
+// has it or the answer cannot tell. Each such answer is recorded in a.
+func (c *topicCheck) ask(ctx context.Context, topic string, a *topicAsk) (tries int, when string, _ error) {
 	for try := 1; ; try++ {
 		err := c.unknown(ctx, topic)
 		if err == nil {
 			return try, "", nil
 		}
+		a.progress(err)
 		if try == topicCheckTries {
 			return try, fmt.Sprintf("over %v", time.Duration(topicCheckTries-1)*topicCheckGap), err
 		}

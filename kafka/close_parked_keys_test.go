@@ -1,0 +1,100 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/keysched/keysched"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Close with a context that never ends returns although a key is parked:
+// once Close has started, Resume and Skip refuse (ErrClosed), so nothing
+// could finish the parked key's records. It drains the rest, says the
+// parked records are left unfinished (their frontier is committed at the
+// parked record: the next owner handles them), and returns. Before, it
+// waited for the parked key for ever, and a later Close with a deadline
+// only said "another Close is still running".
+func TestCloseWithoutADeadlineLeavesParkedKeysToTheNextOwner(t *testing.T) {
+	tc := newCluster(t, 1, "t")
+	tc.produce(t, rec("t", 0, "a", "a0"), rec("t", 0, "a", "a1"), rec("t", 0, "b", "b0"))
+	h := func(_ context.Context, r *kgo.Record) error {
+		if string(r.Value) == "a0" {
+			return errors.New("fails")
+		}
+		return nil
+	}
+	commits := tc.watchCommits(t)
+	c, err := NewConsumer(h, WithLogger(quiet), WithCommitInterval(5*time.Millisecond),
+		WithSchedulerOptions(keysched.WithFailurePolicy(keysched.Park)),
+		WithClientOptions(tc.clientOpts(groupName(t), "t")...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan error, 1)
+	go func() { ran <- c.Run(context.Background()) }()
+	eventually(t, "a parked, b handled", func() bool {
+		ps, _ := c.partStats("t", 0)
+		return len(c.Parked()) == 1 && ps.HighestFetched == 2 && c.Stats().Succeeded == 1
+	})
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close(context.Background()) }()
+	select {
+	case err = <-closed:
+	case <-time.After(20 * time.Second):
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		t.Fatalf("Close(context.Background()) still waits for the parked key after 20 s (a later Close: %v)", c.Close(ctx))
+	}
+	if err == nil || !strings.Contains(err.Error(), "parked") {
+		t.Errorf("Close: %v, want an error naming the parked key's records", err)
+	}
+	if err := <-ran; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	if cs := commits.of("t", 0); len(cs) == 0 || cs[len(cs)-1].Offset != 0 {
+		t.Errorf("commits %+v, want the last at the parked record, 0", cs)
+	}
+}
+
+// A Skip whose dead letter is being written when Close starts is waited
+// for (it holds its partition, as a running handler does): once the broker
+// acknowledges the dead letter, Skip returns nil, the key moves on, and
+// Close drains it and returns nil. Close does not take the skipped key for
+// a parked one and cut the Skip short.
+func TestCloseWaitsForASkipInFlight(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	group := groupName(t)
+	tc.produce(t, rec("t", 0, "a", "bad"), rec("t", 0, "a", "a1"))
+	c, runDone := tc.runConsumer(t, group, failBadForGood, WithDeadLetterTopic("dlq"),
+		WithSchedulerOptions(keysched.WithFailurePolicy(keysched.Park)))
+	eventually(t, "a parked", func() bool { return len(c.Parked()) == 1 })
+	release := make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	var held atomic.Int32
+	tc.holdRequests(kmsg.Produce, release, func() { held.Add(1) }) // the dead letter's
+	skipped := make(chan error, 1)
+	go func() { skipped <- c.Skip(c.Parked()[0]) }()
+	eventually(t, "the dead letter's produce held", func() bool { return held.Load() >= 1 })
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close(context.Background()) }()
+	time.Sleep(100 * time.Millisecond) // Close looks at the scheduler meanwhile
+	once.Do(func() { close(release) })
+	if err := <-skipped; err != nil {
+		t.Errorf("Skip: %v", err)
+	}
+	if err := <-closed; err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	runReturnsNil(t, runDone)
+	if off := tc.committedOffset(t, group, "t", 0); off != 2 {
+		t.Errorf("committed %d, want 2", off)
+	}
+}
