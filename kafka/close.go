@@ -19,8 +19,8 @@ import (
 // It returns nil when everything dispatched finished and every frontier was
 // committed. Otherwise its error says what it could not do, both when both
 // happened (errors.Join): records left unfinished (an error wrapping ctx's
-// error that says how many, or, when only parked keys held them, one that
-// says how many keys were parked), and frontiers it could not commit (a
+// error that says how many, or, when only parked keys held them, one
+// wrapping ErrLeftParked that says how many keys were parked), and frontiers it could not commit (a
 // *CommitError, matched by errors.Is(err, ErrNotCommitted), listing each
 // partition with the broker's error). Before reporting them it reads the
 // group's offsets back from the broker (within the time it has to leave the
@@ -91,7 +91,7 @@ func (c *Consumer) Close(ctx context.Context) error {
 			n += int(p.inflight.Load())
 		}
 		if parked > 0 {
-			errs = append(errs, fmt.Errorf("kafka: close: %d records unfinished, held by %d parked keys (Resume and Skip refuse once Close has started; the next owner handles them)", n, parked))
+			errs = append(errs, fmt.Errorf("%w: %d records unfinished, held by %d parked keys (Resume and Skip refuse once Close has started; the next owner handles them)", ErrLeftParked, n, parked))
 		} else {
 			errs = append(errs, fmt.Errorf("kafka: close: %d records unfinished (the next owner handles them): %w", n, ctx.Err()))
 		}

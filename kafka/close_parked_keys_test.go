@@ -31,9 +31,10 @@ func TestCloseWithoutADeadlineLeavesParkedKeysToTheNextOwner(t *testing.T) {
 		return nil
 	}
 	commits := tc.watchCommits(t)
+	group := groupName(t)
 	c, err := NewConsumer(h, WithLogger(quiet), WithCommitInterval(5*time.Millisecond),
 		WithSchedulerOptions(keysched.WithFailurePolicy(keysched.Park)),
-		WithClientOptions(tc.clientOpts(groupName(t), "t")...))
+		WithClientOptions(tc.clientOpts(group, "t")...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,14 +53,30 @@ func TestCloseWithoutADeadlineLeavesParkedKeysToTheNextOwner(t *testing.T) {
 		defer cancel()
 		t.Fatalf("Close(context.Background()) still waits for the parked key after 20 s (a later Close: %v)", c.Close(ctx))
 	}
-	if err == nil || !strings.Contains(err.Error(), "parked") {
-		t.Errorf("Close: %v, want an error naming the parked key's records", err)
+	if !errors.Is(err, ErrLeftParked) || errors.Is(err, ErrNotCommitted) || !strings.Contains(err.Error(), "2 records unfinished, held by 1 parked keys") {
+		t.Errorf("Close: %v, want ErrLeftParked counting the parked key's 2 records, and the frontier committed", err)
 	}
 	if err := <-ran; err != nil {
 		t.Errorf("Run: %v", err)
 	}
 	if cs := commits.of("t", 0); len(cs) == 0 || cs[len(cs)-1].Offset != 0 {
 		t.Errorf("commits %+v, want the last at the parked record, 0", cs)
+	}
+
+	// The next owner handles the parked key's records, in order.
+	var mu sync.Mutex
+	var again []string
+	startConsumer(t, func(_ context.Context, r *kgo.Record) error {
+		mu.Lock()
+		again = append(again, string(r.Value))
+		mu.Unlock()
+		return nil
+	}, WithLogger(quiet), WithClientOptions(tc.clientOpts(group, "t")...))
+	eventually(t, "the next owner handled a0 and a1", func() bool { mu.Lock(); defer mu.Unlock(); return len(again) >= 2 })
+	mu.Lock()
+	defer mu.Unlock()
+	if again[0] != "a0" || again[1] != "a1" {
+		t.Errorf("the next owner handled %v first; want a0, a1", again)
 	}
 }
 

@@ -83,6 +83,13 @@ var (
 	// ErrNotParked is returned by Resume and Skip for a key that is not
 	// parked (or whose partition this member no longer owns).
 	ErrNotParked = errors.New("kafka: key is not parked")
+	// ErrLeftParked is wrapped by Close's error when it left records of
+	// parked keys unfinished: once Close has started nothing resumes or
+	// skips a parked key, so Close does not wait for them. Their
+	// partitions' frontiers stay at the parked records and the next owner
+	// handles them (parking them again if they fail again); Resume or Skip
+	// before Close to settle them.
+	ErrLeftParked = errors.New("kafka: close: records of parked keys left unfinished")
 	// ErrNilContext is returned for a nil context.Context.
 	ErrNilContext = errors.New("kafka: nil context")
 	// ErrZeroConsumer is returned by the methods of a nil or zero Consumer
