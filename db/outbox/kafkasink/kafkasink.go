@@ -149,11 +149,13 @@ func WithTopicFunc(fn func(outbox.Event) (string, error)) Option {
 // for a Flush nobody calls, past its context's end) or a transactional one
 // (kgo.TransactionalID: it refuses a produce outside a transaction), is
 // refused with ErrInvalidOption; for one of those three client options
-// the error is a *keysched.OptionError naming it (as a refused Option's). The sink returns keysched.ErrNilContext for
+// the error is a *keysched.OptionError naming it (as a refused Option's);
+// a nil client, a missing or refused topic one naming New(cl) or
+// New(topic). The sink returns keysched.ErrNilContext for
 // a nil ctx.
 func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
 	if cl == nil {
-		return nil, fmt.Errorf("%w: nil *kgo.Client", ErrInvalidOption)
+		return nil, refused(optcheck.Refuse("New(cl)", nil, "nil *kgo.Client"))
 	}
 	if acks, ok := cl.OptValue(kgo.RequiredAcks).(kgo.Acks); ok && acks == kgo.NoAck() {
 		return nil, refused(optcheck.Refuse("kgo.RequiredAcks", "kgo.NoAck()", "the client's produce returns before any broker has the record, so the relay would mark unacknowledged events sent (use the default, kgo.AllISRAcks())"))
@@ -177,11 +179,11 @@ func New(cl *kgo.Client, topic string, opts ...Option) (outbox.Sink, error) {
 		}
 	}
 	if c.topicFor == nil {
-		return nil, fmt.Errorf("%w: no topic (give one to New, or WithTopicFunc)", ErrInvalidOption)
+		return nil, refused(optcheck.Refuse("New(topic)", `""`, "no topic (give one to New, or WithTopicFunc)"))
 	}
 	if topic != "" {
 		if err := validTopic(topic); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
+			return nil, refused(optcheck.Refuse("New(topic)", strconv.Quote(topic), "%v", err))
 		}
 	}
 	topics := newTopicCheck(cl) // topic_check.go

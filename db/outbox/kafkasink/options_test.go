@@ -56,3 +56,25 @@ func TestRefusedClientOptionIsAnOptionErrorNamingIt(t *testing.T) {
 			Prefix: "kafkasink: invalid option: ", Sentinels: []error{kafkasink.ErrInvalidOption}}))
 	}
 }
+
+// New's own arguments are refused as its options are: a nil client, no
+// topic, a topic Kafka refuses are *keysched.OptionError naming New(cl) or
+// New(topic) (they wrapped kafkasink.ErrInvalidOption alone).
+func TestRefusedArgumentIsAnOptionErrorNamingIt(t *testing.T) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
+	require.NoError(t, err)
+	defer cl.Close()
+	for _, tc := range []struct {
+		cl     *kgo.Client
+		topic  string
+		option string
+	}{
+		{nil, "t", "New(cl)"},
+		{cl, "", "New(topic)"},
+		{cl, "a b", "New(topic)"},
+	} {
+		_, err := kafkasink.New(tc.cl, tc.topic)
+		require.Empty(t, opttest.Problem(err, opttest.Want{Option: tc.option,
+			Prefix: "kafkasink: invalid option: ", Sentinels: []error{kafkasink.ErrInvalidOption}}))
+	}
+}
