@@ -147,3 +147,43 @@ func TestCloseGivesBackRowsWaitingOutARetryBackoff(t *testing.T) {
 		stop()
 	})
 }
+
+// Close waits for a failed row's dead mark in progress (its transaction,
+// the mark hook, WithOnDead) as it waits for the sink calls in progress:
+// Close gave up on the scheduler's dead letters at once, so Close and Run
+// returned while the row was being marked dead, and WithOnDead ran after
+// Close had returned (a process exiting then loses the alert).
+func TestCloseWaitsForADeadMarkInProgress(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ob := newOutbox(t, db)
+		writeEvents(t, ob, 1, 1, 1)
+		dying, release := make(chan struct{}), make(chan struct{})
+		var returned atomic.Bool
+		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+			return keysched.Permanent(errors.New("downstream refuses it for good"))
+		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond),
+			outbox.WithOnDead(func(outbox.DeadEvent) {
+				close(dying)
+				<-release
+				returned.Store(true)
+			}))
+		require.NoError(t, err)
+		errc := make(chan error, 1)
+		go func() { errc <- r.Run(context.Background()) }()
+		<-dying
+		closed := make(chan error, 1)
+		go func() { closed <- r.Close(context.Background()) }()
+		select {
+		case err := <-closed:
+			close(release)
+			t.Fatalf("Close returned (%v) while the row's WithOnDead call still ran", err)
+		case <-time.After(500 * time.Millisecond): // Close gave up on it within keysched.CloseGrace (100 ms)
+		}
+		close(release)
+		require.NoError(t, <-closed)
+		require.True(t, returned.Load())
+		require.NoError(t, <-errc)
+		require.EqualValues(t, 1, r.Stats().Dead)
+		require.Equal(t, map[outbox.State]int64{outbox.Dead: 1}, counts(t, ob))
+	})
+}

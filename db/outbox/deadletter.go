@@ -20,11 +20,14 @@ func (r *Relay) onDeadLetter(dl keysched.DeadLetter[string]) {
 		r.log.Error("outbox relay: dead letter without its row", "err", dl.Err)
 		return
 	}
-	if r.stopping.Load() || errors.Is(dl.Err, keysched.ErrAborted) || j.t.lost.Load() || r.mono() >= j.t.deadline.Load() {
+	if errors.Is(dl.Err, keysched.ErrAborted) || j.t.lost.Load() || r.mono() >= j.t.deadline.Load() || !r.beginMark() {
 		j.t.lost.Store(true)
 		r.abandon(j)
 		return
 	}
+	// Counted until marked (or given back): Run's shutdown waits for it
+	// as for the sink calls in progress (see waitTasksUntil).
+	defer r.endMark()
 	msg := deadErrText(dl.Err)
 	// Bounded as the relay's other calls are (a third of the lease, at
 	// least 5 s): a third of the lease alone failed the mark on a database

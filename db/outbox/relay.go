@@ -99,11 +99,12 @@ type Relay struct {
 	// really lost).
 	leaseMu sync.Mutex
 
-	mu       sync.Mutex // guards keys, inflight, settled, tenure.inflight, active
+	mu       sync.Mutex // guards keys, inflight, settled, tenure.inflight, active, marking
 	keys     map[string]*tenure
 	inflight int
 	settled  int // rows settled since the last poll
 	active   int // task functions running now
+	marking  int // dead marks in progress (onDeadLetter, begun before Run stopped)
 	idle     *sync.Cond
 
 	fmu    sync.Mutex
@@ -242,8 +243,9 @@ func (r *Relay) signal() {
 // is already running, or has returned.
 //
 // When Close is called, Run stops claiming and fetching, lets the sink calls
-// in progress finish (until Close's context ends: then their contexts are
-// cancelled), gives back the rows that had not started (queued behind them,
+// in progress finish, and the dead marks of rows that failed for good
+// (with the mark hook and WithOnDead) (until Close's context ends: then the
+// sink calls' contexts are cancelled), gives back the rows that had not started (queued behind them,
 // or waiting out a retry backoff), marks what was published, releases its
 // leases and returns nil. When ctx ends, Run does the same at once: sink
 // calls in progress see their context cancelled, and Run returns ctx's error
@@ -374,8 +376,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		cancel()
 		closeCtx = c
 	}
-	// The sink calls in progress finish (until closeCtx ends); then the
-	// scheduler closes at once: the rows queued, waiting out a retry
+	// The sink calls in progress finish, and the dead marks in progress
+	// (until closeCtx ends); then the scheduler closes at once: the rows queued, waiting out a retry
 	// backoff or a Snooze, or parked are given back (aborted tasks come
 	// back through onDeadLetter), not waited for.
 	r.waitTasksUntil(closeCtx)
@@ -513,13 +515,38 @@ func (r *Relay) beginTask() {
 func (r *Relay) endTask() {
 	r.mu.Lock()
 	r.active--
-	if r.active == 0 {
+	if r.active == 0 { // and so active+marking, when marking is 0
 		r.idle.Broadcast()
 	}
 	r.mu.Unlock()
 }
 
-// waitTasksUntil waits until no sink call runs, or ctx ends.
+// beginMark counts a dead mark in progress, unless Run is stopping (then it
+// reports false: the row is given back, not marked). The check and the
+// count are one step under r.mu, so that waitTasksUntil, which Run calls
+// after it set stopping, either sees the mark counted or the mark sees
+// stopping.
+func (r *Relay) beginMark() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopping.Load() {
+		return false
+	}
+	r.marking++
+	return true
+}
+
+func (r *Relay) endMark() {
+	r.mu.Lock()
+	r.marking--
+	if r.active+r.marking == 0 {
+		r.idle.Broadcast()
+	}
+	r.mu.Unlock()
+}
+
+// waitTasksUntil waits until no sink call runs and no dead mark is in
+// progress, or ctx ends.
 func (r *Relay) waitTasksUntil(ctx context.Context) {
 	stop := context.AfterFunc(ctx, func() {
 		r.mu.Lock()
@@ -528,7 +555,7 @@ func (r *Relay) waitTasksUntil(ctx context.Context) {
 	})
 	defer stop()
 	r.mu.Lock()
-	for r.active > 0 && ctx.Err() == nil {
+	for r.active+r.marking > 0 && ctx.Err() == nil {
 		r.idle.Wait()
 	}
 	r.mu.Unlock()
