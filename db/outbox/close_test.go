@@ -187,3 +187,24 @@ func TestCloseWaitsForADeadMarkInProgress(t *testing.T) {
 		require.Equal(t, map[outbox.State]int64{outbox.Dead: 1}, counts(t, ob))
 	})
 }
+
+// Close after Run returned reports how Run ended whatever Close's context:
+// with an ended one (the process's cancelled context, passed to both), Close
+// picked at random between Run's result and "the context ended before the
+// relay stopped ... given back", which was not so.
+func TestCloseAfterRunReturnedIgnoresItsEndedContext(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ob := newOutbox(t, db)
+		r, err := ob.NewRelay(func(context.Context, outbox.Event) error { return nil },
+			outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() { errc <- r.Run(ctx) }()
+		cancel()
+		require.ErrorIs(t, <-errc, context.Canceled)
+		for range 20 { // each call picked at random: 1 in 2^20 to pass without the fix
+			require.NoError(t, r.Close(ctx))
+		}
+	})
+}

@@ -453,7 +453,8 @@ func (runAgainError) Is(target error) bool { return target == ErrClosed }
 // other relay publishes the key meanwhile), one that fails leaves its row
 // pending, and the relay then releases its leases. If the process exits
 // first, those rows stay pending and are published again (duplicates) once
-// the leases expire. Close returns nil when Run finished in time, ctx's error
+// the leases expire. Close returns nil when Run finished in time (also when
+// Run had returned before Close was called, whatever ctx), ctx's error
 // (wrapped) otherwise; when Run's last calls failed (published rows not
 // marked sent: they are published again once their leases expire; leases
 // not released: their keys wait until they expire), an error saying so,
@@ -475,12 +476,22 @@ func (r *Relay) Close(ctx context.Context) error {
 		close(r.done)
 		return r.sched.Close(ctx)
 	}
-	select {
-	case <-r.done:
+	// Run's result when it has returned, whatever ctx (a select would pick
+	// at random between the two when both are ready).
+	ranErr := func() error {
 		if r.shutdownErr != nil {
 			return fmt.Errorf("outbox: close: %w", r.shutdownErr)
 		}
 		return nil
+	}
+	select {
+	case <-r.done:
+		return ranErr()
+	default:
+	}
+	select {
+	case <-r.done:
+		return ranErr()
 	case <-ctx.Done():
 	}
 	grace := time.NewTimer(keysched.CloseGrace)
