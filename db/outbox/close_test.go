@@ -208,3 +208,46 @@ func TestCloseAfterRunReturnedIgnoresItsEndedContext(t *testing.T) {
 		}
 	})
 }
+
+// A second Close whose context ends while the first one (whose context
+// bounds the shutdown) still waits for a sink call says so: it said the
+// sink calls in progress were cancelled and the rows given back, or that
+// the calls ignored their cancelled context, and neither was so.
+func TestSecondCloseWithAnEndedContextSaysTheFirstStillRuns(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *sql.DB) {
+		ob := newOutbox(t, db)
+		writeEvents(t, ob, 1, 1, 1)
+		started, release := make(chan struct{}), make(chan struct{})
+		var cancelled atomic.Bool
+		r, err := ob.NewRelay(func(ctx context.Context, e outbox.Event) error {
+			close(started)
+			select {
+			case <-release:
+				return nil
+			case <-ctx.Done():
+				cancelled.Store(true)
+				return ctx.Err()
+			}
+		}, outbox.WithLogger(quiet), outbox.WithPollInterval(10*time.Millisecond))
+		require.NoError(t, err)
+		errc := make(chan error, 1)
+		go func() { errc <- r.Run(context.Background()) }()
+		<-started
+		first := make(chan error, 1)
+		go func() { first <- r.Close(context.Background()) }()
+		require.Eventually(t, func() bool { // the first Close has begun: the Relay's Resume refuses
+			return errors.Is(r.Resume(context.Background(), "none"), outbox.ErrClosed)
+		}, 30*time.Second, time.Millisecond)
+		cctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		err = r.Close(cctx)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.ErrorContains(t, err, "another Close")
+		require.NotContains(t, err.Error(), "cancelled")
+		require.False(t, cancelled.Load(), "the second Close's context cancelled the sink call")
+		close(release)
+		require.NoError(t, <-first)
+		require.NoError(t, <-errc)
+		require.EqualValues(t, 1, r.Stats().Marked, "the call the second Close did not cancel is marked sent")
+	})
+}

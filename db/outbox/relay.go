@@ -459,8 +459,10 @@ func (runAgainError) Is(target error) bool { return target == ErrClosed }
 // marked sent: they are published again once their leases expire; leases
 // not released: their keys wait until they expire), an error saying so,
 // wrapping the database's. Close without Run releases the scheduler. Close is
-// idempotent; only the first call's ctx bounds the drain. A nil ctx gets
-// ErrNilContext.
+// idempotent; only the first call's ctx bounds the drain: a later call
+// returns Run's result once Run returned, or, when its own ctx ends first,
+// an error wrapping ctx's error that says another Close is still running.
+// A nil ctx gets ErrNilContext.
 func (r *Relay) Close(ctx context.Context) error {
 	if r.zero() {
 		return ErrZeroRelay
@@ -468,7 +470,9 @@ func (r *Relay) Close(ctx context.Context) error {
 	if ctx == nil {
 		return keysched.ErrNilContext
 	}
+	first := false
 	r.closeOnce.Do(func() {
+		first = true
 		r.closeCtx = ctx
 		close(r.closing)
 	})
@@ -493,6 +497,16 @@ func (r *Relay) Close(ctx context.Context) error {
 	case <-r.done:
 		return ranErr()
 	case <-ctx.Done():
+	}
+	if !first {
+		// Only the first call's ctx bounds the shutdown: nothing was
+		// cancelled or given back for this one.
+		select {
+		case <-r.done:
+			return ranErr()
+		default:
+		}
+		return fmt.Errorf("outbox: close: another Close is still running (its context, not this one's, bounds the shutdown): %w", ctx.Err())
 	}
 	grace := time.NewTimer(keysched.CloseGrace)
 	defer grace.Stop()
