@@ -250,8 +250,10 @@
 //
 // # Shutdown
 //
-// Close stops claiming, lets the sink calls in progress finish (until its
-// context ends), gives back the rows that had not started, marks what was
+// Close stops claiming, lets the sink calls in progress finish, and the dead
+// marks of rows that failed for good (until its context ends), gives back
+// the rows that had not started (queued, or waiting out a retry backoff or
+// a Snooze), marks what was
 // published and releases the leases; cancelling Run's context does the same
 // at once. Rows given back stay pending and are published by the next relay
 // to claim their key. Close returns within keysched.CloseGrace of its
