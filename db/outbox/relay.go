@@ -243,10 +243,11 @@ func (r *Relay) signal() {
 // is already running, or has returned.
 //
 // When Close is called, Run stops claiming and fetching, lets the sink calls
-// in progress finish, and the dead marks of rows that failed for good
-// (with the mark hook and WithOnDead) (until Close's context ends: then the
-// sink calls' contexts are cancelled), gives back the rows that had not started (queued behind them,
-// or waiting out a retry backoff), marks what was published, releases its
+// in progress finish, and the dead marks in progress of rows that failed for
+// good (with the mark hook and WithOnDead), until Close's context ends (then
+// the sink calls' contexts are cancelled), gives back the rows that had not
+// started (queued behind them, or waiting out a retry backoff or a Snooze),
+// marks what was published, releases its
 // leases and returns nil. When ctx ends, Run does the same at once: sink
 // calls in progress see their context cancelled, and Run returns ctx's error
 // once they have returned. Rows given back stay pending: they are published
@@ -377,9 +378,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		closeCtx = c
 	}
 	// The sink calls in progress finish, and the dead marks in progress
-	// (until closeCtx ends); then the scheduler closes at once: the rows queued, waiting out a retry
-	// backoff or a Snooze, or parked are given back (aborted tasks come
-	// back through onDeadLetter), not waited for.
+	// (until closeCtx ends); then the scheduler closes at once: the rows
+	// queued, or waiting out a retry backoff or a Snooze, are given back
+	// (aborted tasks come back through onDeadLetter), not waited for.
 	r.waitTasksUntil(closeCtx)
 	ended, end := context.WithCancel(context.Background())
 	end()
