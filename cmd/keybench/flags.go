@@ -135,12 +135,12 @@ func (c *cli) validate() error {
 	if c.Rate < 0 || math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0) {
 		bad("--rate %v: need 0 (as fast as admission allows) or a positive number of events per second", c.Rate)
 	}
-	if !(c.SlowFactor > 0) || math.IsInf(c.SlowFactor, 0) {
-		bad("--slow-factor %v: need a positive number (1 turns the slow key off)", c.SlowFactor)
+	if !(c.SlowFactor >= 1) || math.IsInf(c.SlowFactor, 0) {
+		bad("--slow-factor %v: need a finite number >= 1, how many times longer the slow key's work is (1 turns the slow key off)", c.SlowFactor)
 	}
 	if c.Synthetic {
-		if c.Events < 0 {
-			bad("--events %d: need 0 or more", c.Events)
+		if c.Events < 1 {
+			bad("--events %d: need at least 1", c.Events)
 		}
 		if c.Keys < 1 {
 			bad("--keys %d: need at least 1", c.Keys)
