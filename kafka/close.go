@@ -91,7 +91,14 @@ func (c *Consumer) Close(ctx context.Context) error {
 			n += int(p.inflight.Load())
 		}
 		if parked > 0 {
-			errs = append(errs, fmt.Errorf("%w: %d records unfinished, held by %d parked keys (Resume and Skip refuse once Close has started; the next owner handles them)", ErrLeftParked, n, parked))
+			ofParked, others, keys := c.parkedLeft()
+			msg := fmt.Sprintf("%d records unfinished, held by %d parked keys", ofParked, keys)
+			if others > 0 {
+				// Held back when the scheduler (full with the parked
+				// keys' records) refused them: never dispatched.
+				msg += fmt.Sprintf(", and %d records of other keys held back (never dispatched: the scheduler was full)", others)
+			}
+			errs = append(errs, fmt.Errorf("%w: %s (Resume and Skip refuse once Close has started; the next owner handles them)", ErrLeftParked, msg))
 		} else {
 			errs = append(errs, fmt.Errorf("kafka: close: %d records unfinished (the next owner handles them): %w", n, ctx.Err()))
 		}
@@ -218,7 +225,45 @@ func (c *Consumer) onlyParkedLeft() int {
 	if len(keys) == 0 || st.Pending > held {
 		return 0
 	}
+	// No Resume or Skip is moving a key on: read under parkMu after
+	// closing was set, so that one either took its key before this look
+	// (and counts in moving until it returns) or is refused (takeParked).
+	c.parkMu.Lock()
+	moving := c.moving.Load()
+	c.parkMu.Unlock()
+	if moving > 0 {
+		return 0
+	}
 	return len(keys)
+}
+
+// parkedLeft counts the unfinished records of the owned partitions: those
+// of parked keys (the parked record, those queued or held behind it), the
+// others (when only parked keys' records are left, those held back, never
+// dispatched), and the parked keys (of owned partitions).
+func (c *Consumer) parkedLeft() (records, others, keys int) {
+	c.parkMu.Lock()
+	parked := make(map[schedKey]bool, len(c.parked))
+	for k, it := range c.parked {
+		if it.p.state.Load() != stGone {
+			parked[k] = true
+		}
+	}
+	c.parkMu.Unlock()
+	for _, p := range c.owned() {
+		p.mu.Lock()
+		for _, it := range p.queue[p.head:] {
+			switch {
+			case it.isDone():
+			case it.g != nil && parked[it.g.key]:
+				records++
+			default:
+				others++
+			}
+		}
+		p.mu.Unlock()
+	}
+	return records, others, len(parked)
 }
 
 // finalCommit commits the frontiers of ps, sending those the broker refused

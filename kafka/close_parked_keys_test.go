@@ -115,3 +115,108 @@ func TestCloseWaitsForASkipInFlight(t *testing.T) {
 		t.Errorf("committed %d, want 2", off)
 	}
 }
+
+// ErrLeftParked's message counts the parked keys' records apart from the
+// records held back behind them (never dispatched: the scheduler was full
+// with the parked key's): it counted every record in flight as a parked
+// key's ("2 records of 1 parked keys" for a0 parked and b0 held).
+func TestCloseLeftParkedCountsOnlyParkedKeysRecords(t *testing.T) {
+	tc := newCluster(t, 1, "t")
+	tc.produce(t, rec("t", 0, "a", "a0"), rec("t", 0, "b", "b0"))
+	group := groupName(t)
+	h := func(ctx context.Context, r *kgo.Record) error {
+		if string(r.Value) == "a0" {
+			return keysched.Permanent(errors.New("refused"))
+		}
+		return nil
+	}
+	c, err := NewConsumer(h, WithLogger(quiet),
+		WithSchedulerOptions(keysched.WithFailurePolicy(keysched.Park), keysched.WithMaxPending(1)),
+		WithClientOptions(tc.clientOpts(group, "t")...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan error, 1)
+	go func() { ran <- c.Run(context.Background()) }()
+	eventually(t, "a parked, b0 held", func() bool { return len(c.Parked()) == 1 && c.Stats().Fetched == 2 })
+	err = c.Close(context.Background())
+	if e := <-ran; e != nil {
+		t.Errorf("Run: %v", e)
+	}
+	if !errors.Is(err, ErrLeftParked) {
+		t.Fatalf("Close: %v; want ErrLeftParked", err)
+	}
+	if msg := err.Error(); !strings.Contains(msg, "1 records unfinished, held by 1 parked keys") || !strings.Contains(msg, "1 records of other keys held back") {
+		t.Errorf("Close's error %q does not count the parked key's record (a0) apart from the one held back (b0)", msg)
+	}
+}
+
+// A Resume that has not taken its parked key yet when Close starts returns
+// ErrClosed: Close's check that only parked keys are left must not meet a
+// Resume or Skip that looked at closing before Close started and takes the
+// key after the check (Close would then leave, and interrupt, the record
+// the Resume ran again, or the records a Skip moved the key on to). The
+// Resume is held on the parked set's lock (as a descheduled goroutine
+// would be) between its look at closing and taking the key.
+func TestResumeNotYetTakingItsKeyWhenCloseStartsReturnsErrClosed(t *testing.T) {
+	tc := newCluster(t, 1, "t")
+	tc.produce(t, rec("t", 0, "a", "a0"), rec("t", 0, "a", "a1"))
+	h := func(ctx context.Context, r *kgo.Record) error {
+		return keysched.Permanent(errors.New("refused"))
+	}
+	c, err := NewConsumer(h, WithLogger(quiet),
+		WithSchedulerOptions(keysched.WithFailurePolicy(keysched.Park)),
+		WithClientOptions(tc.clientOpts(groupName(t), "t")...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan error, 1)
+	go func() { ran <- c.Run(context.Background()) }()
+	eventually(t, "a parked", func() bool { return len(c.Parked()) == 1 })
+	k := c.Parked()[0]
+
+	c.parkMu.Lock()
+	resumed := make(chan error, 1)
+	go func() { resumed <- c.Resume(k) }()
+	time.Sleep(100 * time.Millisecond) // Resume looked at closing and waits for the lock
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close(context.Background()) }()
+	eventually(t, "Close started", c.closing.Load)
+	c.parkMu.Unlock()
+
+	if err := <-resumed; !errors.Is(err, ErrClosed) {
+		t.Errorf("Resume: %v; want ErrClosed (Close had started before it took the key)", err)
+	}
+	if err := <-closed; !errors.Is(err, ErrLeftParked) {
+		t.Errorf("Close: %v; want ErrLeftParked", err)
+	}
+	if err := <-ran; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+}
+
+// Close's check that only parked keys' records are left ignores keys parked
+// on a partition taken away (revoked or lost, not yet forgotten; or
+// assigned again): with nothing of the owned partitions parked, it said yes
+// whenever no other dispatched record was unfinished, and Close stopped
+// waiting for what the scheduler still ran and reported ErrLeftParked with
+// "0 records of 0 parked keys".
+func TestOnlyParkedLeftIgnoresKeysOfPartitionsTakenAway(t *testing.T) {
+	c := &Consumer{parts: map[tp]*partition{}, parked: map[schedKey]*item{}}
+	gone := newPartition(c, "t", 0, 1)
+	gone.state.Store(stGone)
+	k := schedKey{topic: "t", part: 0, key: "a", off: -1}
+	it := &item{p: gone, off: 0}
+	g := c.newGroupOf(gone, k, false, "a", it)
+	g.comp.Store(&keysched.Completion{})
+	gone.queue = append(gone.queue, it)
+	c.parked[k] = it
+	owned := newPartition(c, "t", 1, 2) // owned, nothing unfinished
+	c.parts[tp{"t", 1}] = owned
+	if c.onlyParkedLeft() != 0 {
+		t.Fatal("only parked keys' records left, with no key of an owned partition parked")
+	}
+	if records, others, keys := c.parkedLeft(); records != 0 || others != 0 || keys != 0 {
+		t.Fatalf("parkedLeft: %d records, %d others, %d keys; want none", records, others, keys)
+	}
+}

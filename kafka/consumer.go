@@ -79,6 +79,7 @@ type Consumer struct {
 
 	parkMu sync.Mutex
 	parked map[schedKey]*item
+	moving atomic.Int32 // Resume and Skip calls that took a key from parked and have not returned
 
 	// perRecord: the scheduler gives each attempt a deadline
 	// (keysched.WithTaskTimeout), so every record is a task of its own (a

@@ -352,17 +352,21 @@ func (c *Consumer) takeParked(k ParkedKey) (schedKey, *item, error) {
 	if c.zero() {
 		return schedKey{}, nil, ErrZeroConsumer
 	}
-	if c.closing.Load() {
-		return schedKey{}, nil, ErrClosed
-	}
 	sk := c.parkedKey(k)
 	c.parkMu.Lock()
 	defer c.parkMu.Unlock()
+	// Under parkMu: Close's check that only parked keys are left
+	// (onlyParkedLeft) reads the parked set under it after closing was
+	// set, so a key is either taken before that check looks or refused.
+	if c.closing.Load() {
+		return sk, nil, ErrClosed
+	}
 	it := c.parked[sk]
 	if it == nil || it.p.state.Load() == stGone {
 		return sk, nil, ErrNotParked
 	}
 	delete(c.parked, sk)
+	c.moving.Add(1) // the caller's defer gives it back
 	return sk, it, nil
 }
 
@@ -376,6 +380,7 @@ func (c *Consumer) Resume(k ParkedKey) error {
 	if err != nil {
 		return err
 	}
+	defer c.moving.Add(-1)
 	if err := c.sched.Resume(sk); err != nil {
 		if errors.Is(err, keysched.ErrNotParked) {
 			return ErrNotParked
@@ -397,6 +402,7 @@ func (c *Consumer) Skip(k ParkedKey) error {
 	if err != nil {
 		return err
 	}
+	defer c.moving.Add(-1)
 	p := it.p
 	if !p.enter(false) {
 		return ErrNotParked
