@@ -31,6 +31,7 @@ import (
 
 	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/examples/webhook/service"
+	"github.com/keysched/keysched/examples/webhook/signing"
 	"github.com/keysched/keysched/examples/webhook/sim"
 )
 
@@ -227,6 +228,58 @@ func parseSecrets(text string) (map[string][]string, error) {
 	return out, nil
 }
 
+// endpointPartners parses -endpoints and keeps, of secrets (read from
+// -secrets-file), those of its partners (keepConfiguredSecrets); a partner
+// of -endpoints without a secret is refused, naming both flags.
+func endpointPartners(o options, secrets map[string][]string, log *slog.Logger) (map[string]string, error) {
+	partners, err := parseEndpoints(o.endpoints)
+	if err != nil {
+		return nil, err
+	}
+	if err := keepConfiguredSecrets(partners, secrets, "-endpoints", log); err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(partners))
+	for p := range partners {
+		names = append(names, p)
+	}
+	sort.Strings(names)
+	for _, p := range names {
+		if len(secrets[p]) == 0 {
+			return nil, fmt.Errorf("-secrets-file %s has no secret for partner %q of -endpoints: add a line '%s whsec_...' (every request is signed), or remove the partner from -endpoints", o.secretsFile, p, p)
+		}
+	}
+	return partners, nil
+}
+
+// keepConfiguredSecrets drops from secrets (read from -secrets-file) the
+// partners not in partners, with one Warn line naming them and the flag
+// that configures partners (configured names): one secrets file may serve
+// instances configured with different partners, and a partner removed
+// from -endpoints may keep its line. The secrets kept are checked here,
+// naming -secrets-file and the partner (never the secret).
+func keepConfiguredSecrets(partners map[string]string, secrets map[string][]string, configured string, log *slog.Logger) error {
+	var extra []string
+	for p := range secrets {
+		if _, ok := partners[p]; !ok {
+			extra = append(extra, p)
+			delete(secrets, p)
+		}
+	}
+	if len(extra) > 0 {
+		sort.Strings(extra)
+		log.Warn("-secrets-file: ignoring the secrets of partners not configured in "+configured, "partners", strings.Join(extra, ","))
+	}
+	for p, list := range secrets {
+		for i, raw := range list {
+			if _, err := signing.ParseSecret(raw); err != nil {
+				return fmt.Errorf("-secrets-file, partner %q, secret %d: %w", p, i+1, err)
+			}
+		}
+	}
+	return nil
+}
+
 func run() error {
 	o, err := parseFlags(os.Args[1:])
 	if err != nil {
@@ -249,7 +302,7 @@ func run() error {
 	if o.secretsFile != "" {
 		b, err := os.ReadFile(o.secretsFile)
 		if err != nil {
-			return err
+			return fmt.Errorf("-secrets-file: %w", err)
 		}
 		if secrets, err = parseSecrets(string(b)); err != nil {
 			return err
@@ -258,13 +311,16 @@ func run() error {
 	var endpoints []*sim.Endpoint
 	var rec *sim.Recorder
 	if o.endpoints != "" {
-		if partners, err = parseEndpoints(o.endpoints); err != nil {
+		if partners, err = endpointPartners(o, secrets, log); err != nil {
 			return err
 		}
 	} else {
 		rec = sim.NewRecorder()
 		eps, err := simulate(o.partners, rec, partners)
 		if err != nil {
+			return err
+		}
+		if err := keepConfiguredSecrets(partners, secrets, "-partners (the simulated partners)", log); err != nil {
 			return err
 		}
 		// The simulated endpoints verify every request's signature with

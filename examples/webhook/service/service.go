@@ -211,17 +211,17 @@ func (c *Config) defaults() error {
 	}
 	for p := range c.Partners {
 		if len(c.Secrets[p]) == 0 {
-			return fmt.Errorf("%w: partner %q has no signing secret (Config.Secrets)", ErrInvalidConfig, p)
+			return fmt.Errorf("%w: partner %q has no signing secret: add its \"whsec_...\" secret to Config.Secrets (the program: a line '%s whsec_...' in -secrets-file)", ErrInvalidConfig, p, p)
 		}
 		for i, raw := range c.Secrets[p] {
 			if _, err := signing.ParseSecret(raw); err != nil {
-				return fmt.Errorf("%w: partner %q, secret %d: %w", ErrInvalidConfig, p, i, err)
+				return fmt.Errorf("%w: Config.Secrets, partner %q, secret %d: %w", ErrInvalidConfig, p, i+1, err)
 			}
 		}
 	}
 	for p := range c.Secrets {
 		if _, ok := c.Partners[p]; !ok {
-			return fmt.Errorf("%w: Secrets for %q, which is no partner", ErrInvalidConfig, p)
+			return fmt.Errorf("%w: Config.Secrets has secrets for %q, which is not in Config.Partners: to remove the partner, remove its secrets too (the program ignores, with a warning, a -secrets-file's partners not configured); a removed partner's undelivered events still refuse the start (ErrUnconfiguredPartner)", ErrInvalidConfig, p)
 		}
 	}
 	if c.Store == nil {
