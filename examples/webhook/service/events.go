@@ -21,7 +21,8 @@ import (
 // Errors of Event, Replay and ReplayRange.
 var (
 	// ErrUnknownEvent: no event of that ID was accepted (or its intake
-	// record is gone).
+	// record is gone). For a replay's delivery ID the error says which
+	// event it replays.
 	ErrUnknownEvent = errors.New("webhook: unknown event")
 	// ErrReplayTooMany: a replay's time range holds more than MaxReplay
 	// events; nothing was replayed (narrow the range).
@@ -126,6 +127,17 @@ func (s *Service) Event(ctx context.Context, id string) (EventInfo, error) {
 	return s.store.event(ctx, id)
 }
 
+// replayOf returns the event whose replay has the delivery (outbox row) ID
+// rowID; ok is false when rowID is no replay's (or its record was cleaned
+// up with the history).
+func (s *Store) replayOf(ctx context.Context, rowID string) (event string, ok bool, err error) {
+	err = s.db.QueryRowContext(ctx, s.rebind(`SELECT event_id FROM `+s.replay+` WHERE row_id = ?`), rowID).Scan(&event)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false, nil
+	}
+	return event, err == nil, err
+}
+
 // checkEventID refuses, as unknown, an ID no event can have: longer than an
 // outbox ID, not UTF-8 or with a NUL byte (PostgreSQL would refuse it with
 // an error, a 500, where SQLite answers "no such row").
@@ -148,6 +160,11 @@ func (s *Store) event(ctx context.Context, id string) (EventInfo, error) {
 	err := s.db.QueryRowContext(ctx, s.rebind(`SELECT id, partner, type, received_at FROM `+s.intake+` WHERE id = ?`), id).
 		Scan(&ev.ID, &ev.Partner, &ev.Type, &us)
 	if errors.Is(err, sql.ErrNoRows) {
+		// A replay's delivery ID (PartnerStatus.Head of a partner parked
+		// on a replay) is no event: say whose replay it is.
+		if of, ok, rerr := s.replayOf(ctx, id); rerr == nil && ok {
+			return ev, fmt.Errorf("%w: %q is not an event ID but the delivery ID of a replay of event %q: look up /events/%s (its replays list this one and its state); to skip this replay while it parks its partner, send event=%s", ErrUnknownEvent, id, of, of, id)
+		}
 		return ev, fmt.Errorf("%w: %q", ErrUnknownEvent, id)
 	}
 	if err != nil {

@@ -562,6 +562,11 @@ func (s *Service) Resume(ctx context.Context, partner string) error {
 // and delivered after the operator looked, with a later event parked
 // since, is never given up in its place.
 //
+// A parked replay's head is its delivery ID, never the replayed event's
+// ID: Skip with the event's ID is refused (ErrHeadChanged, saying the head
+// is a replay of it and which ID to send), as taking it could give up
+// another replay of the event than the one seen.
+//
 // Errors: ErrHeadChanged (wrapped, naming the current head) when the head
 // is another event, nothing skipped; ErrNotParked when the partner is not
 // parked; ErrUnknownEvent for an empty head or an ID no event can have;
