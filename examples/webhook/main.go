@@ -72,6 +72,7 @@ type options struct {
 	concurrency   int
 	rate          float64
 	logLevel      string
+	level         slog.Level // -log parsed
 	lease         time.Duration
 	relayName     string
 	brkFailures   uint
@@ -91,7 +92,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.secretsFile, "secrets-file", "", "file of signing secrets, one line per partner: 'partner whsec_... [whsec_...]' (current first; during a rotation the old one too, all sign); required with -endpoints; the simulation makes its own")
 	fs.StringVar(&o.adminToken, "admin-token", os.Getenv("WEBHOOK_ADMIN_TOKEN"), "bearer token the admin address requires (operator page, actions, /metrics; browsers: Basic auth, token as password); default $WEBHOOK_ADMIN_TOKEN (prefer it: a flag shows in ps). Required unless -admin is a loopback address")
 	fs.DurationVar(&o.maxRetryAfter, "max-retry-after", service.DefaultMaxRetryAfter, "cap on the wait a partner's 429/503 Retry-After asks for")
-	fs.DurationVar(&o.backlogSync, "backlog-sync", -1, "how often each instance re-reads the partners' undelivered events from the database (needed with several instances on one -postgres database); negative: 1s with -postgres, never with SQLite")
+	fs.DurationVar(&o.backlogSync, "backlog-sync", 0, "how often each instance re-reads the partners' undelivered events from the database (needed with several instances on one -postgres database; above 0); not given: 1s with -postgres, never with SQLite")
 	fs.IntVar(&o.partners, "partners", 12, "number of simulated partners (without -endpoints)")
 	fs.Float64Var(&o.simRate, "sim-rate", 20, "events per second the built-in producer posts (0: none)")
 	fs.IntVar(&o.maxBacklog, "max-backlog", 10000, "undelivered events per partner before intake answers 429")
@@ -114,11 +115,20 @@ func parseFlags(args []string) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if o.backlogSync < 0 {
-		o.backlogSync = 0
-		if o.postgres != "" {
-			o.backlogSync = time.Second
-		}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	// -backlog-sync given is a period: 0 (or below) is refused like every
+	// duration flag (with several instances, never syncing made each one
+	// answer 429 for ever); not given, it is 1s with -postgres, never
+	// with SQLite (one process per SQLite file).
+	if set["backlog-sync"] && o.backlogSync <= 0 {
+		return o, fmt.Errorf("-backlog-sync %v: need above 0 (omit it for the default: 1s with -postgres, never with SQLite)", o.backlogSync)
+	}
+	if err := o.level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return o, fmt.Errorf("-log %q: need debug, info, warn or error", o.logLevel)
+	}
+	if !set["backlog-sync"] && o.postgres != "" {
+		o.backlogSync = time.Second
 	}
 	// Checked here, not left to what they feed: -sim-rate 1e10 (or +Inf)
 	// made the producer's ticker interval 0, and NewTicker panicked in its
@@ -141,8 +151,12 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("-attempts %d: need at least 1", o.attempts)
 	case o.concurrency < 1:
 		return o, fmt.Errorf("-dest-concurrency %d: need at least 1", o.concurrency)
-	case o.lease <= 0:
-		return o, fmt.Errorf("-lease %v: need above 0 (at least twice -timeout plus a second)", o.lease)
+	case o.lease < 2*(o.timeout+time.Second):
+		return o, fmt.Errorf("-lease %v: need at least twice -timeout plus a second (%v with -timeout %v): a delivery's context ends with its partner's lease", o.lease, 2*(o.timeout+time.Second), o.timeout)
+	case o.backoff <= 0:
+		return o, fmt.Errorf("-backoff %v: need above 0 (the backoff ceiling before the second attempt)", o.backoff)
+	case o.adminToken != "" && len(o.adminToken) < service.MinAdminTokenBytes:
+		return o, fmt.Errorf("-admin-token (or $WEBHOOK_ADMIN_TOKEN) of %d bytes: need at least %d (e.g. openssl rand -hex 16), or none with a loopback -admin", len(o.adminToken), service.MinAdminTokenBytes)
 	case o.maxRetryAfter <= 0:
 		return o, fmt.Errorf("-max-retry-after %v: need above 0", o.maxRetryAfter)
 	case o.brkFailures < 1:
@@ -204,6 +218,15 @@ func loopbackOnly(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// readSecrets reads and parses the -secrets-file at path.
+func readSecrets(path string) (map[string][]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("-secrets-file: %w (need a file of lines 'partner whsec_...')", err)
+	}
+	return parseSecrets(string(b))
 }
 
 // parseSecrets reads -secrets-file: "partner whsec_... [whsec_...]" per
@@ -288,11 +311,7 @@ func run() error {
 		}
 		return err
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return fmt.Errorf("-log %q: %w", o.logLevel, err)
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: o.level}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -300,11 +319,7 @@ func run() error {
 	partners := map[string]string{}
 	secrets := map[string][]string{}
 	if o.secretsFile != "" {
-		b, err := os.ReadFile(o.secretsFile)
-		if err != nil {
-			return fmt.Errorf("-secrets-file: %w", err)
-		}
-		if secrets, err = parseSecrets(string(b)); err != nil {
+		if secrets, err = readSecrets(o.secretsFile); err != nil {
 			return err
 		}
 	}
