@@ -374,7 +374,10 @@ func (s *Service) ReplayRange(ctx context.Context, partner string, from, to time
 		return ReplayResult{}, fmt.Errorf("%w: %q", ErrUnknownPartner, partner)
 	}
 	if from.IsZero() || to.IsZero() || !from.Before(to) {
-		return ReplayResult{}, fmt.Errorf("%w: [%v, %v)", ErrBadRange, from, to)
+		if from.IsZero() || to.IsZero() {
+			return ReplayResult{}, fmt.Errorf("%w: [%v, %v): need both from and to", ErrBadRange, from, to)
+		}
+		return ReplayResult{}, fmt.Errorf("%w: [%v, %v): from must be before to (the range holds from, not to)", ErrBadRange, from, to)
 	}
 	// The intake times are stored as Unix microseconds: a far bound (a
 	// "max time" such as time.Unix(1<<62, 0)) overflowed them and the

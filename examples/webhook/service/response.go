@@ -178,6 +178,9 @@ func (e *ResponseError) Error() string {
 			b.WriteString("...")
 		}
 	}
+	if e.Outcome == Permanent && (e.Status == http.StatusUnauthorized || e.Status == http.StatusForbidden) {
+		b.WriteString(" (a receiver whose signature check fails answers so: check that the partner's signing secret, -secrets-file, is the receiver's, then Resume)")
+	}
 	return b.String()
 }
 

@@ -716,5 +716,5 @@ func (s *Service) sink(ctx context.Context, e outbox.Event) error {
 func (s *Service) onPark(partner, id string, attempts int, err string) {
 	s.backlog.parked(partner)
 	s.metrics.parked(context.Background(), partner)
-	s.log.Warn("partner parked: its later events wait for an operator", "partner", partner, "event", id, "attempts", attempts, "err", err)
+	s.log.Warn("partner parked: its later events wait until an operator presses Resume (retries this event) or Skip (gives it up) on the operator page, or POSTs /partners/{partner}/resume or /skip with event={event}", "partner", partner, "event", id, "attempts", attempts, "err", err)
 }
