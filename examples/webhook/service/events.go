@@ -252,9 +252,13 @@ func (s *Store) attempts(ctx context.Context, id string) ([]Attempt, error) {
 			return nil, fmt.Errorf("webhook: attempts of %q: %w", id, err)
 		}
 		a.At, a.Duration = time.UnixMicro(at).UTC(), time.Duration(dur)*time.Microsecond
-		a.Outcome = "failed"
-		if a.Error == "" {
+		switch {
+		case a.Error == "":
 			a.Outcome = "delivered"
+		case deferredError(a.Status, a.Error):
+			a.Outcome = "deferred"
+		default:
+			a.Outcome = "failed"
 		}
 		if rowID != id {
 			a.Replay = rowID
