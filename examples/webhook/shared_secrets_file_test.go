@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -54,6 +57,25 @@ func TestSharedSecretsFileServesASubsetOfPartners(t *testing.T) {
 	svc, err := service.New(ctx, service.Config{Partners: partners, Secrets: secrets, Store: store, Logger: quiet})
 	require.NoError(t, err)
 	require.NoError(t, svc.Close(ctx))
+
+	// Removing a partner whose events wait: the start names them
+	// (ErrUnconfiguredPartner, with what to do), not its secrets.
+	all, allSecrets, _, err := endpoints("acme=http://127.0.0.1:1/hook,initech=http://127.0.0.1:1/hook")
+	require.NoError(t, err)
+	svc, err = service.New(ctx, service.Config{Partners: all, Secrets: allSecrets, Store: store, Logger: quiet})
+	require.NoError(t, err)
+	intake := httptest.NewServer(svc.IntakeHandler())
+	resp, err := http.Post(intake.URL+"/events/initech", "application/json", strings.NewReader(`{"type":"a.b","data":{}}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusAccepted, resp.StatusCode)
+	intake.Close()
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	_ = svc.Close(cctx) // its delivery to a closed port may still be in flight
+	cancel()
+	_, err = service.New(ctx, service.Config{Partners: partners, Secrets: secrets, Store: store, Logger: quiet})
+	require.ErrorIs(t, err, service.ErrUnconfiguredPartner)
+	require.ErrorContains(t, err, `"initech" (1 undelivered)`)
 
 	// A bad URL of the partner kept is what the start reports.
 	partners, secrets, _, err = endpoints("acme=ftp://x")
