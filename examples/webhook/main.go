@@ -31,6 +31,7 @@ import (
 
 	"github.com/keysched/keysched"
 	"github.com/keysched/keysched/examples/webhook/service"
+	"github.com/keysched/keysched/examples/webhook/signing"
 	"github.com/keysched/keysched/examples/webhook/sim"
 )
 
@@ -71,6 +72,7 @@ type options struct {
 	concurrency   int
 	rate          float64
 	logLevel      string
+	level         slog.Level // -log parsed
 	lease         time.Duration
 	relayName     string
 	brkFailures   uint
@@ -87,10 +89,10 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.dbPath, "db", "", "SQLite database file (default: a new file in a temporary directory)")
 	fs.StringVar(&o.postgres, "postgres", "", "PostgreSQL URL; replaces SQLite")
 	fs.StringVar(&o.endpoints, "endpoints", "", "partner=URL,... : real endpoints instead of the simulated ones")
-	fs.StringVar(&o.secretsFile, "secrets-file", "", "file of signing secrets, one line per partner: 'partner whsec_... [whsec_...]' (current first; during a rotation the old one too, all sign); required with -endpoints; the simulation makes its own")
+	fs.StringVar(&o.secretsFile, "secrets-file", "", "file of signing secrets, one line per partner: 'partner whsec_... [whsec_...]' (current first; during a rotation the old one too, all sign); required with -endpoints, a line for each of its partners (lines of other partners are ignored, with a warning); the simulation makes its own")
 	fs.StringVar(&o.adminToken, "admin-token", os.Getenv("WEBHOOK_ADMIN_TOKEN"), "bearer token the admin address requires (operator page, actions, /metrics; browsers: Basic auth, token as password); default $WEBHOOK_ADMIN_TOKEN (prefer it: a flag shows in ps). Required unless -admin is a loopback address")
 	fs.DurationVar(&o.maxRetryAfter, "max-retry-after", service.DefaultMaxRetryAfter, "cap on the wait a partner's 429/503 Retry-After asks for")
-	fs.DurationVar(&o.backlogSync, "backlog-sync", -1, "how often each instance re-reads the partners' undelivered events from the database (needed with several instances on one -postgres database); negative: 1s with -postgres, never with SQLite")
+	fs.DurationVar(&o.backlogSync, "backlog-sync", 0, "how often each instance re-reads the partners' undelivered events from the database (needed with several instances on one -postgres database; above 0); not given: 1s with -postgres, never with SQLite")
 	fs.IntVar(&o.partners, "partners", 12, "number of simulated partners (without -endpoints)")
 	fs.Float64Var(&o.simRate, "sim-rate", 20, "events per second the built-in producer posts (0: none)")
 	fs.IntVar(&o.maxBacklog, "max-backlog", 10000, "undelivered events per partner before intake answers 429")
@@ -113,11 +115,20 @@ func parseFlags(args []string) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if o.backlogSync < 0 {
-		o.backlogSync = 0
-		if o.postgres != "" {
-			o.backlogSync = time.Second
-		}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	// -backlog-sync given is a period: 0 (or below) is refused like every
+	// duration flag (with several instances, never syncing made each one
+	// answer 429 for ever); not given, it is 1s with -postgres, never
+	// with SQLite (one process per SQLite file).
+	if set["backlog-sync"] && o.backlogSync <= 0 {
+		return o, fmt.Errorf("-backlog-sync %v: need above 0 (omit it for the default: 1s with -postgres, never with SQLite)", o.backlogSync)
+	}
+	if err := o.level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return o, fmt.Errorf("-log %q: need debug, info, warn or error", o.logLevel)
+	}
+	if !set["backlog-sync"] && o.postgres != "" {
+		o.backlogSync = time.Second
 	}
 	// Checked here, not left to what they feed: -sim-rate 1e10 (or +Inf)
 	// made the producer's ticker interval 0, and NewTicker panicked in its
@@ -140,8 +151,12 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("-attempts %d: need at least 1", o.attempts)
 	case o.concurrency < 1:
 		return o, fmt.Errorf("-dest-concurrency %d: need at least 1", o.concurrency)
-	case o.lease <= 0:
-		return o, fmt.Errorf("-lease %v: need above 0 (at least twice -timeout plus a second)", o.lease)
+	case o.lease < 2*(o.timeout+time.Second):
+		return o, fmt.Errorf("-lease %v: need at least twice -timeout plus a second (%v with -timeout %v): a delivery's context ends with its partner's lease", o.lease, 2*(o.timeout+time.Second), o.timeout)
+	case o.backoff <= 0:
+		return o, fmt.Errorf("-backoff %v: need above 0 (the backoff ceiling before the second attempt)", o.backoff)
+	case o.adminToken != "" && len(o.adminToken) < service.MinAdminTokenBytes:
+		return o, fmt.Errorf("-admin-token (or $WEBHOOK_ADMIN_TOKEN) of %d bytes: need at least %d (e.g. openssl rand -hex 16), or none with a loopback -admin", len(o.adminToken), service.MinAdminTokenBytes)
 	case o.maxRetryAfter <= 0:
 		return o, fmt.Errorf("-max-retry-after %v: need above 0", o.maxRetryAfter)
 	case o.brkFailures < 1:
@@ -205,6 +220,15 @@ func loopbackOnly(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
+// readSecrets reads and parses the -secrets-file at path.
+func readSecrets(path string) (map[string][]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("-secrets-file: %w (need a file of lines 'partner whsec_...')", err)
+	}
+	return parseSecrets(string(b))
+}
+
 // parseSecrets reads -secrets-file: "partner whsec_... [whsec_...]" per
 // line; blank lines and lines starting with # are skipped. A partner named
 // twice is an error. The secrets are checked by service.New (which names
@@ -227,6 +251,58 @@ func parseSecrets(text string) (map[string][]string, error) {
 	return out, nil
 }
 
+// endpointPartners parses -endpoints and keeps, of secrets (read from
+// -secrets-file), those of its partners (keepConfiguredSecrets); a partner
+// of -endpoints without a secret is refused, naming both flags.
+func endpointPartners(o options, secrets map[string][]string, log *slog.Logger) (map[string]string, error) {
+	partners, err := parseEndpoints(o.endpoints)
+	if err != nil {
+		return nil, err
+	}
+	if err := keepConfiguredSecrets(partners, secrets, "-endpoints", log); err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(partners))
+	for p := range partners {
+		names = append(names, p)
+	}
+	sort.Strings(names)
+	for _, p := range names {
+		if len(secrets[p]) == 0 {
+			return nil, fmt.Errorf("-secrets-file %s has no secret for partner %q of -endpoints: add a line '%s whsec_...' (every request is signed), or remove the partner from -endpoints", o.secretsFile, p, p)
+		}
+	}
+	return partners, nil
+}
+
+// keepConfiguredSecrets drops from secrets (read from -secrets-file) the
+// partners not in partners, with one Warn line naming them and the flag
+// that configures partners (configured names): one secrets file may serve
+// instances configured with different partners, and a partner removed
+// from -endpoints may keep its line. The secrets kept are checked here,
+// naming -secrets-file and the partner (never the secret).
+func keepConfiguredSecrets(partners map[string]string, secrets map[string][]string, configured string, log *slog.Logger) error {
+	var extra []string
+	for p := range secrets {
+		if _, ok := partners[p]; !ok {
+			extra = append(extra, p)
+			delete(secrets, p)
+		}
+	}
+	if len(extra) > 0 {
+		sort.Strings(extra)
+		log.Warn("-secrets-file: ignoring the secrets of partners not configured in "+configured, "partners", strings.Join(extra, ","))
+	}
+	for p, list := range secrets {
+		for i, raw := range list {
+			if _, err := signing.ParseSecret(raw); err != nil {
+				return fmt.Errorf("-secrets-file, partner %q, secret %d: %w", p, i+1, err)
+			}
+		}
+	}
+	return nil
+}
+
 func run() error {
 	o, err := parseFlags(os.Args[1:])
 	if err != nil {
@@ -235,11 +311,7 @@ func run() error {
 		}
 		return err
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return fmt.Errorf("-log %q: %w", o.logLevel, err)
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: o.level}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -247,24 +319,23 @@ func run() error {
 	partners := map[string]string{}
 	secrets := map[string][]string{}
 	if o.secretsFile != "" {
-		b, err := os.ReadFile(o.secretsFile)
-		if err != nil {
-			return err
-		}
-		if secrets, err = parseSecrets(string(b)); err != nil {
+		if secrets, err = readSecrets(o.secretsFile); err != nil {
 			return err
 		}
 	}
 	var endpoints []*sim.Endpoint
 	var rec *sim.Recorder
 	if o.endpoints != "" {
-		if partners, err = parseEndpoints(o.endpoints); err != nil {
+		if partners, err = endpointPartners(o, secrets, log); err != nil {
 			return err
 		}
 	} else {
 		rec = sim.NewRecorder()
 		eps, err := simulate(o.partners, rec, partners)
 		if err != nil {
+			return err
+		}
+		if err := keepConfiguredSecrets(partners, secrets, "-partners (the simulated partners)", log); err != nil {
 			return err
 		}
 		// The simulated endpoints verify every request's signature with

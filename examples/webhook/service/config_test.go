@@ -65,3 +65,15 @@ func TestBadRetryIsInvalidConfig(t *testing.T) {
 	require.Equal(t, "WithRetry", oe.Option)
 	require.Contains(t, err.Error(), "Retry: ")
 }
+
+// Config.Secrets stays strict (every key a partner), but its refusal says
+// what to do; it only named the partner ("Secrets for "initech", which is
+// no partner").
+func TestSecretsOfNoPartnerSayWhatToDo(t *testing.T) {
+	c := Config{Partners: map[string]string{"acme": "http://x"}, Store: &Store{},
+		Secrets: map[string][]string{"acme": {testSecret(t).Encode()}, "initech": {testSecret(t).Encode()}}}
+	err := c.defaults()
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	require.ErrorContains(t, err, `"initech", which is not in Config.Partners: to remove the partner, remove its secrets too`)
+	require.ErrorContains(t, err, "ErrUnconfiguredPartner")
+}

@@ -21,7 +21,8 @@ import (
 // Errors of Event, Replay and ReplayRange.
 var (
 	// ErrUnknownEvent: no event of that ID was accepted (or its intake
-	// record is gone).
+	// record is gone). For a replay's delivery ID the error says which
+	// event it replays.
 	ErrUnknownEvent = errors.New("webhook: unknown event")
 	// ErrReplayTooMany: a replay's time range holds more than MaxReplay
 	// events; nothing was replayed (narrow the range).
@@ -126,6 +127,17 @@ func (s *Service) Event(ctx context.Context, id string) (EventInfo, error) {
 	return s.store.event(ctx, id)
 }
 
+// replayOf returns the event whose replay has the delivery (outbox row) ID
+// rowID; ok is false when rowID is no replay's (or its record was cleaned
+// up with the history).
+func (s *Store) replayOf(ctx context.Context, rowID string) (event string, ok bool, err error) {
+	err = s.db.QueryRowContext(ctx, s.rebind(`SELECT event_id FROM `+s.replay+` WHERE row_id = ?`), rowID).Scan(&event)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false, nil
+	}
+	return event, err == nil, err
+}
+
 // checkEventID refuses, as unknown, an ID no event can have: longer than an
 // outbox ID, not UTF-8 or with a NUL byte (PostgreSQL would refuse it with
 // an error, a 500, where SQLite answers "no such row").
@@ -148,6 +160,11 @@ func (s *Store) event(ctx context.Context, id string) (EventInfo, error) {
 	err := s.db.QueryRowContext(ctx, s.rebind(`SELECT id, partner, type, received_at FROM `+s.intake+` WHERE id = ?`), id).
 		Scan(&ev.ID, &ev.Partner, &ev.Type, &us)
 	if errors.Is(err, sql.ErrNoRows) {
+		// A replay's delivery ID (PartnerStatus.Head of a partner parked
+		// on a replay) is no event: say whose replay it is.
+		if of, ok, rerr := s.replayOf(ctx, id); rerr == nil && ok {
+			return ev, fmt.Errorf("%w: %q is not an event ID but the delivery ID of a replay of event %q: look up /events/%s (its replays list this one and its state); to skip this replay while it parks its partner, send event=%s", ErrUnknownEvent, id, of, of, id)
+		}
 		return ev, fmt.Errorf("%w: %q", ErrUnknownEvent, id)
 	}
 	if err != nil {
@@ -235,9 +252,13 @@ func (s *Store) attempts(ctx context.Context, id string) ([]Attempt, error) {
 			return nil, fmt.Errorf("webhook: attempts of %q: %w", id, err)
 		}
 		a.At, a.Duration = time.UnixMicro(at).UTC(), time.Duration(dur)*time.Microsecond
-		a.Outcome = "failed"
-		if a.Error == "" {
+		switch {
+		case a.Error == "":
 			a.Outcome = "delivered"
+		case deferredError(a.Status, a.Error):
+			a.Outcome = "deferred"
+		default:
+			a.Outcome = "failed"
 		}
 		if rowID != id {
 			a.Replay = rowID
@@ -357,7 +378,10 @@ func (s *Service) ReplayRange(ctx context.Context, partner string, from, to time
 		return ReplayResult{}, fmt.Errorf("%w: %q", ErrUnknownPartner, partner)
 	}
 	if from.IsZero() || to.IsZero() || !from.Before(to) {
-		return ReplayResult{}, fmt.Errorf("%w: [%v, %v)", ErrBadRange, from, to)
+		if from.IsZero() || to.IsZero() {
+			return ReplayResult{}, fmt.Errorf("%w: [%v, %v): need both from and to", ErrBadRange, from, to)
+		}
+		return ReplayResult{}, fmt.Errorf("%w: [%v, %v): from must be before to (the range holds from, not to)", ErrBadRange, from, to)
 	}
 	// The intake times are stored as Unix microseconds: a far bound (a
 	// "max time" such as time.Unix(1<<62, 0)) overflowed them and the

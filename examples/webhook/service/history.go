@@ -44,7 +44,9 @@ type Attempt struct {
 	// nanoseconds (time.Duration's encoding, kept for compatibility); the
 	// JSON also carries "duration_ms", the same in milliseconds (float).
 	Duration time.Duration `json:"duration"`
-	// Outcome is "delivered" (a 2xx) or "failed".
+	// Outcome is "delivered" (a 2xx), "deferred" (a 429 or 503 with
+	// Retry-After: the endpoint asked to wait, no attempt was spent;
+	// result="deferred" in the metrics) or "failed".
 	Outcome string `json:"outcome"`
 	Status  int    `json:"status,omitempty"` // the HTTP status; absent when none came
 	Error   string `json:"error,omitempty"`  // the attempt's error; absent when delivered

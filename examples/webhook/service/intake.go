@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -89,7 +90,7 @@ func parseIntake(r *http.Request, w http.ResponseWriter) (IntakeRequest, int, er
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
-		return req, http.StatusBadRequest, fmt.Errorf("body is not the expected JSON object: %w", err)
+		return req, http.StatusBadRequest, fmt.Errorf("body: need one JSON object %s: %s", intakeShape, jsonReason(err))
 	}
 	// Only white space may follow the object. (dec.More does not say so: it
 	// is false before a stray ']' or '}', and such a body was accepted.)
@@ -103,6 +104,27 @@ func parseIntake(r *http.Request, w http.ResponseWriter) (IntakeRequest, int, er
 		return req, http.StatusBadRequest, errors.New("data: need a JSON object")
 	}
 	return req, 0, nil
+}
+
+// intakeShape is the body intake wants, as its errors say.
+const intakeShape = `{"type":"...","data":{...}}`
+
+// jsonReason says why an intake body did not decode, in JSON's terms (the
+// decoder's type errors named the Go type: "cannot unmarshal array into Go
+// value of type service.IntakeRequest").
+func jsonReason(err error) string {
+	var ute *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &ute) && ute.Field == "":
+		return "got a JSON " + ute.Value
+	case errors.As(err, &ute):
+		return fmt.Sprintf("field %q: got a JSON %s", ute.Field, ute.Value)
+	case errors.Is(err, io.EOF):
+		return "the body is empty"
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "the JSON ends early"
+	}
+	return strings.TrimPrefix(err.Error(), "json: ")
 }
 
 // handleIntake is POST /events/{partner}. It runs one short database

@@ -154,6 +154,10 @@ func TestMetricsServed(t *testing.T) {
 	}
 	require.Regexp(t, `webhook_partner_backlog\{[^}]*partner="p"[^}]*\} 3\n`, body)
 	require.Regexp(t, `webhook_partner_parked\{[^}]*partner="p"[^}]*\} 1\n`, body)
+	// The README says: alert on webhook_partner_parked, not on the
+	// scheduler's keysched_keys_parked, 0 here while p is parked (the
+	// outbox parks a partner by its dead row, not its scheduler key).
+	require.Regexp(t, `keysched_keys_parked\{[^}]*\} 0\n`, body)
 	require.Regexp(t, `webhook_partner_parks_total\{[^}]*partner="p"[^}]*\} 1\n`, body)
 	require.Regexp(t, qDelivered, body) // 3, or more with a redelivery
 

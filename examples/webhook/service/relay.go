@@ -101,6 +101,17 @@ func (rl *relay) skip(ctx context.Context, partner, head string) error {
 	case err == nil:
 		return nil
 	case errors.As(err, &hc):
+		// The head may be a replay (its own delivery ID): an operator
+		// who sent the replayed event's ID is told which ID to send.
+		// Skip does not take the event's ID for its replay: with several
+		// replays of one event, or the replay delivered and a later one
+		// parked meanwhile, it could give up a delivery never seen.
+		if of, ok, rerr := rl.store.replayOf(ctx, hc.Head); rerr == nil && ok {
+			if of == head {
+				return fmt.Errorf("%w: partner %q: its head is %q, a replay of event %q (a replay has its own delivery ID), not the event itself: nothing was skipped; to give up this replay, send event=%s", ErrHeadChanged, partner, hc.Head, head, hc.Head)
+			}
+			return fmt.Errorf("%w: partner %q: its head is now %q, a replay of event %q, not %q: nothing was skipped (look again, then decide; to give up that replay, send event=%s)", ErrHeadChanged, partner, hc.Head, of, head, hc.Head)
+		}
 		return fmt.Errorf("%w: partner %q: its head is now %q, not %q: nothing was skipped (look again, then decide)", ErrHeadChanged, partner, hc.Head, head)
 	case errors.Is(err, outbox.ErrNotParked):
 		return fmt.Errorf("%w: %q: nothing was skipped", ErrNotParked, partner)

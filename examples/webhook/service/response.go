@@ -170,7 +170,7 @@ func (e *ResponseError) Error() string {
 	}
 	fmt.Fprintf(&b, "webhook: endpoint answered %d %s", e.Status, http.StatusText(e.Status))
 	if e.Outcome == SnoozeUntil {
-		fmt.Fprintf(&b, " (Retry-After: not before %v)", e.RetryAfter)
+		fmt.Fprintf(&b, retryAfterMark+"%v)", e.RetryAfter)
 	}
 	if len(e.Body) > 0 {
 		fmt.Fprintf(&b, ": %q", e.Body)
@@ -178,7 +178,23 @@ func (e *ResponseError) Error() string {
 			b.WriteString("...")
 		}
 	}
+	if e.Outcome == Permanent && (e.Status == http.StatusUnauthorized || e.Status == http.StatusForbidden) {
+		b.WriteString(" (a receiver whose signature check fails answers so: check that the partner's signing secret, -secrets-file, is the receiver's, then Resume)")
+	}
 	return b.String()
+}
+
+// retryAfterMark follows the status in a deferring answer's error (a 429
+// or 503 with Retry-After): the attempt history reads it back (deferred).
+const retryAfterMark = " (Retry-After: not before "
+
+// deferredError reports whether a recorded attempt's status and error are
+// a deferring answer's: not an attempt spent (SnoozeUntil).
+func deferredError(status int, errText string) bool {
+	if status != http.StatusTooManyRequests && status != http.StatusServiceUnavailable {
+		return false
+	}
+	return strings.Contains(errText, fmt.Sprintf("endpoint answered %d %s%s", status, http.StatusText(status), retryAfterMark))
 }
 
 // Unwrap gives the *StatusError (errors.As) and, for a 410, ErrEndpointGone.

@@ -211,17 +211,17 @@ func (c *Config) defaults() error {
 	}
 	for p := range c.Partners {
 		if len(c.Secrets[p]) == 0 {
-			return fmt.Errorf("%w: partner %q has no signing secret (Config.Secrets)", ErrInvalidConfig, p)
+			return fmt.Errorf("%w: partner %q has no signing secret: add its \"whsec_...\" secret to Config.Secrets (the program: a line '%s whsec_...' in -secrets-file)", ErrInvalidConfig, p, p)
 		}
 		for i, raw := range c.Secrets[p] {
 			if _, err := signing.ParseSecret(raw); err != nil {
-				return fmt.Errorf("%w: partner %q, secret %d: %w", ErrInvalidConfig, p, i, err)
+				return fmt.Errorf("%w: Config.Secrets, partner %q, secret %d: %w", ErrInvalidConfig, p, i+1, err)
 			}
 		}
 	}
 	for p := range c.Secrets {
 		if _, ok := c.Partners[p]; !ok {
-			return fmt.Errorf("%w: Secrets for %q, which is no partner", ErrInvalidConfig, p)
+			return fmt.Errorf("%w: Config.Secrets has secrets for %q, which is not in Config.Partners: to remove the partner, remove its secrets too (the program ignores, with a warning, a -secrets-file's partners not configured); a removed partner's undelivered events still refuse the start (ErrUnconfiguredPartner)", ErrInvalidConfig, p)
 		}
 	}
 	if c.Store == nil {
@@ -562,6 +562,11 @@ func (s *Service) Resume(ctx context.Context, partner string) error {
 // and delivered after the operator looked, with a later event parked
 // since, is never given up in its place.
 //
+// A parked replay's head is its delivery ID, never the replayed event's
+// ID: Skip with the event's ID is refused (ErrHeadChanged, saying the head
+// is a replay of it and which ID to send), as taking it could give up
+// another replay of the event than the one seen.
+//
 // Errors: ErrHeadChanged (wrapped, naming the current head) when the head
 // is another event, nothing skipped; ErrNotParked when the partner is not
 // parked; ErrUnknownEvent for an empty head or an ID no event can have;
@@ -711,5 +716,5 @@ func (s *Service) sink(ctx context.Context, e outbox.Event) error {
 func (s *Service) onPark(partner, id string, attempts int, err string) {
 	s.backlog.parked(partner)
 	s.metrics.parked(context.Background(), partner)
-	s.log.Warn("partner parked: its later events wait for an operator", "partner", partner, "event", id, "attempts", attempts, "err", err)
+	s.log.Warn("partner parked: its later events wait until an operator presses Resume (retries this event) or Skip (gives it up) on the operator page, or POSTs /partners/{partner}/resume or /skip with event={event}", "partner", partner, "event", id, "attempts", attempts, "err", err)
 }

@@ -98,13 +98,16 @@ type Secret struct {
 // include the secret.
 func ParseSecret(s string) (Secret, error) {
 	s = strings.TrimSpace(s)
-	b64 := strings.TrimPrefix(s, SecretPrefix)
+	b64, prefixed := strings.CutPrefix(s, SecretPrefix)
 	key, err := base64.StdEncoding.DecodeString(b64)
 	if err != nil {
-		return Secret{}, fmt.Errorf("%w: not base64 after %q (%d characters)", ErrInvalidSecret, SecretPrefix, len(b64))
+		if !prefixed {
+			return Secret{}, fmt.Errorf("%w: does not start with %q and is not base64 either (%d characters): need %q followed by the standard base64 of %d to %d random bytes", ErrInvalidSecret, SecretPrefix, len(b64), SecretPrefix, MinSecretBytes, MaxSecretBytes)
+		}
+		return Secret{}, fmt.Errorf("%w: not base64 after %q (%d characters): need %q followed by the standard base64 of %d to %d random bytes", ErrInvalidSecret, SecretPrefix, len(b64), SecretPrefix, MinSecretBytes, MaxSecretBytes)
 	}
 	if len(key) < MinSecretBytes || len(key) > MaxSecretBytes {
-		return Secret{}, fmt.Errorf("%w: %d bytes, need %d to %d", ErrInvalidSecret, len(key), MinSecretBytes, MaxSecretBytes)
+		return Secret{}, fmt.Errorf("%w: %d bytes, need %d to %d (%q followed by their standard base64)", ErrInvalidSecret, len(key), MinSecretBytes, MaxSecretBytes, SecretPrefix)
 	}
 	return Secret{key: key}, nil
 }
