@@ -569,7 +569,9 @@ func TestDrainErrorCountsParkedKeys(t *testing.T) {
 		_, err := s.Submit(ctx, key, func(context.Context) error { return errFail })
 		require.NoError(t, err)
 	}
-	require.True(t, waitFor(ctx, func() bool { return len(s.Parked()) == 2 }), "the keys never parked")
+	// Parked, and their dead letters delivered (a letter being delivered
+	// counts in Pending too).
+	require.True(t, waitFor(ctx, func() bool { return len(s.Parked()) == 2 && s.Stats().Pending == 2 }), "the keys never parked")
 	short, cancel := context.WithTimeout(ctx, time.Millisecond)
 	defer cancel()
 	err := s.Drain(short)
