@@ -46,7 +46,15 @@ func newBubbleSched[K comparable](t *testing.T, opts ...Option) *Scheduler[K] {
 	t.Helper()
 	s, err := New[K](append([]Option{WithLogger(quiet)}, opts...)...)
 	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, s.Close(context.Background())) })
+	t.Cleanup(func() {
+		// Bounded in fake time (it passes at once when the bubble is
+		// blocked): a failed assertion that leaves a key parked or a task
+		// waiting fails the test here instead of hanging it until the
+		// binary's timeout.
+		ctx, cancel := context.WithTimeout(context.Background(), 1000*time.Hour)
+		defer cancel()
+		require.NoError(t, s.Close(ctx))
+	})
 	return s
 }
 
