@@ -1050,3 +1050,53 @@ func TestCloseWakesWaitersAndIsIdempotent(t *testing.T) {
 		require.NoError(t, <-closed)
 	}
 }
+
+// The dead letters of the tasks Close gave up on are delivered by at most
+// one goroutine per worker: with 2 workers (both held by tasks that ignore
+// their context) and 16 keys' tasks aborted, never more than 2 letters are
+// in the dead-letter function at once.
+func TestCloseAbortLettersUseAtMostOneDelivererPerWorker(t *testing.T) {
+	const workers, keys = 2, 16
+	var mu sync.Mutex
+	inFlight, maxInFlight, letters := 0, 0, 0
+	s, err := New[int](WithLogger(quiet), WithWorkers(workers),
+		WithDeadLetter(func(DeadLetter[int]) {
+			mu.Lock()
+			inFlight++
+			maxInFlight = max(maxInFlight, inFlight)
+			letters++
+			mu.Unlock()
+			time.Sleep(time.Millisecond) // a sink that takes a moment
+			mu.Lock()
+			inFlight--
+			mu.Unlock()
+		}))
+	require.NoError(t, err)
+	ctx := watchdog(t)
+	gate := make(chan struct{})
+	started := make(chan struct{}, workers)
+	for k := range workers {
+		_, err := s.Submit(ctx, -1-k, func(context.Context) error { // ignores its context
+			started <- struct{}{}
+			<-gate
+			return nil
+		})
+		require.NoError(t, err)
+	}
+	for range workers {
+		<-started
+	}
+	for k := range keys {
+		_, err := s.Submit(ctx, k, func(context.Context) error { return nil })
+		require.NoError(t, err)
+	}
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, s.Close(ended), ErrAborted)
+	close(gate)
+	require.NoError(t, s.Drain(ctx))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, keys, letters)
+	require.LessOrEqual(t, maxInFlight, workers)
+}

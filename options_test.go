@@ -84,6 +84,7 @@ func TestOptionsMeetByOneRule(t *testing.T) {
 		{"depth alone above the default pending raises it", []Option{WithMaxKeyDepth(DefaultMaxPending + 5)}, DefaultWorkers, DefaultWorkers, DefaultMaxPending + 5, DefaultMaxPending + 5, false},
 		{"concurrency above workers: workers apply", []Option{WithMaxConcurrency(1000), WithWorkers(4)}, 4, 4, DefaultMaxKeyDepth, DefaultMaxPending, false},
 		{"concurrency alone above the default workers sizes the pool", []Option{WithMaxConcurrency(1000)}, 1000, 1000, DefaultMaxKeyDepth, DefaultMaxPending, false},
+		{"concurrency alone one above the default workers sizes the pool", []Option{WithMaxConcurrency(DefaultWorkers + 1)}, DefaultWorkers + 1, DefaultWorkers + 1, DefaultMaxKeyDepth, DefaultMaxPending, false},
 		{"concurrency alone below the default workers", []Option{WithMaxConcurrency(8)}, 8, DefaultWorkers, DefaultMaxKeyDepth, DefaultMaxPending, false},
 		{"concurrency above a shared pool: the pool applies", []Option{WithPool(shared), WithMaxConcurrency(1000)}, 4, 4, DefaultMaxKeyDepth, DefaultMaxPending, false},
 		{"concurrency bounds an unbounded pool", []Option{WithPool(unbounded), WithMaxConcurrency(1000)}, 1000, -1, DefaultMaxKeyDepth, DefaultMaxPending, false},

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -371,4 +372,40 @@ func TestSubmitAllocations(t *testing.T) {
 	require.LessOrEqual(t, allocs, 2.0, "batch of 64")
 	open()
 	require.NoError(t, s.Drain(ctx))
+}
+
+// A busy key yields its worker: the runner that runs a key's tasks back to
+// back puts the key at the back of the ready queue after a small budget
+// (keyBudget), so on one worker a key with a long backlog cannot keep a
+// later key's task waiting for the whole backlog.
+func TestBusyKeyYieldsItsWorker(t *testing.T) {
+	s := newSched[string](t, WithWorkers(1))
+	ctx := watchdog(t)
+	gate := make(chan struct{})
+	var mu sync.Mutex
+	var order []string
+	record := func(name string) Task {
+		return func(context.Context) error {
+			mu.Lock()
+			order = append(order, name)
+			mu.Unlock()
+			return nil
+		}
+	}
+	_, err := s.Submit(ctx, "hot", func(context.Context) error { <-gate; return nil })
+	require.NoError(t, err)
+	const backlog = 4 * keyBudget
+	for range backlog {
+		_, err := s.Submit(ctx, "hot", record("hot"))
+		require.NoError(t, err)
+	}
+	_, err = s.Submit(ctx, "cold", record("cold"))
+	require.NoError(t, err)
+	close(gate)
+	require.NoError(t, s.Drain(ctx))
+	mu.Lock()
+	defer mu.Unlock()
+	at := slices.Index(order, "cold")
+	require.GreaterOrEqual(t, at, 0)
+	require.LessOrEqual(t, at, keyBudget, "the cold key waited behind %d of the hot key's %d tasks", at, backlog)
 }

@@ -558,3 +558,26 @@ func TestCancelAndAbortOfParkedDoneOnlyAfterDeadLetter(t *testing.T) {
 		require.ErrorIs(t, <-closed, ErrAborted)
 	})
 }
+
+// Drain's error, when its context ends first, counts the parked keys beside
+// the unfinished tasks (a parked key counts as unfinished until Resume or
+// Skip).
+func TestDrainErrorCountsParkedKeys(t *testing.T) {
+	s := newSched[string](t, WithFailurePolicy(Park), WithDeadLetter(func(DeadLetter[string]) {}))
+	ctx := watchdog(t)
+	for _, key := range []string{"a", "b"} {
+		_, err := s.Submit(ctx, key, func(context.Context) error { return errFail })
+		require.NoError(t, err)
+	}
+	// Parked, and their dead letters delivered (a letter being delivered
+	// counts in Pending too).
+	require.True(t, waitFor(ctx, func() bool { return len(s.Parked()) == 2 && s.Stats().Pending == 2 }), "the keys never parked")
+	short, cancel := context.WithTimeout(ctx, time.Millisecond)
+	defer cancel()
+	err := s.Drain(short)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Contains(t, err.Error(), "2 tasks unfinished, 2 keys parked, 0 tasks waiting to run again")
+	require.NoError(t, s.Skip("a"))
+	require.NoError(t, s.Skip("b"))
+	require.NoError(t, s.Drain(ctx))
+}

@@ -46,7 +46,15 @@ func newBubbleSched[K comparable](t *testing.T, opts ...Option) *Scheduler[K] {
 	t.Helper()
 	s, err := New[K](append([]Option{WithLogger(quiet)}, opts...)...)
 	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, s.Close(context.Background())) })
+	t.Cleanup(func() {
+		// Bounded in fake time (it passes at once when the bubble is
+		// blocked): a failed assertion that leaves a key parked or a task
+		// waiting fails the test here instead of hanging it until the
+		// binary's timeout.
+		ctx, cancel := context.WithTimeout(context.Background(), 1000*time.Hour)
+		defer cancel()
+		require.NoError(t, s.Close(ctx))
+	})
 	return s
 }
 
@@ -240,12 +248,13 @@ func TestTaskTimeout(t *testing.T) {
 			WithRetry(RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond}))
 		ctx := context.Background()
 		var seen []error
-		var deadlines []time.Duration
+		var deadlines, late []time.Duration
 		c, err := s.Submit(ctx, 1, func(ctx context.Context) error {
 			d, ok := ctx.Deadline()
 			require.True(t, ok)
 			deadlines = append(deadlines, time.Until(d))
 			<-ctx.Done()
+			late = append(late, time.Since(d)) // fake time: exact
 			seen = append(seen, ctx.Err())
 			return ctx.Err()
 		})
@@ -253,6 +262,7 @@ func TestTaskTimeout(t *testing.T) {
 		require.ErrorIs(t, c.Wait(ctx), context.DeadlineExceeded)
 		require.Equal(t, []error{context.DeadlineExceeded, context.DeadlineExceeded}, seen)
 		require.Equal(t, []time.Duration{50 * time.Millisecond, 50 * time.Millisecond}, deadlines)
+		require.Equal(t, []time.Duration{0, 0}, late, "the context ends at its deadline")
 		got := dl.all()
 		require.Len(t, got, 1)
 		require.Equal(t, 2, got[0].Attempts)
@@ -857,5 +867,38 @@ func TestCancelDuringBackoffStopsTimer(t *testing.T) {
 	if !gone {
 		t.Fatalf("after Cancel and Close, the cancelled task (alive: %v) and the scheduler (alive: %v) are still reachable: its backoff timer was never stopped",
 			task.Value() != nil, sched.Value() != nil)
+	}
+}
+
+// RetryPolicy's documented bounds at their edges: InitialBackoff > 0 as soon
+// as MaxAttempts > 1 (two attempts included), MaxBackoff not below
+// InitialBackoff (equal is fine), Multiplier >= 1 (1 is fine); a policy that
+// never retries (MaxAttempts 0 or 1) needs no backoff. A refusal is an
+// *OptionError naming WithRetry.
+func TestRetryPolicyBoundsAtTheirEdges(t *testing.T) {
+	for name, tc := range map[string]struct {
+		p  RetryPolicy
+		ok bool
+	}{
+		"two attempts without backoff":   {RetryPolicy{MaxAttempts: 2}, false},
+		"max a nanosecond below initial": {RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second, MaxBackoff: time.Second - 1}, false},
+		"multiplier just below 1":        {RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second, Multiplier: 0.999}, false},
+		"negative max backoff":           {RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second, MaxBackoff: -1}, false},
+		"one attempt without backoff":    {RetryPolicy{MaxAttempts: 1}, true},
+		"zero attempts without backoff":  {RetryPolicy{}, true},
+		"max equal to initial":           {RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second, MaxBackoff: time.Second}, true},
+		"multiplier 1":                   {RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second, Multiplier: 1}, true},
+	} {
+		s, err := New[int](WithLogger(quiet), WithRetry(tc.p))
+		if tc.ok {
+			require.NoError(t, err, name)
+			require.NoError(t, s.Close(context.Background()), name)
+			continue
+		}
+		require.Nil(t, s, name)
+		var oe *OptionError
+		require.ErrorAs(t, err, &oe, name)
+		require.Equal(t, "WithRetry", oe.Option, name)
+		require.ErrorIs(t, err, ErrInvalidOption, name)
 	}
 }

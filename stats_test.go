@@ -169,3 +169,31 @@ func TestCounter(t *testing.T) {
 	}
 	require.Greater(t, n, 1, "16 goroutines on one stripe")
 }
+
+// Stats.Rejected counts every TrySubmit (and Submit) call that returned an
+// error, whichever bound refused it: the key's depth (ErrKeyFull), the
+// pending bound (ErrFull), a closed scheduler (ErrClosed).
+func TestStatsRejectedCountsEveryRefusedTrySubmit(t *testing.T) {
+	s, err := New[int](WithLogger(quiet), WithMaxKeyDepth(1), WithMaxPending(2))
+	require.NoError(t, err)
+	ctx := watchdog(t)
+	gate := make(chan struct{})
+	hold := func(context.Context) error { <-gate; return nil }
+	_, err = s.Submit(ctx, 1, hold)
+	require.NoError(t, err)
+	_, err = s.TrySubmit(ctx, 1, hold)
+	require.ErrorIs(t, err, ErrKeyFull)
+	require.EqualValues(t, 1, s.Stats().Rejected, "TrySubmit on a full key")
+	_, err = s.Submit(ctx, 2, hold)
+	require.NoError(t, err)
+	_, err = s.TrySubmit(ctx, 3, hold)
+	require.ErrorIs(t, err, ErrFull)
+	require.EqualValues(t, 2, s.Stats().Rejected, "TrySubmit on a full scheduler")
+	close(gate)
+	require.NoError(t, s.Close(ctx))
+	_, err = s.TrySubmit(ctx, 1, hold)
+	require.ErrorIs(t, err, ErrClosed)
+	st := s.Stats()
+	require.EqualValues(t, 3, st.Rejected, "TrySubmit after Close")
+	require.EqualValues(t, 2, st.Submitted, "no refused task was accepted")
+}

@@ -233,6 +233,8 @@ func TestSchedulerMetricsExact(t *testing.T) {
 		require.Equal(t, []string{"keysched.task.duration", "keysched.task.duration", "keysched.task.duration", "keysched.task.queue_wait"},
 			names, "only the histograms' cumulative totals remain")
 		require.Equal(t, uint64(11), vals["keysched.task.queue_wait{"+L+"}"].(hist).Count)
+		require.Equal(t, uint64(9), vals["keysched.task.duration{outcome=succeeded,"+L+"}"].(hist).Count,
+			"the late task's run is not recorded")
 	})
 }
 

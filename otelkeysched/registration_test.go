@@ -189,3 +189,30 @@ func TestRegisterRacingCollectAndClose(t *testing.T) {
 	vals, _ := collect(t, reader)
 	require.Empty(t, only(vals, "keysched.tasks.pending"), "every scheduler unregistered")
 }
+
+// A Metrics reports one scheduler: registering a second one on it is
+// ErrRegistered (its callback would replace the first's registration, which
+// could then never be unregistered), and the first one's series stay as
+// they were.
+func TestOneMetricsRegistersOneScheduler(t *testing.T) {
+	reader, mp := manualMeterProvider(t)
+	ctx := context.Background()
+	m, err := otelkeysched.New[string](mp)
+	require.NoError(t, err)
+	first, err := keysched.New[string](keysched.WithLogger(quiet))
+	require.NoError(t, err)
+	defer first.Close(ctx)
+	second, err := keysched.New[string](keysched.WithLogger(quiet))
+	require.NoError(t, err)
+	defer second.Close(ctx)
+	require.NoError(t, m.Register(first))
+	require.ErrorIs(t, m.Register(second), otelkeysched.ErrRegistered)
+	c, err := second.Submit(ctx, "k", func(context.Context) error { return nil })
+	require.NoError(t, err)
+	require.NoError(t, c.Wait(ctx))
+	vals, _ := collect(t, reader)
+	require.Equal(t, int64(0), vals["keysched.tasks.finished{outcome=succeeded}"], "the second scheduler is not reported")
+	require.NoError(t, m.Unregister())
+	vals, _ = collect(t, reader)
+	require.Empty(t, vals, "Unregister removed every series")
+}
