@@ -25,6 +25,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -243,12 +244,35 @@ func parseSecrets(text string) (map[string][]string, error) {
 		if len(f) < 2 {
 			return nil, fmt.Errorf("-secrets-file line %d: need 'partner whsec_...'", i+1)
 		}
+		// A line whose partner was left out ('whsec_old whsec_new'):
+		// its first secret would be taken for a partner's name, and
+		// shown (in the Warn of partners not configured).
+		if strings.HasPrefix(f[0], signing.SecretPrefix) {
+			return nil, fmt.Errorf("-secrets-file line %d: starts with a secret (not shown), not a partner name: need 'partner whsec_...'", i+1)
+		}
 		if _, dup := out[f[0]]; dup {
-			return nil, fmt.Errorf("-secrets-file line %d: partner %q given twice", i+1, f[0])
+			return nil, fmt.Errorf("-secrets-file line %d: partner %s given twice", i+1, shownName(f[0]))
 		}
 		out[f[0]] = f[1:]
 	}
 	return out, nil
+}
+
+// readsAsSecret reports whether a -secrets-file partner name reads as a
+// signing secret (plain base64: a line whose partner was left out); such a
+// name is never shown in an error or a log line.
+func readsAsSecret(p string) bool {
+	_, err := signing.ParseSecret(p)
+	return err == nil
+}
+
+// shownName is a -secrets-file partner name as errors show it: quoted,
+// unless it reads as a signing secret.
+func shownName(p string) string {
+	if readsAsSecret(p) {
+		return "(a name that reads as a signing secret: not shown)"
+	}
+	return strconv.Quote(p)
 }
 
 // endpointPartners parses -endpoints and keeps, of secrets (read from
@@ -291,7 +315,20 @@ func keepConfiguredSecrets(partners map[string]string, secrets map[string][]stri
 	}
 	if len(extra) > 0 {
 		sort.Strings(extra)
-		log.Warn("-secrets-file: ignoring the secrets of partners not configured in "+configured, "partners", strings.Join(extra, ","))
+		var shown []string
+		hidden := 0
+		for _, p := range extra {
+			if readsAsSecret(p) {
+				hidden++ // a line whose partner was left out: never shown
+				continue
+			}
+			shown = append(shown, p)
+		}
+		attrs := []any{"partners", strings.Join(shown, ",")}
+		if hidden > 0 {
+			attrs = append(attrs, "not_shown", fmt.Sprintf("%d whose name reads as a signing secret (a line without its partner?)", hidden))
+		}
+		log.Warn("-secrets-file: ignoring the secrets of partners not configured in "+configured, attrs...)
 	}
 	for p, list := range secrets {
 		for i, raw := range list {
