@@ -19,6 +19,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -107,7 +108,7 @@ func parseFlags(args []string) (options, error) {
 	fs.UintVar(&o.brkFailures, "breaker-failures", 5, "consecutive failed calls that open a destination's circuit breaker")
 	fs.DurationVar(&o.brkOpen, "breaker-open", 10*time.Second, "how long an open breaker refuses calls before trying one")
 	fs.StringVar(&o.relayName, "relay-name", "webhook", "this instance's name in the relay's lease table: the same across restarts (a restart takes its partners back at once), distinct per instance sharing a -postgres database")
-	fs.DurationVar(&o.lease, "lease", 30*time.Second, "relay lease per partner: after a crash, how long before a new process takes a partner over; well above -timeout")
+	fs.DurationVar(&o.lease, "lease", 30*time.Second, "relay lease per partner: after a crash, how long before a new process takes a partner over; at least twice -timeout plus a second; not given: 30s, or 3 × -timeout when that is more")
 	fs.DurationVar(&o.history, "history", 7*24*time.Hour, "how long each event's attempts and delivered payload are kept (lookup, replay); at least 1m")
 	fs.BoolVar(&o.skipUnconf, "skip-unconfigured", false, "mark skipped (kept, not delivered, logged) the undelivered events of partners no longer configured; without it such events refuse the start, naming each partner and its count")
 	if err := fs.Parse(args); err != nil {
@@ -130,6 +131,12 @@ func parseFlags(args []string) (options, error) {
 	}
 	if !set["backlog-sync"] && o.postgres != "" {
 		o.backlogSync = time.Second
+	}
+	// -lease not given follows -timeout, as Config.LeaseDuration's
+	// default does: -timeout 20s alone was refused for a -lease never
+	// given.
+	if !set["lease"] && o.timeout > o.lease/3 && o.timeout <= math.MaxInt64/3 {
+		o.lease = 3 * o.timeout
 	}
 	// Checked here, not left to what they feed: -sim-rate 1e10 (or +Inf)
 	// made the producer's ticker interval 0, and NewTicker panicked in its
