@@ -243,6 +243,7 @@ func readSecrets(path string) (map[string][]string, error) {
 // the partner, never the secret).
 func parseSecrets(text string) (map[string][]string, error) {
 	out := map[string][]string{}
+	text = strings.TrimPrefix(text, "\ufeff") // a UTF-8 byte order mark (Windows editors)
 	for i, line := range strings.Split(text, "\n") {
 		f := strings.Fields(line)
 		if len(f) == 0 || strings.HasPrefix(f[0], "#") {

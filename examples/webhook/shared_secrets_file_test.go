@@ -123,3 +123,15 @@ func TestSecretsFileLineWithoutAPartnerNeverShowsTheSecret(t *testing.T) {
 	require.NotContains(t, logs.String(), raw, "a secret is never logged")
 	require.Contains(t, logs.String(), "partners=globex")
 }
+
+// A -secrets-file saved with a UTF-8 byte order mark (Windows editors)
+// serves its first line's partner: the mark was read as part of the name
+// ("\ufeffacme"), so acme had no secret and its line was ignored as a
+// partner not configured.
+func TestSecretsFileWithAByteOrderMarkServesItsFirstPartner(t *testing.T) {
+	s, err := signing.NewSecret()
+	require.NoError(t, err)
+	secrets, err := parseSecrets("\ufeffacme " + s.Encode() + "\r\n")
+	require.NoError(t, err)
+	require.Equal(t, map[string][]string{"acme": {s.Encode()}}, secrets)
+}
