@@ -92,7 +92,9 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.postgres, "postgres", "", "PostgreSQL URL; replaces SQLite")
 	fs.StringVar(&o.endpoints, "endpoints", "", "partner=URL,... : real endpoints instead of the simulated ones")
 	fs.StringVar(&o.secretsFile, "secrets-file", "", "file of signing secrets, one line per partner: 'partner whsec_... [whsec_...]' (current first; during a rotation the old one too, all sign); required with -endpoints, a line for each of its partners (lines of other partners are ignored, with a warning); the simulation makes its own")
-	fs.StringVar(&o.adminToken, "admin-token", os.Getenv("WEBHOOK_ADMIN_TOKEN"), "bearer token the admin address requires (operator page, actions, /metrics; browsers: Basic auth, token as password); default $WEBHOOK_ADMIN_TOKEN (prefer it: a flag shows in ps). Required unless -admin is a loopback address")
+	// No flag default from the environment: the usage (-h, or any
+	// refused flag) prints a flag's default, and showed the token.
+	fs.StringVar(&o.adminToken, "admin-token", "", "bearer token the admin address requires (operator page, actions, /metrics; browsers: Basic auth, token as password); default $WEBHOOK_ADMIN_TOKEN (prefer it: a flag shows in ps). Required unless -admin is a loopback address")
 	fs.DurationVar(&o.maxRetryAfter, "max-retry-after", service.DefaultMaxRetryAfter, "cap on the wait a partner's 429/503 Retry-After asks for")
 	fs.DurationVar(&o.backlogSync, "backlog-sync", 0, "how often each instance re-reads the partners' undelivered events from the database (needed with several instances on one -postgres database; above 0); not given: 1s with -postgres, never with SQLite")
 	fs.IntVar(&o.partners, "partners", 12, "number of simulated partners (without -endpoints)")
@@ -119,6 +121,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if !set["admin-token"] {
+		o.adminToken = os.Getenv("WEBHOOK_ADMIN_TOKEN")
+	}
 	// -backlog-sync given is a period: 0 (or below) is refused like every
 	// duration flag (with several instances, never syncing made each one
 	// answer 429 for ever); not given, it is 1s with -postgres, never
