@@ -210,8 +210,8 @@ func (e *ReplayRefusedError) Unwrap() []error {
 // adds its own (direct consumption of the dead-letter topic, the manual
 // partitioner, reading uncommitted: it leaves out aborted and open
 // transactions itself, so a kgo.FetchIsolationLevel is overridden); a
-// consumer group, kgo.ConsumeTopics or kgo.ConsumePartitions (it consumes
-// nothing else), kgo.DisableIdempotentWrite, kgo.TransactionalID or
+// consumer group, kgo.ConsumeTopics, kgo.ConsumePartitions or
+// kgo.ConsumeRegex (it consumes nothing else), kgo.DisableIdempotentWrite, kgo.TransactionalID or
 // kgo.ManualFlushing (nothing would flush: the
 // produce would wait past ctx) make it fail with ErrInvalidOption, as do bad
 // opts and a nil client option: each refusal is a *keysched.OptionError
@@ -260,6 +260,11 @@ func Replay(ctx context.Context, opts ReplayOptions, clientOpts ...kgo.Opt) (*Re
 	}
 	if ps, _ := cl.OptValue(kgo.ConsumePartitions).(map[string]map[int32]kgo.Offset); len(ps) > 0 {
 		return nil, refused(optcheck.Refuse("kgo.ConsumePartitions", nil, "Replay reads the dead-letter topic itself and consumes nothing else"))
+	}
+	// Alone it consumes nothing, but franz-go refuses it with the reading
+	// client's direct partitions: only once there were records to read.
+	if v, _ := cl.OptValue(kgo.ConsumeRegex).(bool); v {
+		return nil, refused(optcheck.Refuse("kgo.ConsumeRegex", nil, "Replay reads the dead-letter topic's partitions directly and consumes nothing else"))
 	}
 	if v, _ := cl.OptValue(kgo.DisableIdempotentWrite).(bool); v {
 		return nil, refused(optcheck.Refuse("kgo.DisableIdempotentWrite", nil, "Replay produces idempotently"))

@@ -66,6 +66,10 @@ func TestReplayRefusesClientOptionsThatConsume(t *testing.T) {
 		{"kgo.ConsumeTopics", kgo.ConsumeTopics("t")},
 		{"kgo.ConsumeTopics", kgo.ConsumeTopics("dlq")},
 		{"kgo.ConsumePartitions", kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{"t": {0: kgo.NewOffset().AtStart()}})},
+		// Alone it consumes nothing, but franz-go refuses it with the
+		// reading client's direct partitions: late, after the offsets
+		// were listed, and named "clientOpts".
+		{"kgo.ConsumeRegex", kgo.ConsumeRegex()},
 	} {
 		rep, err := Replay(context.Background(), ReplayOptions{DeadLetterTopic: "dlq", DryRun: true}, append(replayOpts(tc), c.opt)...)
 		if p := opttest.Problem(err, opttest.Want{Option: c.option, Prefix: "kafka: invalid option: ", Sentinels: []error{ErrInvalidOption}}); p != "" {

@@ -25,7 +25,7 @@ func TestFlagRefusalsNameTheFlagAndWhatIsWanted(t *testing.T) {
 		{[]string{"-backoff", "-1s"}, "-backoff -1s: need above 0"},
 		{[]string{"-lease", "1s"}, "-lease 1s: need at least twice -timeout plus a second (12s with -timeout 5s)"},
 		{[]string{"-lease", "0"}, "-lease 0s: need at least twice -timeout"},
-		{[]string{"-timeout", "20s"}, "-lease 30s: need at least twice -timeout plus a second (42s with -timeout 20s)"},
+		{[]string{"-timeout", "20s", "-lease", "30s"}, "-lease 30s: need at least twice -timeout plus a second (42s with -timeout 20s)"},
 		{[]string{"-admin-token", "short"}, "-admin-token (or $WEBHOOK_ADMIN_TOKEN) of 5 bytes: need at least 16"},
 		{[]string{"-log", "verbose"}, `-log "verbose": need debug, info, warn or error`},
 		{[]string{"-backlog-sync", "0"}, "-backlog-sync 0s: need above 0 (omit it for the default: 1s with -postgres, never with SQLite)"},
@@ -56,4 +56,20 @@ func TestFlagRefusalsNameTheFlagAndWhatIsWanted(t *testing.T) {
 		"-endpoints", slog.New(slog.NewTextHandler(&logs, nil)))
 	require.ErrorContains(t, err, `-secrets-file, partner "acme", secret 1: signing: invalid secret: does not start with "whsec_"`)
 	require.NotContains(t, err.Error(), "c2VjcmV0", "a secret is never shown")
+}
+
+// -lease not given follows -timeout as Config.LeaseDuration's default does
+// (max(30s, 3 × -timeout)): -timeout 20s alone was refused with
+// '-lease 30s: need at least ... 42s', naming a flag the user never gave,
+// where the service given Timeout 20s alone starts.
+func TestLeaseNotGivenFollowsTimeout(t *testing.T) {
+	o, err := parseFlags([]string{"-timeout", "20s"})
+	require.NoError(t, err)
+	require.Equal(t, time.Minute, o.lease)
+	o, err = parseFlags(nil)
+	require.NoError(t, err)
+	require.Equal(t, 30*time.Second, o.lease, "the default with the default -timeout (5s)")
+	o, err = parseFlags([]string{"-timeout", "20s", "-lease", "45s"})
+	require.NoError(t, err)
+	require.Equal(t, 45*time.Second, o.lease, "a -lease given stays")
 }

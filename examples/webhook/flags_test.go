@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"os"
 	"strconv"
 	"testing"
 
@@ -97,4 +98,35 @@ func TestAdminTokenRequiredBeyondLoopback(t *testing.T) {
 	o, err := parseFlags([]string{"-admin", ":8081"})
 	require.NoError(t, err)
 	require.Equal(t, "0123456789abcdef", o.adminToken)
+}
+
+// The usage (printed by -h and by every flag the parser refuses) never
+// shows $WEBHOOK_ADMIN_TOKEN: it was the -admin-token flag's default, and
+// the flag package printed it as (default "<the token>") on stderr, where
+// logs keep it. The environment's token is still the default, and an
+// -admin-token given (even empty) still wins.
+func TestAdminTokenFromTheEnvironmentIsNeverShownInTheUsage(t *testing.T) {
+	const token = "env-token-0123456789abcdef"
+	t.Setenv("WEBHOOK_ADMIN_TOKEN", token)
+	for _, args := range [][]string{{"-h"}, {"-no-such-flag"}, {"-attempts", "x"}} {
+		r, w, err := os.Pipe()
+		require.NoError(t, err)
+		stderr := os.Stderr
+		os.Stderr = w
+		_, perr := parseFlags(args)
+		os.Stderr = stderr
+		require.NoError(t, w.Close())
+		usage, err := io.ReadAll(r)
+		require.NoError(t, err)
+		require.NoError(t, r.Close())
+		require.Error(t, perr, "%q", args)
+		require.Contains(t, string(usage), "-admin-token", "%q: the usage was printed", args)
+		require.NotContains(t, string(usage), token, "%q", args)
+	}
+	o, err := parseFlags(nil)
+	require.NoError(t, err)
+	require.Equal(t, token, o.adminToken)
+	o, err = parseFlags([]string{"-admin-token", ""})
+	require.NoError(t, err)
+	require.Equal(t, "", o.adminToken, "an -admin-token given wins, even empty")
 }

@@ -19,12 +19,14 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -90,7 +92,9 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.postgres, "postgres", "", "PostgreSQL URL; replaces SQLite")
 	fs.StringVar(&o.endpoints, "endpoints", "", "partner=URL,... : real endpoints instead of the simulated ones")
 	fs.StringVar(&o.secretsFile, "secrets-file", "", "file of signing secrets, one line per partner: 'partner whsec_... [whsec_...]' (current first; during a rotation the old one too, all sign); required with -endpoints, a line for each of its partners (lines of other partners are ignored, with a warning); the simulation makes its own")
-	fs.StringVar(&o.adminToken, "admin-token", os.Getenv("WEBHOOK_ADMIN_TOKEN"), "bearer token the admin address requires (operator page, actions, /metrics; browsers: Basic auth, token as password); default $WEBHOOK_ADMIN_TOKEN (prefer it: a flag shows in ps). Required unless -admin is a loopback address")
+	// No flag default from the environment: the usage (-h, or any
+	// refused flag) prints a flag's default, and showed the token.
+	fs.StringVar(&o.adminToken, "admin-token", "", "bearer token the admin address requires (operator page, actions, /metrics; browsers: Basic auth, token as password); default $WEBHOOK_ADMIN_TOKEN (prefer it: a flag shows in ps). Required unless -admin is a loopback address")
 	fs.DurationVar(&o.maxRetryAfter, "max-retry-after", service.DefaultMaxRetryAfter, "cap on the wait a partner's 429/503 Retry-After asks for")
 	fs.DurationVar(&o.backlogSync, "backlog-sync", 0, "how often each instance re-reads the partners' undelivered events from the database (needed with several instances on one -postgres database; above 0); not given: 1s with -postgres, never with SQLite")
 	fs.IntVar(&o.partners, "partners", 12, "number of simulated partners (without -endpoints)")
@@ -106,7 +110,7 @@ func parseFlags(args []string) (options, error) {
 	fs.UintVar(&o.brkFailures, "breaker-failures", 5, "consecutive failed calls that open a destination's circuit breaker")
 	fs.DurationVar(&o.brkOpen, "breaker-open", 10*time.Second, "how long an open breaker refuses calls before trying one")
 	fs.StringVar(&o.relayName, "relay-name", "webhook", "this instance's name in the relay's lease table: the same across restarts (a restart takes its partners back at once), distinct per instance sharing a -postgres database")
-	fs.DurationVar(&o.lease, "lease", 30*time.Second, "relay lease per partner: after a crash, how long before a new process takes a partner over; well above -timeout")
+	fs.DurationVar(&o.lease, "lease", 30*time.Second, "relay lease per partner: after a crash, how long before a new process takes a partner over; at least twice -timeout plus a second; not given: 30s, or 3 × -timeout when that is more")
 	fs.DurationVar(&o.history, "history", 7*24*time.Hour, "how long each event's attempts and delivered payload are kept (lookup, replay); at least 1m")
 	fs.BoolVar(&o.skipUnconf, "skip-unconfigured", false, "mark skipped (kept, not delivered, logged) the undelivered events of partners no longer configured; without it such events refuse the start, naming each partner and its count")
 	if err := fs.Parse(args); err != nil {
@@ -117,6 +121,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if !set["admin-token"] {
+		o.adminToken = os.Getenv("WEBHOOK_ADMIN_TOKEN")
+	}
 	// -backlog-sync given is a period: 0 (or below) is refused like every
 	// duration flag (with several instances, never syncing made each one
 	// answer 429 for ever); not given, it is 1s with -postgres, never
@@ -129,6 +136,12 @@ func parseFlags(args []string) (options, error) {
 	}
 	if !set["backlog-sync"] && o.postgres != "" {
 		o.backlogSync = time.Second
+	}
+	// -lease not given follows -timeout, as Config.LeaseDuration's
+	// default does: -timeout 20s alone was refused for a -lease never
+	// given.
+	if !set["lease"] && o.timeout > o.lease/3 && o.timeout <= math.MaxInt64/3 {
+		o.lease = 3 * o.timeout
 	}
 	// Checked here, not left to what they feed: -sim-rate 1e10 (or +Inf)
 	// made the producer's ticker interval 0, and NewTicker panicked in its
@@ -235,6 +248,7 @@ func readSecrets(path string) (map[string][]string, error) {
 // the partner, never the secret).
 func parseSecrets(text string) (map[string][]string, error) {
 	out := map[string][]string{}
+	text = strings.TrimPrefix(text, "\ufeff") // a UTF-8 byte order mark (Windows editors)
 	for i, line := range strings.Split(text, "\n") {
 		f := strings.Fields(line)
 		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
@@ -243,12 +257,35 @@ func parseSecrets(text string) (map[string][]string, error) {
 		if len(f) < 2 {
 			return nil, fmt.Errorf("-secrets-file line %d: need 'partner whsec_...'", i+1)
 		}
+		// A line whose partner was left out ('whsec_old whsec_new'):
+		// its first secret would be taken for a partner's name, and
+		// shown (in the Warn of partners not configured).
+		if strings.HasPrefix(f[0], signing.SecretPrefix) {
+			return nil, fmt.Errorf("-secrets-file line %d: starts with a secret (not shown), not a partner name: need 'partner whsec_...'", i+1)
+		}
 		if _, dup := out[f[0]]; dup {
-			return nil, fmt.Errorf("-secrets-file line %d: partner %q given twice", i+1, f[0])
+			return nil, fmt.Errorf("-secrets-file line %d: partner %s given twice", i+1, shownName(f[0]))
 		}
 		out[f[0]] = f[1:]
 	}
 	return out, nil
+}
+
+// readsAsSecret reports whether a -secrets-file partner name reads as a
+// signing secret (plain base64: a line whose partner was left out); such a
+// name is never shown in an error or a log line.
+func readsAsSecret(p string) bool {
+	_, err := signing.ParseSecret(p)
+	return err == nil
+}
+
+// shownName is a -secrets-file partner name as errors show it: quoted,
+// unless it reads as a signing secret.
+func shownName(p string) string {
+	if readsAsSecret(p) {
+		return "(a name that reads as a signing secret: not shown)"
+	}
+	return strconv.Quote(p)
 }
 
 // endpointPartners parses -endpoints and keeps, of secrets (read from
@@ -291,7 +328,20 @@ func keepConfiguredSecrets(partners map[string]string, secrets map[string][]stri
 	}
 	if len(extra) > 0 {
 		sort.Strings(extra)
-		log.Warn("-secrets-file: ignoring the secrets of partners not configured in "+configured, "partners", strings.Join(extra, ","))
+		var shown []string
+		hidden := 0
+		for _, p := range extra {
+			if readsAsSecret(p) {
+				hidden++ // a line whose partner was left out: never shown
+				continue
+			}
+			shown = append(shown, p)
+		}
+		attrs := []any{"partners", strings.Join(shown, ",")}
+		if hidden > 0 {
+			attrs = append(attrs, "not_shown", fmt.Sprintf("%d whose name reads as a signing secret (a line without its partner?)", hidden))
+		}
+		log.Warn("-secrets-file: ignoring the secrets of partners not configured in "+configured, attrs...)
 	}
 	for p, list := range secrets {
 		for i, raw := range list {

@@ -96,3 +96,42 @@ func keys(m map[string][]string) []string {
 	}
 	return out
 }
+
+// A -secrets-file line whose partner name was left out ('whsec_old
+// whsec_new', a rotation pair pasted alone) never shows its first secret:
+// it is refused naming the line, not taken for a partner not configured
+// and logged in the Warn line (it was: 'partners=whsec_...'). A first word
+// that reads as a secret without the prefix (plain base64) is kept, as a
+// long partner name may, but the Warn line does not show it.
+func TestSecretsFileLineWithoutAPartnerNeverShowsTheSecret(t *testing.T) {
+	s1, err := signing.NewSecret()
+	require.NoError(t, err)
+	s2, err := signing.NewSecret()
+	require.NoError(t, err)
+	_, err = parseSecrets("acme " + s2.Encode() + "\n" + s1.Encode() + " " + s2.Encode() + "\n")
+	require.ErrorContains(t, err, "-secrets-file line 2: ")
+	require.ErrorContains(t, err, "need 'partner whsec_...'")
+	require.NotContains(t, err.Error(), strings.TrimPrefix(s1.Encode(), signing.SecretPrefix))
+
+	raw := strings.TrimPrefix(s1.Encode(), signing.SecretPrefix)
+	secrets, err := parseSecrets("acme " + s2.Encode() + "\nglobex " + s2.Encode() + "\n" + raw + " " + s2.Encode() + "\n")
+	require.NoError(t, err)
+	var logs bytes.Buffer
+	err = keepConfiguredSecrets(map[string]string{"acme": "http://x"}, secrets, "-endpoints", slog.New(slog.NewTextHandler(&logs, nil)))
+	require.NoError(t, err)
+	require.Equal(t, []string{"acme"}, keys(secrets))
+	require.NotContains(t, logs.String(), raw, "a secret is never logged")
+	require.Contains(t, logs.String(), "partners=globex")
+}
+
+// A -secrets-file saved with a UTF-8 byte order mark (Windows editors)
+// serves its first line's partner: the mark was read as part of the name
+// ("\ufeffacme"), so acme had no secret and its line was ignored as a
+// partner not configured.
+func TestSecretsFileWithAByteOrderMarkServesItsFirstPartner(t *testing.T) {
+	s, err := signing.NewSecret()
+	require.NoError(t, err)
+	secrets, err := parseSecrets("\ufeffacme " + s.Encode() + "\r\n")
+	require.NoError(t, err)
+	require.Equal(t, map[string][]string{"acme": {s.Encode()}}, secrets)
+}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/keysched/keysched/examples/webhook/sim"
 	"github.com/stretchr/testify/require"
@@ -34,4 +35,16 @@ func TestDeferredAnswerIsListedAsDeferred(t *testing.T) {
 	require.Equal(t, http.StatusTooManyRequests, ev.Attempts[0].Status)
 	require.Equal(t, "failed", ev.Attempts[1].Outcome, "%s", b)
 	require.Equal(t, "delivered", ev.Attempts[2].Outcome, "%s", b)
+}
+
+// A 429 without Retry-After spends an attempt: listed "failed" even when
+// its body (the partner's text, quoted in the error after the status)
+// holds what a deferring answer's error says after its status (a proxy
+// passing on another webhook service's error). The outcome was read from
+// anywhere in the stored error text: it said "deferred".
+func TestFailedAnswerWhoseBodyQuotesARetryAfterIsListedAsFailed(t *testing.T) {
+	deferring := (&ResponseError{Response{Outcome: SnoozeUntil, Status: http.StatusTooManyRequests, RetryAfter: time.Second}}).Error()
+	require.True(t, deferredError(http.StatusTooManyRequests, "attempt: "+deferring))
+	failed := (&ResponseError{Response{Outcome: Retry, Status: http.StatusTooManyRequests, Body: []byte("upstream: " + deferring)}}).Error()
+	require.False(t, deferredError(http.StatusTooManyRequests, failed), failed)
 }

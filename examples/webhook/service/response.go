@@ -194,7 +194,12 @@ func deferredError(status int, errText string) bool {
 	if status != http.StatusTooManyRequests && status != http.StatusServiceUnavailable {
 		return false
 	}
-	return strings.Contains(errText, fmt.Sprintf("endpoint answered %d %s%s", status, http.StatusText(status), retryAfterMark))
+	// The first "endpoint answered" is the answer's own: the body, the
+	// partner's text, is quoted after it and may hold anything (a
+	// deferring answer's words too).
+	const answered = "endpoint answered "
+	i := strings.Index(errText, answered)
+	return i >= 0 && strings.HasPrefix(errText[i:], fmt.Sprintf("%s%d %s%s", answered, status, http.StatusText(status), retryAfterMark))
 }
 
 // Unwrap gives the *StatusError (errors.As) and, for a 410, ErrEndpointGone.
