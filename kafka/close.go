@@ -208,6 +208,19 @@ func (c *Consumer) drainUnparked(ctx context.Context) (parked int, _ error) {
 // owned partition: a Skip writing its dead letter moves its key on), else
 // 0.
 func (c *Consumer) onlyParkedLeft() int {
+	// No Resume or Skip is moving a key on: read under parkMu after
+	// closing was set, so that one either took its key before this look
+	// (and counts in moving until it returns) or is refused (takeParked).
+	// Read first: the reads below are then of a scheduler that no Resume
+	// or Skip changes. Read last, a Skip (or Resume) ending between them
+	// and this one was missed: the scheduler was read with its key still
+	// parked, and the record it moved the key on to was left.
+	c.parkMu.Lock()
+	moving := c.moving.Load()
+	c.parkMu.Unlock()
+	if moving > 0 {
+		return 0
+	}
 	st := c.sched.Stats()
 	if st.ParkedKeys == 0 || st.Running > 0 {
 		return 0
@@ -223,15 +236,6 @@ func (c *Consumer) onlyParkedLeft() int {
 		held += c.sched.KeyDepth(k)
 	}
 	if len(keys) == 0 || st.Pending > held {
-		return 0
-	}
-	// No Resume or Skip is moving a key on: read under parkMu after
-	// closing was set, so that one either took its key before this look
-	// (and counts in moving until it returns) or is refused (takeParked).
-	c.parkMu.Lock()
-	moving := c.moving.Load()
-	c.parkMu.Unlock()
-	if moving > 0 {
 		return 0
 	}
 	return len(keys)

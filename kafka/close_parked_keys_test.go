@@ -220,3 +220,66 @@ func TestOnlyParkedLeftIgnoresKeysOfPartitionsTakenAway(t *testing.T) {
 		t.Fatalf("parkedLeft: %d records, %d others, %d keys; want none", records, others, keys)
 	}
 }
+
+// A Skip that ends while Close's check that only parked keys are left is
+// looking does not make that check say yes: the check read the scheduler
+// while the key was still parked (its dead letter written, the key not yet
+// moved on) and looked for a Resume or Skip at work only after the Skip had
+// returned, so Close stopped waiting and interrupted the record the Skip
+// had moved the key on to (ErrLeftParked, "0 records ... held by 0 parked
+// keys"). The Skip is held on its partition's lock between its dead letter
+// and moving the key on, and the check on the parked set's lock (as
+// descheduled goroutines would be), so that the Skip returns in between.
+func TestCloseWaitsForTheRecordASkipEndingDuringItsCheckMovedOn(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	group := groupName(t)
+	tc.produce(t, rec("t", 0, "a", "bad"), rec("t", 0, "a", "a1"))
+	a1 := make(chan struct{})
+	h := func(ctx context.Context, r *kgo.Record) error {
+		if string(r.Value) != "a1" {
+			return failBadForGood(ctx, r)
+		}
+		select {
+		case <-a1:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	c, runDone := tc.runConsumer(t, group, h, WithDeadLetterTopic("dlq"),
+		WithSchedulerOptions(keysched.WithFailurePolicy(keysched.Park)))
+	eventually(t, "a parked", func() bool { return len(c.Parked()) == 1 })
+	k := c.Parked()[0]
+	p := c.lookup("t", 0)
+	release := make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	var held atomic.Int32
+	tc.holdRequests(kmsg.Produce, release, func() { held.Add(1) }) // the dead letter's
+	skipped := make(chan error, 1)
+	go func() { skipped <- c.Skip(k) }()
+	eventually(t, "the dead letter's produce held", func() bool { return held.Load() >= 1 })
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close(context.Background()) }()
+	runReturnsNil(t, runDone)
+	time.Sleep(100 * time.Millisecond) // Close drains, its committer ended
+
+	p.mu.Lock()
+	c.parkMu.Lock()
+	once.Do(func() { close(release) })
+	eventually(t, "the Skip's dead letter written", func() bool { return p.running.Load() == 0 })
+	time.Sleep(100 * time.Millisecond) // Close's check read the scheduler, waits for parkMu
+	p.mu.Unlock()
+	if err := <-skipped; err != nil {
+		t.Errorf("Skip: %v", err)
+	}
+	c.parkMu.Unlock()
+	time.Sleep(100 * time.Millisecond) // Close's check decides
+	close(a1)
+	if err := <-closed; err != nil {
+		t.Errorf("Close: %v; want nil (a1, which the Skip moved the key on to, handled)", err)
+	}
+	if off := tc.committedOffset(t, group, "t", 0); off != 2 {
+		t.Errorf("committed %d, want 2", off)
+	}
+}
