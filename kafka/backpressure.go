@@ -43,6 +43,37 @@ func (c *Consumer) dispatchHeld() {
 	}
 }
 
+// dispatchHandedOn submits the held groups that hold records handed on from
+// a dispatched group (see group.handedOn), each only when no earlier held
+// group of its key is left, for Close: the poll loop, which dispatches held
+// groups, has ended. It reports whether it submitted any.
+func (c *Consumer) dispatchHandedOn() bool {
+	sent := false
+	for _, p := range c.owned() {
+		p.mu.Lock()
+		if p.active() && len(p.held) > 0 {
+			var blocked map[schedKey]struct{}
+			kept := p.held[:0]
+			for _, g := range p.held {
+				if _, b := blocked[g.key]; !b && g.handedOn && c.dispatch(g) {
+					sent = true
+					continue
+				}
+				if blocked == nil {
+					blocked = make(map[schedKey]struct{})
+				}
+				blocked[g.key] = struct{}{}
+				kept = append(kept, g)
+			}
+			clear(p.held[len(kept):])
+			p.held = kept
+			c.adjustPause(p)
+		}
+		p.mu.Unlock()
+	}
+	return sent
+}
+
 // resumeAt is the in-flight count at which a paused partition resumes: an
 // eighth of the bound free (at least one record). Not half: a stuck key
 // holding more than the resume point would keep its partition paused while

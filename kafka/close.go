@@ -12,7 +12,8 @@ import (
 
 // Close stops fetching, waits until the dispatched records are finished or
 // ctx ends (or until only parked keys' records are left: Resume and Skip
-// refuse once Close has started), interrupts what is left (those records are not finished: the
+// refuse once Close has started; the records a Skip or a failure moved a
+// key on to count as dispatched, and are dispatched when their key has room), interrupts what is left (those records are not finished: the
 // next owner handles them), commits the frontiers, leaves the group, closes
 // the client and the scheduler.
 //
@@ -174,6 +175,19 @@ var errOnlyParked = errors.New("kafka: only parked keys' records are left")
 // number of parked keys and a non-nil error. It looks every 10 ms while
 // some key is parked, and leaves no goroutine behind.
 func (c *Consumer) drainUnparked(ctx context.Context) (parked int, _ error) {
+	for {
+		parked, err := c.drainOnce(ctx)
+		// Drained: records handed on to a group held back (a Skip, or a
+		// group's later records after a failure, finding the key full)
+		// were dispatched, and are waited for too.
+		if err != nil || !c.dispatchHandedOn() {
+			return parked, err
+		}
+	}
+}
+
+// drainOnce is one of drainUnparked's waits.
+func (c *Consumer) drainOnce(ctx context.Context) (parked int, _ error) {
 	dctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var wg sync.WaitGroup
@@ -187,7 +201,12 @@ func (c *Consumer) drainUnparked(ctx context.Context) (parked int, _ error) {
 				return
 			case <-t.C:
 			}
-			if n := c.onlyParkedLeft(); n > 0 {
+			if c.dispatchHandedOn() {
+				continue
+			}
+			// Dispatched after the look: nothing runs once only parked
+			// keys' records are left, so nothing hands records on after it.
+			if n := c.onlyParkedLeft(); n > 0 && !c.dispatchHandedOn() {
 				parked = n
 				cancel(errOnlyParked)
 				return

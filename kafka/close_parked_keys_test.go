@@ -283,3 +283,42 @@ func TestCloseWaitsForTheRecordASkipEndingDuringItsCheckMovedOn(t *testing.T) {
 		t.Errorf("committed %d, want 2", off)
 	}
 }
+
+// A Skip in flight when Close starts, whose key is at its depth bound, is
+// waited for with the record it moves the key on to: that record (handed on
+// to a group of its own, held back while the skipped one still held the
+// key's only slot) was dispatched, and the poll loop, which dispatched held
+// groups, has ended. Close returned nil with it unfinished and never
+// handled (the frontier at it).
+func TestCloseWaitsForTheRecordASkipMovesOnToAKeyAtItsBound(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	group := groupName(t)
+	tc.produce(t, rec("t", 0, "a", "bad"), rec("t", 0, "a", "a1"))
+	c, runDone := tc.runConsumer(t, group, failBadForGood, WithDeadLetterTopic("dlq"),
+		WithSchedulerOptions(keysched.WithFailurePolicy(keysched.Park), keysched.WithMaxKeyDepth(1)))
+	eventually(t, "a parked, a1 fetched", func() bool { return len(c.Parked()) == 1 && c.Stats().Fetched == 2 })
+	release := make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	var held atomic.Int32
+	tc.holdRequests(kmsg.Produce, release, func() { held.Add(1) }) // the dead letter's
+	skipped := make(chan error, 1)
+	go func() { skipped <- c.Skip(c.Parked()[0]) }()
+	eventually(t, "the dead letter's produce held", func() bool { return held.Load() >= 1 })
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close(context.Background()) }()
+	runReturnsNil(t, runDone) // the poll loop ended
+	once.Do(func() { close(release) })
+	if err := <-skipped; err != nil {
+		t.Errorf("Skip: %v", err)
+	}
+	if err := <-closed; err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if s := c.Stats(); s.Succeeded != 1 {
+		t.Errorf("%d records handled, want 1 (a1)", s.Succeeded)
+	}
+	if off := tc.committedOffset(t, group, "t", 0); off != 2 {
+		t.Errorf("committed %d, want 2", off)
+	}
+}

@@ -54,6 +54,10 @@ type group struct {
 	// its key reachable through it, for as long as the key stays busy.
 	next     atomic.Pointer[group]
 	finished atomic.Bool // all its records finished or handed on
+	// handedOn: it holds records handed on from a dispatched group (p.mu).
+	// Close dispatches such a group when it is held back: those records
+	// were dispatched, and Close waits for the dispatched records.
+	handedOn bool
 	comp     atomic.Pointer[keysched.Completion]
 }
 
@@ -226,6 +230,7 @@ func (g *group) handOn(i int) {
 		return // nothing left, or not ours any more: the next owner handles them
 	}
 	if n := next; n != nil {
+		n.handedOn = true
 		items := make([]*item, 0, len(rest)+len(n.items))
 		n.items = append(append(items, rest...), n.items...)
 		for _, it := range rest {
@@ -234,6 +239,7 @@ func (g *group) handOn(i int) {
 		return
 	}
 	ng := c.newGroup(p, g.key, g.null, g.lastKey, rest)
+	ng.handedOn = true
 	if c.cfg.ordering != Unordered && p.lastOf(g.null, g.lastKey) == g {
 		p.setLast(g.null, g.lastKey, ng)
 	}
