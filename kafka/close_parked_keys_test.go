@@ -322,3 +322,35 @@ func TestCloseWaitsForTheRecordASkipMovesOnToAKeyAtItsBound(t *testing.T) {
 		t.Errorf("committed %d, want 2", off)
 	}
 }
+
+// The same without parking: a dead letter being written when Close starts,
+// at a key at its depth bound, moves the key on to the failed record's
+// group's later records (handed on to a group held back while the failed
+// one held the key's only slot): Close waits for them too. It returned nil
+// with them never handled.
+func TestCloseWaitsForTheRecordsADeadLetterMovesOnToAKeyAtItsBound(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	group := groupName(t)
+	tc.produce(t, rec("t", 0, "a", "bad"), rec("t", 0, "a", "a1"))
+	release := make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	var held atomic.Int32
+	tc.holdRequests(kmsg.Produce, release, func() { held.Add(1) }) // the dead letter's
+	c, runDone := tc.runConsumer(t, group, failBadForGood, WithDeadLetterTopic("dlq"),
+		WithSchedulerOptions(keysched.WithMaxKeyDepth(1)))
+	eventually(t, "the dead letter's produce held", func() bool { return held.Load() >= 1 })
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close(context.Background()) }()
+	runReturnsNil(t, runDone) // the poll loop ended
+	once.Do(func() { close(release) })
+	if err := <-closed; err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if s := c.Stats(); s.Succeeded != 1 || s.DeadLettered != 1 {
+		t.Errorf("%d records handled, %d dead-lettered; want 1 (a1) and 1 (bad)", s.Succeeded, s.DeadLettered)
+	}
+	if off := tc.committedOffset(t, group, "t", 0); off != 2 {
+		t.Errorf("committed %d, want 2", off)
+	}
+}
