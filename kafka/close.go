@@ -172,8 +172,10 @@ var errOnlyParked = errors.New("kafka: only parked keys' records are left")
 // drainUnparked drains the scheduler until ctx ends or every task left is
 // held by a parked key (Resume and Skip refuse once Close has started, so
 // nothing would move them: Drain would wait for ever); it then returns the
-// number of parked keys and a non-nil error. It looks every 10 ms while
-// some key is parked, and leaves no goroutine behind.
+// number of parked keys and a non-nil error, as it does when ctx ended
+// with only parked keys' records left. It looks every 10 ms, dispatches
+// the held groups of records handed on (dispatchHandedOn) and waits for
+// them too, and leaves no goroutine behind.
 func (c *Consumer) drainUnparked(ctx context.Context) (parked int, _ error) {
 	for {
 		parked, err := c.drainOnce(ctx)
@@ -218,6 +220,14 @@ func (c *Consumer) drainOnce(ctx context.Context) (parked int, _ error) {
 	wg.Wait()
 	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(dctx), errOnlyParked) {
 		return parked, err
+	}
+	if err != nil && ctx.Err() != nil {
+		// ctx ended (maybe before the first look, as when Close is given
+		// Run's ended context): what is left may still be only parked
+		// keys' records, and that is what Close then says.
+		if n := c.onlyParkedLeft(); n > 0 && !c.dispatchHandedOn() {
+			return n, err
+		}
 	}
 	return 0, err
 }

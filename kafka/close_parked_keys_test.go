@@ -354,3 +354,23 @@ func TestCloseWaitsForTheRecordsADeadLetterMovesOnToAKeyAtItsBound(t *testing.T)
 		t.Errorf("committed %d, want 2", off)
 	}
 }
+
+// Close with a context that has already ended (Run's, after a signal) says
+// that only parked keys' records are left when they are: ErrLeftParked,
+// counting them. It said "2 records unfinished ...: context canceled", as
+// if Close had run out of time with work under way: Drain returned at once,
+// before the first look for parked keys.
+func TestCloseWithAnEndedContextSaysOnlyParkedKeysAreLeft(t *testing.T) {
+	tc := newCluster(t, 1, "t")
+	tc.produce(t, rec("t", 0, "a", "bad"), rec("t", 0, "a", "a1"))
+	c, runDone := tc.runConsumer(t, groupName(t), failBadForGood,
+		WithSchedulerOptions(keysched.WithFailurePolicy(keysched.Park)))
+	eventually(t, "a parked, a1 fetched", func() bool { return len(c.Parked()) == 1 && c.Stats().Fetched == 2 })
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := c.Close(ctx)
+	if !errors.Is(err, ErrLeftParked) || !strings.Contains(err.Error(), "2 records unfinished, held by 1 parked keys") {
+		t.Errorf("Close: %v; want ErrLeftParked counting the parked key's 2 records", err)
+	}
+	runReturnsNil(t, runDone)
+}
