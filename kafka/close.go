@@ -96,8 +96,10 @@ func (c *Consumer) Close(ctx context.Context) error {
 			msg := fmt.Sprintf("%d records unfinished, held by %d parked keys", ofParked, keys)
 			if others > 0 {
 				// Held back when the scheduler (full with the parked
-				// keys' records) refused them: never dispatched.
-				msg += fmt.Sprintf(", and %d records of other keys held back (never dispatched: the scheduler was full)", others)
+				// keys' records) or their key refused them, and not
+				// dispatched since: the poll loop, which dispatches
+				// held records, ended when Close started.
+				msg += fmt.Sprintf(", and %d records of other keys held back (never dispatched: the scheduler or their key was full)", others)
 			}
 			errs = append(errs, fmt.Errorf("%w: %s (Resume and Skip refuse once Close has started; the next owner handles them)", ErrLeftParked, msg))
 		} else {
