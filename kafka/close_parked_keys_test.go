@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/keysched/keysched"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -373,4 +375,46 @@ func TestCloseWithAnEndedContextSaysOnlyParkedKeysAreLeft(t *testing.T) {
 		t.Errorf("Close: %v; want ErrLeftParked counting the parked key's 2 records", err)
 	}
 	runReturnsNil(t, runDone)
+}
+
+// A Skip in flight when Close starts whose dead letter the broker refuses
+// for good (INVALID_RECORD) leaves its key parked: Close waits for it, then
+// says ErrLeftParked counting that key and its records (the frontier at the
+// parked record), and does not wait for ever.
+func TestCloseWaitsForASkipWhoseDeadLetterFailsAndLeavesItsKeyParked(t *testing.T) {
+	tc := newCluster(t, 1, "t", "dlq")
+	group := groupName(t)
+	tc.produce(t, rec("t", 0, "a", "bad"), rec("t", 0, "a", "a1"), rec("t", 0, "b", "b0"))
+	c, runDone := tc.runConsumer(t, group, failBadForGood, WithDeadLetterTopic("dlq"),
+		WithSchedulerOptions(keysched.WithFailurePolicy(keysched.Park)))
+	eventually(t, "a parked, b0 handled", func() bool { return len(c.Parked()) == 1 && c.Stats().Succeeded == 1 })
+	release := make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	var held atomic.Int32
+	tc.holdRequests(kmsg.Produce, release, func() { held.Add(1) }) // the dead letter's, then refused
+	refuse := tc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "dlq", Err: kerr.InvalidRecord, Count: -1})
+	defer refuse.Remove()
+	skipped := make(chan error, 1)
+	go func() { skipped <- c.Skip(c.Parked()[0]) }()
+	eventually(t, "the dead letter's produce held", func() bool { return held.Load() >= 1 })
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close(context.Background()) }()
+	runReturnsNil(t, runDone)
+	time.Sleep(50 * time.Millisecond) // Close drains meanwhile
+	once.Do(func() { close(release) })
+	if err := <-skipped; !errors.Is(err, kerr.InvalidRecord) {
+		t.Errorf("Skip: %v; want the broker's INVALID_RECORD", err)
+	}
+	select {
+	case err := <-closed:
+		if !errors.Is(err, ErrLeftParked) || !strings.Contains(err.Error(), "2 records unfinished, held by 1 parked keys") {
+			t.Errorf("Close: %v; want ErrLeftParked counting the key the Skip left parked and its 2 records", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close still waits 20 s after the Skip failed")
+	}
+	if off := tc.committedOffset(t, group, "t", 0); off != 0 {
+		t.Errorf("committed %d, want 0 (the parked record)", off)
+	}
 }
