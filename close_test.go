@@ -612,7 +612,7 @@ func TestLaterCloseEscalates(t *testing.T) {
 	// Close of its own.
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.ErrorContains(t, err, "a later Close's context ended")
-	require.ErrorIs(t, <-first, ErrAborted)
+	require.ErrorIs(t, recvWithin(t, first, 10*time.Second), ErrAborted)
 	require.ErrorIs(t, parked.Err(), ErrAborted)
 }
 
@@ -623,18 +623,23 @@ func closeWaitingOnAParkedKey(t *testing.T) (*Scheduler[int], context.Context, *
 	t.Helper()
 	s, err := New[int](WithLogger(quiet), WithFailurePolicy(Park))
 	require.NoError(t, err)
+	// After a failure the first Close may still wait: a Close that gives
+	// up at once ends it (escalation), so no goroutine outlives the test.
+	t.Cleanup(func() {
+		if t.Failed() {
+			_ = abortClose(s)
+		}
+	})
 	ctx := watchdog(t)
+	// Bounds, not timing assertions: the test fails by name here, not by
+	// the binary's timeout.
+	guard := hangGuard(t, 10*time.Second)
 	parked, err := s.Submit(ctx, 1, func(context.Context) error { return errors.New("down") })
 	require.NoError(t, err)
-	for len(s.Parked()) == 0 {
-		require.NoError(t, ctx.Err())
-		runtime.Gosched()
-	}
+	require.True(t, waitFor(guard, func() bool { return len(s.Parked()) > 0 }), "the failed task's key never parked")
 	first := make(chan error, 1)
 	go func() { first <- s.Close(context.Background()) }()
-	for !s.pending.closed() {
-		runtime.Gosched()
-	}
+	require.True(t, waitFor(guard, s.pending.closed), "Close never refused submissions (pending bound not closed)")
 	return s, ctx, parked, first
 }
 

@@ -22,6 +22,20 @@ func hangGuard(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
+// recvWithin returns what ch delivers, or fails the test by name once d has
+// passed (a bound far above any normal run, not a timing assertion).
+func recvWithin[T any](t testing.TB, ch <-chan T, d time.Duration) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(d):
+		t.Fatalf("nothing received within %v", d)
+	}
+	var zero T
+	return zero
+}
+
 // waitFor polls cond until it holds or ctx ends (a deadline, not a timing
 // assertion). It reports whether cond held.
 func waitFor(ctx context.Context, cond func() bool) bool {
