@@ -79,13 +79,21 @@ func TestBatchCompletionsMatchItems(t *testing.T) {
 // A batch stops at the first task that does not fit: the accepted ones are a
 // prefix, the error says why the next was refused, and only the prefix runs.
 func TestTrySubmitBatchPartial(t *testing.T) {
-	gate := make(chan struct{})
-	blocked := func(context.Context) error { <-gate; return nil }
 	var ran sync.Map
 	task := func(i int) Task { return func(context.Context) error { ran.Store(i, true); return nil } }
+	// Each subtest has its own gate, opened when it ends: a subtest that
+	// fails early leaves no task blocked on a gate the next one feeds (it
+	// would take one of that subtest's openings, and that subtest would
+	// wait for ever).
+	newGate := func(t *testing.T) (chan struct{}, Task) {
+		gate := make(chan struct{})
+		t.Cleanup(func() { close(gate) })
+		return gate, func(context.Context) error { <-gate; return nil }
+	}
 
 	t.Run("key depth", func(t *testing.T) {
 		s := newSched[int](t, WithMaxKeyDepth(2))
+		gate, blocked := newGate(t)
 		_, err := s.Submit(watchdog(t), 1, blocked)
 		require.NoError(t, err)
 		items := []BatchItem[int]{{2, task(0)}, {1, task(1)}, {1, task(2)}, {3, task(3)}}
@@ -112,6 +120,7 @@ func TestTrySubmitBatchPartial(t *testing.T) {
 
 	t.Run("pending bound", func(t *testing.T) {
 		s := newSched[int](t, WithMaxPending(3))
+		gate, blocked := newGate(t)
 		_, err := s.Submit(watchdog(t), 9, blocked)
 		require.NoError(t, err)
 		// The accepted tasks keep their room until the gate opens: the
