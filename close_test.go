@@ -558,6 +558,8 @@ func TestSubmitRacingClose(t *testing.T) {
 		var accepted []*Completion
 		var refused atomic.Int64
 		start := make(chan struct{})
+		// Ended only when the submitters outlive Close by the bound below.
+		subCtx, stopSubmitters := context.WithCancel(ctx)
 		for g := range 16 {
 			wg.Add(1)
 			go func() {
@@ -568,7 +570,10 @@ func TestSubmitRacingClose(t *testing.T) {
 					if i%2 == 1 {
 						submit = s.TrySubmit
 					}
-					c, err := submit(ctx, (g*7+i)%13, func(context.Context) error { runtime.Gosched(); return nil })
+					c, err := submit(subCtx, (g*7+i)%13, func(context.Context) error { runtime.Gosched(); return nil })
+					if subCtx.Err() != nil {
+						return
+					}
 					if err != nil {
 						refused.Add(1)
 						if errors.Is(err, ErrClosed) {
@@ -594,7 +599,19 @@ func TestSubmitRacingClose(t *testing.T) {
 			cancel()
 		}
 		closeErr := s.Close(closeCtx)
-		wg.Wait()
+		// Once Close returned every submission is refused with ErrClosed:
+		// 10 s is a bound far above that, so submitters that go on (a
+		// closed scheduler answering ErrFull) fail here by name.
+		submitted := make(chan struct{})
+		go func() { wg.Wait(); close(submitted) }()
+		select {
+		case <-submitted:
+			stopSubmitters()
+		case <-time.After(10 * time.Second):
+			stopSubmitters()
+			<-submitted
+			t.Fatalf("round %d: submissions not refused with ErrClosed 10 s after Close returned", round)
+		}
 		for _, c := range accepted {
 			select {
 			case <-c.Done():
