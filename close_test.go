@@ -257,7 +257,11 @@ func TestDrainAfterCloseWaitsForBackgroundLetters(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	var ce *CloseError
-	require.ErrorAs(t, s.Close(ctx), &ce)
+	// Close returns within CloseGrace of giving up; 10 s is a bound far
+	// above that (a Close that outlives CloseGrace fails here by name).
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close(ctx) }()
+	require.ErrorAs(t, recvWithin(t, closed, 10*time.Second, "Close with an ended context"), &ce)
 	require.Positive(t, ce.NotRun)
 
 	// Drain with a context that has ended reports what is unfinished...
@@ -642,7 +646,7 @@ func TestLaterCloseEscalates(t *testing.T) {
 	// Close of its own.
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.ErrorContains(t, err, "a later Close's context ended")
-	require.ErrorIs(t, recvWithin(t, first, 10*time.Second), ErrAborted)
+	require.ErrorIs(t, recvWithin(t, first, 10*time.Second, "the first Close, escalated"), ErrAborted)
 	require.ErrorIs(t, parked.Err(), ErrAborted)
 }
 

@@ -23,14 +23,15 @@ func hangGuard(t *testing.T, d time.Duration) context.Context {
 }
 
 // recvWithin returns what ch delivers, or fails the test by name once d has
-// passed (a bound far above any normal run, not a timing assertion).
-func recvWithin[T any](t testing.TB, ch <-chan T, d time.Duration) T {
+// passed (a bound far above any normal run, not a timing assertion); what
+// names the awaited value in the failure.
+func recvWithin[T any](t testing.TB, ch <-chan T, d time.Duration, what string) T {
 	t.Helper()
 	select {
 	case v := <-ch:
 		return v
 	case <-time.After(d):
-		t.Fatalf("nothing received within %v", d)
+		t.Fatalf("%s: nothing within %v", what, d)
 	}
 	var zero T
 	return zero
