@@ -1008,13 +1008,17 @@ func TestCloseAbortSettlesStats(t *testing.T) {
 				// has started (closed before it, one worker can run all 20
 				// tasks before Close looks, and Close has nothing to abort).
 				go func() {
-					for !s.pending.closed() {
+					// Bounded: a Close that never refuses submissions
+					// must not leave this spinning past the test.
+					deadline := time.Now().Add(10 * time.Second)
+					for !s.pending.closed() && time.Now().Before(deadline) {
 						runtime.Gosched()
 					}
 					close(gate)
 				}()
 			}
 			require.ErrorIs(t, s.Close(ended), ErrAborted)
+			require.True(t, s.pending.closed(), "Close returned without refusing submissions")
 			st := s.Stats()
 			if st.Running == 0 {
 				require.Zero(t, st.Pending, "%+v", st)
