@@ -50,11 +50,25 @@ func waitFor(ctx context.Context, cond func() bool) bool {
 	return true
 }
 
+// errCloseOverran is what abortClose returns when Close has not returned
+// 10 s after it gave up (it promises CloseGrace).
+var errCloseOverran = errors.New("abortClose: Close with an ended context did not return within 10 s")
+
 // abortClose closes s with an already ended context (Close's abort path).
+// Close returns within CloseGrace; past a bound of 10 s (far above that, not
+// a timing assertion) abortClose returns errCloseOverran instead of waiting,
+// so the calling test fails by name rather than hanging the binary.
 func abortClose(s interface{ Close(context.Context) error }) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	return s.Close(ctx)
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close(ctx) }()
+	select {
+	case err := <-closed:
+		return err
+	case <-time.After(10 * time.Second):
+		return errCloseOverran
+	}
 }
 
 // hookErr is an error whose As method (called by errors.As, so by
