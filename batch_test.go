@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -47,7 +48,9 @@ func TestBatchOrderWithinAndAcrossBatches(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	require.NoError(t, s.Drain(watchdog(t)))
+	// 20 s: a bound far above any normal run, so tasks that never complete
+	// (a chain's next task dispatched beside it) fail here by name.
+	require.NoError(t, s.Drain(hangGuard(t, 20*time.Second)))
 	require.Zero(t, o.bad.Load(), "order")
 	require.Zero(t, o.overlaps.Load(), "overlap")
 	st := s.Stats()
@@ -64,24 +67,35 @@ func TestBatchCompletionsMatchItems(t *testing.T) {
 	for i, e := range errs {
 		items = append(items, BatchItem[string]{Key: []string{"a", "a", "b"}[i], Task: func(context.Context) error { return e }})
 	}
-	cs, err := s.SubmitBatch(watchdog(t), items)
+	// A bound, not a timing assertion: a completion that never comes (the
+	// failed item's key parked, say) fails here by name.
+	guard := hangGuard(t, 10*time.Second)
+	cs, err := s.SubmitBatch(guard, items)
 	require.NoError(t, err)
 	require.Len(t, cs, 3)
 	for i, c := range cs {
-		require.Equal(t, errs[i], c.Wait(watchdog(t)), "item %d", i)
+		require.Equal(t, errs[i], c.Wait(guard), "item %d", i)
 	}
 }
 
 // A batch stops at the first task that does not fit: the accepted ones are a
 // prefix, the error says why the next was refused, and only the prefix runs.
 func TestTrySubmitBatchPartial(t *testing.T) {
-	gate := make(chan struct{})
-	blocked := func(context.Context) error { <-gate; return nil }
 	var ran sync.Map
 	task := func(i int) Task { return func(context.Context) error { ran.Store(i, true); return nil } }
+	// Each subtest has its own gate, opened when it ends: a subtest that
+	// fails early leaves no task blocked on a gate the next one feeds (it
+	// would take one of that subtest's openings, and that subtest would
+	// wait for ever).
+	newGate := func(t *testing.T) (chan struct{}, Task) {
+		gate := make(chan struct{})
+		t.Cleanup(func() { close(gate) })
+		return gate, func(context.Context) error { <-gate; return nil }
+	}
 
 	t.Run("key depth", func(t *testing.T) {
 		s := newSched[int](t, WithMaxKeyDepth(2))
+		gate, blocked := newGate(t)
 		_, err := s.Submit(watchdog(t), 1, blocked)
 		require.NoError(t, err)
 		items := []BatchItem[int]{{2, task(0)}, {1, task(1)}, {1, task(2)}, {3, task(3)}}
@@ -108,6 +122,7 @@ func TestTrySubmitBatchPartial(t *testing.T) {
 
 	t.Run("pending bound", func(t *testing.T) {
 		s := newSched[int](t, WithMaxPending(3))
+		gate, blocked := newGate(t)
 		_, err := s.Submit(watchdog(t), 9, blocked)
 		require.NoError(t, err)
 		// The accepted tasks keep their room until the gate opens: the

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/panjf2000/ants/v2"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -297,29 +298,38 @@ func TestInsideTaskNeverWaits(t *testing.T) {
 	s := newSched[string](t, WithWorkers(1), WithMaxKeyDepth(2), WithMaxPending(3))
 	ctx := watchdog(t)
 	done := make(chan struct{})
+	// The task checks with assert, not require: FailNow off the test's
+	// goroutine would end the worker, not the test. Drain and Close get a
+	// bound (a context derived from the task's is still the task's): had
+	// they waited for the calling task, the test fails here by name instead
+	// of hanging the binary.
 	_, err := s.Submit(ctx, "k", func(tctx context.Context) error {
 		defer close(done)
 		// Own key: this task plus one queued fill it.
 		_, err := s.Submit(tctx, "k", func(context.Context) error { return nil })
-		require.NoError(t, err)
+		assert.NoError(t, err)
 		_, err = s.Submit(tctx, "k", func(context.Context) error { return nil })
-		require.ErrorIs(t, err, ErrKeyFull)
+		assert.ErrorIs(t, err, ErrKeyFull)
 		// A derived context is still the task's.
-		derived, cancel := context.WithTimeout(tctx, time.Hour)
+		derived, cancel := context.WithTimeout(tctx, 10*time.Second)
 		defer cancel()
 		_, err = s.Submit(derived, "k", func(context.Context) error { return nil })
-		require.ErrorIs(t, err, ErrKeyFull)
+		assert.ErrorIs(t, err, ErrKeyFull)
 		// The pending bound: 2 pending now, one more fits, then full.
 		_, err = s.Submit(tctx, "other", func(context.Context) error { return nil })
-		require.NoError(t, err)
+		assert.NoError(t, err)
 		_, err = s.Submit(tctx, "third", func(context.Context) error { return nil })
-		require.ErrorIs(t, err, ErrFull)
-		require.ErrorIs(t, s.Drain(tctx), ErrInsideTask)
-		require.ErrorIs(t, s.Close(tctx), ErrInsideTask)
+		assert.ErrorIs(t, err, ErrFull)
+		assert.ErrorIs(t, s.Drain(derived), ErrInsideTask)
+		assert.ErrorIs(t, s.Close(derived), ErrInsideTask)
 		return nil
 	})
 	require.NoError(t, err)
-	<-done
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatal("the task never finished")
+	}
 	require.NoError(t, s.Drain(ctx))
 }
 

@@ -26,5 +26,5 @@ func TestLaterCloseEscalationWrapsTheContextErrorAndItsCause(t *testing.T) {
 	var ce *CloseError
 	require.ErrorAs(t, err, &ce)
 	require.ErrorIs(t, ce.Cause, context.DeadlineExceeded)
-	require.ErrorIs(t, <-first, context.DeadlineExceeded)
+	require.ErrorIs(t, recvWithin(t, first, 10*time.Second, "the first Close, escalated"), context.DeadlineExceeded)
 }

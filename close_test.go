@@ -69,7 +69,18 @@ func closeBacklog(t *testing.T, total, keys int, dl func(DeadLetter[int]), gate 
 	}
 	cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	defer cancel()
-	cerr := s.Close(cctx)
+	// Close returns within CloseGrace of its context's end: 10 s is a
+	// bound far above that on any machine, not a timing assertion; past it
+	// the test fails by name instead of hanging the binary.
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close(cctx) }()
+	var cerr error
+	select {
+	case cerr = <-closed:
+	case <-time.After(10 * time.Second):
+		close(stopSubmitters)
+		t.Fatalf("Close did not return within 10 s of its context's deadline (CloseGrace %v)", CloseGrace)
+	}
 	returned := time.Now()
 	deadline, _ := cctx.Deadline()
 	close(stopSubmitters)
@@ -246,15 +257,21 @@ func TestDrainAfterCloseWaitsForBackgroundLetters(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	var ce *CloseError
-	require.ErrorAs(t, s.Close(ctx), &ce)
+	// Close returns within CloseGrace of giving up; 10 s is a bound far
+	// above that (a Close that outlives CloseGrace fails here by name).
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close(ctx) }()
+	require.ErrorAs(t, recvWithin(t, closed, 10*time.Second, "Close with an ended context"), &ce)
 	require.Positive(t, ce.NotRun)
 
 	// Drain with a context that has ended reports what is unfinished...
 	require.Error(t, s.Drain(ctx))
 	require.Zero(t, delivered.Load())
-	// ...and with a live one waits for it.
+	// ...and with a live one waits for it (10 s: a bound far above any
+	// normal run, so a Drain never woken fails here by name).
 	drained := make(chan error, 1)
-	go func() { drained <- s.Drain(context.Background()) }()
+	live := hangGuard(t, 10*time.Second)
+	go func() { drained <- s.Drain(live) }()
 	close(gate)
 	close(release)
 	require.NoError(t, <-drained)
@@ -545,6 +562,8 @@ func TestSubmitRacingClose(t *testing.T) {
 		var accepted []*Completion
 		var refused atomic.Int64
 		start := make(chan struct{})
+		// Ended only when the submitters outlive Close by the bound below.
+		subCtx, stopSubmitters := context.WithCancel(ctx)
 		for g := range 16 {
 			wg.Add(1)
 			go func() {
@@ -555,7 +574,10 @@ func TestSubmitRacingClose(t *testing.T) {
 					if i%2 == 1 {
 						submit = s.TrySubmit
 					}
-					c, err := submit(ctx, (g*7+i)%13, func(context.Context) error { runtime.Gosched(); return nil })
+					c, err := submit(subCtx, (g*7+i)%13, func(context.Context) error { runtime.Gosched(); return nil })
+					if subCtx.Err() != nil {
+						return
+					}
 					if err != nil {
 						refused.Add(1)
 						if errors.Is(err, ErrClosed) {
@@ -581,7 +603,19 @@ func TestSubmitRacingClose(t *testing.T) {
 			cancel()
 		}
 		closeErr := s.Close(closeCtx)
-		wg.Wait()
+		// Once Close returned every submission is refused with ErrClosed:
+		// 10 s is a bound far above that, so submitters that go on (a
+		// closed scheduler answering ErrFull) fail here by name.
+		submitted := make(chan struct{})
+		go func() { wg.Wait(); close(submitted) }()
+		select {
+		case <-submitted:
+			stopSubmitters()
+		case <-time.After(10 * time.Second):
+			stopSubmitters()
+			<-submitted
+			t.Fatalf("round %d: submissions not refused with ErrClosed 10 s after Close returned", round)
+		}
 		for _, c := range accepted {
 			select {
 			case <-c.Done():
@@ -612,7 +646,7 @@ func TestLaterCloseEscalates(t *testing.T) {
 	// Close of its own.
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.ErrorContains(t, err, "a later Close's context ended")
-	require.ErrorIs(t, <-first, ErrAborted)
+	require.ErrorIs(t, recvWithin(t, first, 10*time.Second, "the first Close, escalated"), ErrAborted)
 	require.ErrorIs(t, parked.Err(), ErrAborted)
 }
 
@@ -623,18 +657,23 @@ func closeWaitingOnAParkedKey(t *testing.T) (*Scheduler[int], context.Context, *
 	t.Helper()
 	s, err := New[int](WithLogger(quiet), WithFailurePolicy(Park))
 	require.NoError(t, err)
+	// After a failure the first Close may still wait: a Close that gives
+	// up at once ends it (escalation), so no goroutine outlives the test.
+	t.Cleanup(func() {
+		if t.Failed() {
+			_ = abortClose(s)
+		}
+	})
 	ctx := watchdog(t)
+	// Bounds, not timing assertions: the test fails by name here, not by
+	// the binary's timeout.
+	guard := hangGuard(t, 10*time.Second)
 	parked, err := s.Submit(ctx, 1, func(context.Context) error { return errors.New("down") })
 	require.NoError(t, err)
-	for len(s.Parked()) == 0 {
-		require.NoError(t, ctx.Err())
-		runtime.Gosched()
-	}
+	require.True(t, waitFor(guard, func() bool { return len(s.Parked()) > 0 }), "the failed task's key never parked")
 	first := make(chan error, 1)
 	go func() { first <- s.Close(context.Background()) }()
-	for !s.pending.closed() {
-		runtime.Gosched()
-	}
+	require.True(t, waitFor(guard, s.pending.closed), "Close never refused submissions (pending bound not closed)")
 	return s, ctx, parked, first
 }
 
@@ -969,13 +1008,17 @@ func TestCloseAbortSettlesStats(t *testing.T) {
 				// has started (closed before it, one worker can run all 20
 				// tasks before Close looks, and Close has nothing to abort).
 				go func() {
-					for !s.pending.closed() {
+					// Bounded: a Close that never refuses submissions
+					// must not leave this spinning past the test.
+					deadline := time.Now().Add(10 * time.Second)
+					for !s.pending.closed() && time.Now().Before(deadline) {
 						runtime.Gosched()
 					}
 					close(gate)
 				}()
 			}
 			require.ErrorIs(t, s.Close(ended), ErrAborted)
+			require.True(t, s.pending.closed(), "Close returned without refusing submissions")
 			st := s.Stats()
 			if st.Running == 0 {
 				require.Zero(t, st.Pending, "%+v", st)

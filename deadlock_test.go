@@ -68,7 +68,9 @@ func TestWaitOnOwnKeyLaterTask(t *testing.T) {
 // n waits. Exactly the wait that closes the cycle fails (or, if two close it
 // at the same instant, both); the others then finish.
 func ring(t *testing.T, scheds []*Scheduler[int], n int) []error {
-	ctx := watchdog(t)
+	// A ring settles in milliseconds: 10 s is a bound, not a timing
+	// assertion, so a wait that never ends fails the round by name.
+	ctx := hangGuard(t, 10*time.Second)
 	var ready sync.WaitGroup
 	ready.Add(n)
 	start := make(chan struct{})

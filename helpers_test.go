@@ -22,6 +22,21 @@ func hangGuard(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
+// recvWithin returns what ch delivers, or fails the test by name once d has
+// passed (a bound far above any normal run, not a timing assertion); what
+// names the awaited value in the failure.
+func recvWithin[T any](t testing.TB, ch <-chan T, d time.Duration, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(d):
+		t.Fatalf("%s: nothing within %v", what, d)
+	}
+	var zero T
+	return zero
+}
+
 // waitFor polls cond until it holds or ctx ends (a deadline, not a timing
 // assertion). It reports whether cond held.
 func waitFor(ctx context.Context, cond func() bool) bool {
@@ -35,11 +50,25 @@ func waitFor(ctx context.Context, cond func() bool) bool {
 	return true
 }
 
+// errCloseOverran is what abortClose returns when Close has not returned
+// 10 s after it gave up (it promises CloseGrace).
+var errCloseOverran = errors.New("abortClose: Close with an ended context did not return within 10 s")
+
 // abortClose closes s with an already ended context (Close's abort path).
+// Close returns within CloseGrace; past a bound of 10 s (far above that, not
+// a timing assertion) abortClose returns errCloseOverran instead of waiting,
+// so the calling test fails by name rather than hanging the binary.
 func abortClose(s interface{ Close(context.Context) error }) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	return s.Close(ctx)
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close(ctx) }()
+	select {
+	case err := <-closed:
+		return err
+	case <-time.After(10 * time.Second):
+		return errCloseOverran
+	}
 }
 
 // hookErr is an error whose As method (called by errors.As, so by

@@ -21,11 +21,18 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // newSched makes a scheduler that is closed (and checked to close cleanly)
 // when the test ends. Its failures are logged nowhere unless the test says.
+// After a failed test it is closed at once (Close's abort path): the failure
+// may have left a key parked or a task blocked, and waiting for them would
+// only delay the report.
 func newSched[K comparable](t testing.TB, opts ...Option) *Scheduler[K] {
 	t.Helper()
 	s, err := New[K](append([]Option{WithLogger(quiet)}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() {
+		if t.Failed() {
+			_ = abortClose(s)
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		require.NoError(t, s.Close(ctx))

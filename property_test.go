@@ -527,6 +527,12 @@ func (m *psm) finish(t *rapid.T) {
 		cancel()
 		_ = m.s.Close(ended)
 	}()
+	if t.Failed() {
+		// A check failed: the model is out of step with the scheduler, so
+		// the waits below could only run to the watchdog, once per case
+		// rapid shrinks. The deferred Close ends the scheduler at once.
+		return
+	}
 	if m.abortAtEnd {
 		ended, cancel := context.WithCancel(ctx)
 		cancel()
