@@ -167,10 +167,6 @@ func (c *Consumer) Close(ctx context.Context) error {
 	return c.closeErr
 }
 
-// errOnlyParked ends drainUnparked's wait: every task left is held by a
-// parked key.
-var errOnlyParked = errors.New("kafka: only parked keys' records are left")
-
 // drainUnparked drains the scheduler until ctx ends or every task left is
 // held by a parked key (Resume and Skip refuse once Close has started, so
 // nothing would move them: Drain would wait for ever); it then returns the
@@ -212,7 +208,7 @@ func (c *Consumer) drainOnce(ctx context.Context) (parked int, _ error) {
 			// keys' records are left, so nothing hands records on after it.
 			if n := c.onlyParkedLeft(); n > 0 && !c.dispatchHandedOn() {
 				parked = n
-				cancel(errOnlyParked)
+				cancel(ErrLeftParked)
 				return
 			}
 		}
@@ -220,7 +216,7 @@ func (c *Consumer) drainOnce(ctx context.Context) (parked int, _ error) {
 	err := c.sched.Drain(dctx)
 	cancel(nil) // the looking stops
 	wg.Wait()
-	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(dctx), errOnlyParked) {
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(dctx), ErrLeftParked) {
 		return parked, err
 	}
 	if err != nil && ctx.Err() != nil {
